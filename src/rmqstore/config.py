@@ -1,0 +1,221 @@
+"""StoreConfig: RocketMQ's MessageStoreConfig (and the broker keys rmqstore uses), with its names.
+
+Attributes are snake_case; files and dicts use RocketMQ's camelCase names (`mappedFileSizeCommitLog`),
+and RocketMQ 4.x's misspelling `maped...` is accepted too. A broker.conf-style properties file loads
+with `StoreConfig.load(path)`; unknown keys log a warning, bad values raise ConfigError naming the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+
+
+@dataclass
+class StoreConfig:
+    # geometry
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300000 * 20
+    max_hash_slot_num: int = 5000000
+    max_index_num: int = 5000000 * 4
+    max_message_size: int = 1024 * 1024 * 4
+    max_msgs_num_batch: int = 64
+    message_index_enable: bool = True
+    message_index_safe: bool = False
+    # flush and commit
+    flush_disk_type: str = ASYNC_FLUSH
+    sync_flush_timeout: int = 1000 * 5
+    flush_interval_commit_log: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval: int = 1000 * 10
+    flush_commit_log_timed: bool = False
+    commit_interval_commit_log: int = 200
+    commit_commit_log_least_pages: int = 4
+    commit_commit_log_thorough_interval: int = 200
+    flush_interval_consume_queue: int = 1000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval: int = 1000 * 60
+    transient_store_pool_enable: bool = False
+    transient_store_pool_size: int = 5
+    check_crc_on_recover: bool = True
+    # cleanup
+    file_reserved_time: int = 72
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = 75
+    clean_file_forcibly_enable: bool = True
+    clean_resource_interval: int = 10000
+    delete_commit_log_files_interval: int = 100
+    delete_consume_queue_files_interval: int = 100
+    destroy_maped_file_interval_forcibly: int = 1000 * 120
+    redelete_hanged_file_interval: int = 1000 * 120
+    # reading
+    max_transfer_bytes_on_message_in_memory: int = 1024 * 256
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 1024 * 64
+    max_transfer_count_on_message_in_disk: int = 8
+    access_message_in_memory_max_ratio: int = 40
+    default_query_max_num: int = 32
+    # schedule
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    flush_delay_offset_interval: int = 1000 * 10
+    # broker keys rmqstore uses
+    broker_name: str = "broker-a"
+    broker_cluster_name: str = "DefaultCluster"
+    broker_id: int = 0
+    broker_ip1: str = "127.0.0.1"
+    listen_port: int = 10911
+    namesrv_addr: str = "127.0.0.1:9876"
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 8
+    long_polling_enable: bool = True
+    short_polling_time_mills: int = 1000
+    broker_role: str = "ASYNC_MASTER"
+    store_path_root_dir: str = ""
+    # broker.conf keys seen in the wild that this store accepts silently
+    extra: dict[str, str] = field(default_factory=dict, repr=False)
+
+    # --- names -----------------------------------------------------------------------------------
+    @staticmethod
+    def java_name(attr: str) -> str:
+        head, *rest = attr.split("_")
+        return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+    @staticmethod
+    def attr_name(key: str) -> str | None:
+        """A RocketMQ or snake_case key to the attribute it sets (None if unknown)."""
+        k = key.strip()
+        k = re.sub(r"^maped", "mapped", k)
+        k = re.sub(r"Maped", "Mapped", k)
+        snake = k if "_" in k or k.islower() else re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower()
+        snake = snake.replace("broker_i_p1", "broker_ip1")
+        return snake if snake in _FIELDS else None
+
+    # --- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict, source: str | None = None) -> "StoreConfig":
+        cfg = cls()
+        cfg.update(values, source)
+        return cfg
+
+    def update(self, values: dict, source: str | None = None) -> "StoreConfig":
+        for key, raw in values.items():
+            attr = self.attr_name(key)
+            if attr is None or attr == "extra":
+                if key not in _QUIET_KEYS:
+                    log.warning("unknown config key %r%s ignored", key, f" in {source}" if source else "")
+                self.extra[key] = raw
+                continue
+            setattr(self, attr, _coerce(_FIELDS[attr], key, raw, source))
+        self.validate(source)
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None, overrides: dict | None = None) -> "StoreConfig":
+        """Read a broker.conf-style properties file (key=value, # comments); None gives defaults."""
+        values: dict[str, str] = {}
+        if path is not None:
+            p = Path(path)
+            try:
+                text = p.read_text(encoding="utf-8")
+            except OSError as e:
+                raise ConfigError("-c", str(p), f"cannot read config file: {e.strerror}") from e
+            for lineno, line in enumerate(text.splitlines(), 1):
+                s = line.strip()
+                if not s or s[0] in "#!":
+                    continue
+                m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", s)
+                if not m:
+                    raise ConfigError(f"line {lineno}", s, "not a key=value line", str(p))
+                values[m.group(1)] = m.group(2).strip()
+        cfg = cls.from_dict(values, str(path) if path else None)
+        if overrides:
+            cfg.update(overrides)
+        return cfg
+
+    def validate(self, source: str | None = None) -> None:
+        def need(cond: bool, attr: str, why: str) -> None:
+            if not cond:
+                raise ConfigError(self.java_name(attr), getattr(self, attr), why, source)
+        need(self.mapped_file_size_commit_log >= 4096, "mapped_file_size_commit_log", "must be at least 4096")
+        need(self.mapped_file_size_consume_queue >= 20 and self.mapped_file_size_consume_queue % 20 == 0,
+             "mapped_file_size_consume_queue", "must be a positive multiple of 20")
+        need(self.max_hash_slot_num > 0, "max_hash_slot_num", "must be positive")
+        need(self.max_index_num > 1, "max_index_num", "must be at least 2")
+        need(0 < self.max_message_size, "max_message_size", "must be positive")
+        need(self.flush_disk_type in (ASYNC_FLUSH, SYNC_FLUSH), "flush_disk_type",
+             "must be ASYNC_FLUSH or SYNC_FLUSH")
+        need(0 < self.disk_max_used_space_ratio <= 95, "disk_max_used_space_ratio", "must be in 1..95")
+        need(self.file_reserved_time >= 0, "file_reserved_time", "must not be negative")
+        need(self.sync_flush_timeout > 0, "sync_flush_timeout", "must be positive")
+        need(self.transient_store_pool_size > 0, "transient_store_pool_size", "must be positive")
+        try:
+            self.delay_levels_ms()
+        except ValueError as e:
+            raise ConfigError("messageDelayLevel", self.message_delay_level, str(e), source) from None
+
+    # --- derived ---------------------------------------------------------------------------------
+    def delay_levels_ms(self) -> list[int]:
+        units = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+        out = []
+        for item in self.message_delay_level.split():
+            unit = units.get(item[-1:])
+            if unit is None or not item[:-1].isdigit():
+                raise ValueError(f"delay level {item!r} is not a number followed by s, m, h or d")
+            out.append(int(item[:-1]) * unit)
+        return out
+
+    @property
+    def store_host(self) -> str:
+        return f"{self.broker_ip1}:{self.listen_port}"
+
+    def to_properties(self) -> str:
+        """The config as broker.conf lines, RocketMQ names."""
+        lines = []
+        for f in dataclasses.fields(self):
+            if f.name != "extra":
+                v = getattr(self, f.name)
+                lines.append(f"{self.java_name(f.name)}={str(v).lower() if isinstance(v, bool) else v}")
+        return "\n".join(lines) + "\n"
+
+
+_FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
+_QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", "storeCheckpoint",
+               "abortFile", "haListenPort", "haMasterAddress", "enableConsumeQueueExt",
+               "mappedFileSizeConsumeQueueExt", "mapedFileSizeConsumeQueueExt", "useReentrantLockWhenPutMessage",
+               "warmMapedFileEnable", "duplicationEnable", "diskFallRecorded", "osPageCacheBusyTimeOutMills",
+               "fastFailIfNoBufferInStorePool", "enableDLegerCommitLog", "deleteWhen", "flushDelayOffsetInterval",
+               "transferMsgByHeap", "offsetCheckInSlave", "debugLockEnable", "putMsgIndexHightWater",
+               "flushLeastPagesWhenWarmMapedFile", "syncFlushTimeout", "sendMessageThreadPoolNums",
+               "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable"}
+
+
+def _coerce(typ, key: str, raw, source: str | None):
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if t == "bool":
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in ("true", "1", "yes"):
+                return True
+            if s in ("false", "0", "no"):
+                return False
+            raise ValueError("expected true or false")
+        if t == "int":
+            if isinstance(raw, bool):
+                raise ValueError("expected an integer")
+            return int(str(raw).strip().replace("_", ""))
+        if t == "str":
+            return str(raw).strip()
+    except ValueError as e:
+        raise ConfigError(key, raw, str(e) if "expected" in str(e) else "expected an integer", source) from None
+    return raw

@@ -1,0 +1,403 @@
+"""MappedFile and MappedFileQueue: the fixed-size mmap'ed files under CommitLog, ConsumeQueue and IndexFile.
+
+A MappedFile is named by the 20-digit offset of its first byte in the queue of files (IndexFiles by a
+timestamp). Three positions move forward in it:
+
+    0 <= flushed_position <= committed_position <= wrote_position <= file_size
+
+`wrote` is where the next append goes; `committed` is what readers may see (equal to `wrote` unless a
+transient write buffer is used: then appends go to an off-file buffer and `commit()` copies them into
+the mapping); `flushed` is what msync has put on disk. A MappedFileQueue is the ordered list of files of
+one directory; the first file may have been deleted by cleanup, so offsets need not start at 0.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+
+from .errors import CorruptStoreError
+
+log = logging.getLogger(__name__)
+
+OS_PAGE_SIZE = 4096
+FILE_NAME_DIGITS = 20
+
+
+def offset_to_file_name(offset: int) -> str:
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def _zero_tail(mf: "MappedFile", pos: int) -> None:
+    """Zero a file from pos until a whole chunk is already zero (the written part ends before it)."""
+    mm, size = mf.mm, mf.file_size
+    while pos < size:
+        end = min(size, pos + len(_ZERO_CHUNK))
+        n = end - pos
+        if mm[pos:end] == _ZERO_CHUNK[:n]:
+            return
+        mm[pos:end] = _ZERO_CHUNK[:n]
+        pos = end
+
+
+class MappedFile:
+    """One fixed-size file mapped into memory."""
+
+    def __init__(self, path: str | os.PathLike, file_size: int, *, file_from_offset: int | None = None,
+                 use_write_buffer: bool = False, create: bool = True):
+        self.path = Path(path)
+        self.file_size = file_size
+        self.file_from_offset = int(self.path.name) if file_from_offset is None else file_from_offset
+        self.first_create_in_queue = False
+        self.store_timestamp = 0
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as e:
+            raise CorruptStoreError(str(self.path), 0, f"cannot open: {e.strerror}") from e
+        try:
+            actual = os.fstat(fd).st_size
+            if actual == 0 and create:
+                os.ftruncate(fd, file_size)
+            elif actual != file_size:
+                raise CorruptStoreError(str(self.path), actual,
+                                        f"file size {actual} does not match the configured size {file_size}")
+            self._mm = mmap.mmap(fd, file_size)
+        except OSError as e:
+            raise CorruptStoreError(str(self.path), 0, f"cannot map {file_size} bytes: {e.strerror}") from e
+        finally:
+            os.close(fd)
+        self._buffer = bytearray(file_size) if use_write_buffer else None
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self._closed = False
+
+    # --- positions ------------------------------------------------------------------------------
+    @property
+    def read_position(self) -> int:
+        """What readers may see: committed data when a write buffer is in use, else all that was written."""
+        return self.committed_position if self._buffer is not None else self.wrote_position
+
+    def set_positions(self, pos: int) -> None:
+        self.wrote_position = self.committed_position = self.flushed_position = pos
+
+    @property
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    @property
+    def free_space(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def mm(self) -> mmap.mmap:
+        return self._mm
+
+    # --- writing --------------------------------------------------------------------------------
+    def append(self, data) -> bool:
+        """Append bytes at wrote_position; False (nothing written) when they do not fit."""
+        pos = self.wrote_position
+        end = pos + len(data)
+        if end > self.file_size:
+            return False
+        if self._buffer is not None:
+            self._buffer[pos:end] = data
+        else:
+            self._mm[pos:end] = data
+        self.wrote_position = end
+        return True
+
+    def write_at(self, pos: int, data) -> None:
+        """Write bytes at a position at or beyond wrote_position and move wrote_position past them."""
+        end = pos + len(data)
+        if end > self.file_size:
+            raise ValueError(f"{self.path}: write of {len(data)} bytes at {pos} past the file's end")
+        if self._buffer is not None:
+            self._buffer[pos:end] = data
+        else:
+            self._mm[pos:end] = data
+        self.wrote_position = max(self.wrote_position, end)
+
+    def commit(self, least_pages: int = 0) -> int:
+        """Copy the write buffer's new bytes into the mapping (no-op without a buffer)."""
+        if self._buffer is None:
+            self.committed_position = self.wrote_position
+            return self.committed_position
+        start, end = self.committed_position, self.wrote_position
+        if end > start and self._able(start, end, least_pages):
+            self._mm[start:end] = self._buffer[start:end]
+            self.committed_position = end
+        return self.committed_position
+
+    def flush(self, least_pages: int = 0) -> int:
+        """msync what was committed since the last flush; returns the flushed position.
+
+        An OSError from msync propagates and leaves flushed_position where it was.
+        """
+        start, end = self.flushed_position, self.read_position
+        if end > start and self._able(start, end, least_pages):
+            aligned = start - start % OS_PAGE_SIZE
+            self._mm.flush(aligned, end - aligned)
+            self.flushed_position = end
+        return self.flushed_position
+
+    def _able(self, start: int, end: int, least_pages: int) -> bool:
+        if end >= self.file_size:
+            return True
+        if least_pages > 0:
+            return end // OS_PAGE_SIZE - start // OS_PAGE_SIZE >= least_pages
+        return end > start
+
+    # --- reading --------------------------------------------------------------------------------
+    def read(self, pos: int, size: int) -> bytes | None:
+        """Bytes [pos, pos + size) if they are all readable, else None."""
+        if pos < 0 or size < 0 or pos + size > self.read_position:
+            return None
+        return self._mm[pos:pos + size]
+
+    def read_from(self, pos: int, limit: int | None = None) -> bytes:
+        """Readable bytes from pos to the read position (at most limit of them)."""
+        end = self.read_position
+        if limit is not None:
+            end = min(end, pos + limit)
+        return self._mm[pos:end] if pos < end else b""
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def last_modified(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._mm.close()
+            except BufferError:  # a reader still holds a view: the mapping goes with the last one
+                log.debug("%s: mapping still exported, left to the GC", self.path)
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"MappedFile({self.path.name}, wrote={self.wrote_position}, committed={self.committed_position}, "
+                f"flushed={self.flushed_position})")
+
+
+class MappedFileQueue:
+    """The ordered files of one directory, each of mapped_file_size bytes, named by starting offset."""
+
+    def __init__(self, store_path: str | os.PathLike, mapped_file_size: int, use_write_buffer: bool = False):
+        self.store_path = Path(store_path)
+        self.mapped_file_size = mapped_file_size
+        self.use_write_buffer = use_write_buffer
+        self.files: list[MappedFile] = []   # replaced, never mutated in place: readers take a snapshot
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0
+        self._lock = threading.RLock()
+
+    # --- loading --------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map every file of the directory; all positions at the file's end, recovery sets them."""
+        if not self.store_path.is_dir():
+            return
+        names = sorted(n for n in os.listdir(self.store_path) if n.isdigit() and len(n) == FILE_NAME_DIGITS)
+        stray = [n for n in os.listdir(self.store_path) if n not in names and not n.startswith(".")]
+        if stray:
+            log.warning("%s: ignoring files that are not named by an offset: %s", self.store_path, stray[:5])
+        files = []
+        for n in names:
+            mf = MappedFile(self.store_path / n, self.mapped_file_size, create=False,
+                            use_write_buffer=self.use_write_buffer)
+            mf.set_positions(self.mapped_file_size)
+            files.append(mf)
+        for a, b in zip(files, files[1:]):
+            if b.file_from_offset != a.file_from_offset + self.mapped_file_size:
+                log.warning("%s: gap between %s and %s", self.store_path, a.path.name, b.path.name)
+        self.files = files
+
+    # --- lookup ---------------------------------------------------------------------------------
+    @property
+    def first(self) -> MappedFile | None:
+        files = self.files
+        return files[0] if files else None
+
+    @property
+    def last(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    def get_last_mapped_file(self, start_offset: int = 0, need_create: bool = True) -> MappedFile | None:
+        """The file to append to: the last one, or a new one if there is none or it is full."""
+        last = self.last
+        if last is not None and not last.is_full:
+            return last
+        if not need_create:
+            return last
+        with self._lock:
+            last = self.last
+            if last is not None and not last.is_full:
+                return last
+            if last is None:
+                create_offset = start_offset - start_offset % self.mapped_file_size
+            else:
+                create_offset = last.file_from_offset + self.mapped_file_size
+            self.store_path.mkdir(parents=True, exist_ok=True)
+            mf = MappedFile(self.store_path / offset_to_file_name(create_offset), self.mapped_file_size,
+                            use_write_buffer=self.use_write_buffer)
+            if last is None:
+                mf.first_create_in_queue = True
+            self.files = self.files + [mf]
+            return mf
+
+    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        first = files[0]
+        idx = offset // self.mapped_file_size - first.file_from_offset // self.mapped_file_size
+        if 0 <= idx < len(files):
+            mf = files[idx]
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.mapped_file_size:
+                return mf
+        for mf in files:  # a gap in the names: search
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.mapped_file_size:
+                return mf
+        return first if return_first_on_not_found else None
+
+    def get_mapped_file_by_time(self, timestamp_ms: float) -> MappedFile | None:
+        files = self.files
+        for mf in files:
+            if mf.last_modified() * 1000 >= timestamp_ms:
+                return mf
+        return files[-1] if files else None
+
+    def get_min_offset(self) -> int:
+        first = self.first
+        return first.file_from_offset if first else -1
+
+    def get_max_offset(self) -> int:
+        last = self.last
+        return last.file_from_offset + last.read_position if last else 0
+
+    def get_max_wrote_position(self) -> int:
+        last = self.last
+        return last.file_from_offset + last.wrote_position if last else 0
+
+    def how_much_fall_behind(self) -> int:
+        return self.get_max_offset() - self.flushed_where if self.files else 0
+
+    # --- writing --------------------------------------------------------------------------------
+    def flush(self, least_pages: int = 0) -> bool:
+        """Flush the file holding flushed_where; True if nothing was left to flush."""
+        mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        if mf is None:
+            return True
+        pos = mf.flush(least_pages)
+        where = mf.file_from_offset + pos
+        done = where == self.flushed_where
+        self.flushed_where = where
+        if pos == mf.file_size and self.last is not mf:  # a full file: go on with the next one
+            return self.flush(least_pages) and done
+        return done
+
+    def commit(self, least_pages: int = 0) -> bool:
+        mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+        if mf is None:
+            return True
+        pos = mf.commit(least_pages)
+        where = mf.file_from_offset + pos
+        done = where == self.committed_where
+        self.committed_where = where
+        if pos == mf.file_size and self.last is not mf:
+            return self.commit(least_pages) and done
+        return done
+
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Forget everything at and after offset: later files deleted, the file holding it cut there."""
+        with self._lock:
+            keep = []
+            for mf in self.files:
+                end = mf.file_from_offset + self.mapped_file_size
+                if end <= offset:
+                    keep.append(mf)
+                elif mf.file_from_offset <= offset:
+                    pos = offset - mf.file_from_offset
+                    _zero_tail(mf, pos)
+                    mf.set_positions(pos)
+                    keep.append(mf)
+                else:
+                    log.info("truncate dirty file %s", mf.path)
+                    mf.destroy()
+            self.files = keep
+            self.flushed_where = min(self.flushed_where, offset)
+            self.committed_where = min(self.committed_where, offset)
+
+    def set_positions_from(self, offset: int) -> None:
+        """After recovery: every file up to offset complete, the one holding offset positioned there."""
+        for mf in self.files:
+            if mf.file_from_offset + self.mapped_file_size <= offset:
+                mf.set_positions(self.mapped_file_size)
+            elif mf.file_from_offset <= offset:
+                mf.set_positions(offset - mf.file_from_offset)
+        self.flushed_where = self.committed_where = offset
+
+    def delete_last_mapped_file(self) -> None:
+        with self._lock:
+            if self.files:
+                last = self.files[-1]
+                self.files = self.files[:-1]
+                last.destroy()
+
+    def delete_files(self, victims: list[MappedFile]) -> int:
+        """Remove these files (they must be a prefix of the queue); returns how many went."""
+        with self._lock:
+            ids = {id(v) for v in victims}
+            self.files = [mf for mf in self.files if id(mf) not in ids]
+        for v in victims:
+            log.info("delete %s", v.path)
+            v.destroy()
+        return len(victims)
+
+    def delete_expired_by_time(self, expired_ms: float, max_files: int, force: bool, now_ms: float | None = None,
+                               keep_last: bool = True) -> int:
+        now_ms = time.time() * 1000 if now_ms is None else now_ms
+        files = self.files
+        candidates = files[:-1] if keep_last else files
+        victims = []
+        for mf in candidates:
+            if len(victims) >= max_files:
+                break
+            if force or now_ms >= mf.last_modified() * 1000 + expired_ms:
+                victims.append(mf)
+            else:
+                break
+        return self.delete_files(victims)
+
+    def shutdown(self) -> None:
+        for mf in self.files:
+            mf.close()
+
+    def destroy(self) -> None:
+        with self._lock:
+            for mf in self.files:
+                mf.destroy()
+            self.files = []
+            self.flushed_where = self.committed_where = 0
+        try:
+            self.store_path.rmdir()
+        except OSError:
+            pass
