@@ -1,0 +1,406 @@
+"""ConsumeQueue: the per-(topic, queueId) index of the commitlog that consumers read by logical offset.
+
+Files `consumequeue/{topic}/{queueId}/{20-digit byte offset}` of mappedFileSizeConsumeQueue bytes, each a
+run of 20-byte units (codec.CQ_UNIT): commitlog offset (8), message size (4), tags code (8). Unit n sits
+at byte n * 20 of the queue. A queue whose first message is not logical offset 0 (its head was cleaned
+in a previous life) starts with filler units (offset 0, size 0x7fffffff, tags 0), as RocketMQ writes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import codec
+from .mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+UNIT = codec.CQ_STORE_UNIT_SIZE
+_pack = codec.CQ_UNIT.pack
+_CQ_NP = np.dtype(codec.CQ_DTYPE)
+
+
+class ConsumeQueue:
+    def __init__(self, topic: str, queue_id: int, root: str | Path, mapped_file_size: int):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = mapped_file_size
+        self.queue = MappedFileQueue(Path(root) / topic / str(queue_id), mapped_file_size)
+        self.max_physic_offset = -1      # end (offset + size) of the last unit's message
+        self.min_logic_offset = 0        # byte offset of the first valid unit
+        self.lock = threading.Lock()
+
+    # --- loading and recovery -------------------------------------------------------------------
+    def load(self) -> None:
+        self.queue.load()
+
+    def recover(self, max_commit_log_offset: int | None = None) -> int:
+        """Keep units up to the last valid one (RocketMQ's recover, from the third-last file, plus checks:
+        offsets must grow and point inside the commitlog). Returns how many units were dropped."""
+        files = self.queue.files
+        if not files:
+            return 0
+        idx = max(0, len(files) - 3)
+        process = files[idx].file_from_offset
+        last_end = -1
+        prev_off = -1
+        dropped_reason = None
+        while idx < len(files):
+            mf = files[idx]
+            arr = np.frombuffer(mf.mm, dtype=_CQ_NP)
+            off, size = arr["offset"].astype(np.int64), arr["size"].astype(np.int64)
+            valid = (off >= 0) & (size > 0)
+            # First invalid unit ends the queue.
+            bad = np.flatnonzero(~valid)
+            n = int(bad[0]) if len(bad) else len(arr)
+            # Filler units (offset 0, size MAX) may only come before the first real unit.
+            real = (size[:n] != codec.CQ_BLANK_SIZE) | (off[:n] != 0)
+            ro = off[:n][real]
+            if len(ro):
+                ends = ro + size[:n][real]
+                order_bad = np.flatnonzero(np.diff(np.concatenate(([prev_off], ro))) <= 0)
+                limit_bad = np.flatnonzero(ends > max_commit_log_offset) if max_commit_log_offset is not None \
+                    else np.array([], dtype=np.int64)
+                cut = min([int(x) for x in (order_bad[:1].tolist() + limit_bad[:1].tolist())] or [len(ro)])
+                if cut < len(ro):
+                    real_idx = np.flatnonzero(real)
+                    n = int(real_idx[cut])
+                    dropped_reason = ("units out of order" if order_bad[:1].tolist() == [cut]
+                                      else "units pointing past the commitlog's end")
+                    ro = ro[:cut]
+                if len(ro):
+                    prev_off = int(ro[-1])
+                    last_end = int(ro[-1] + size[:n][real[:n]][len(ro) - 1])
+            process = mf.file_from_offset + n * UNIT
+            del arr
+            if n * UNIT == mf.file_size and idx + 1 < len(files):
+                idx += 1
+                continue
+            break
+        dropped = self._count_units_from(process)
+        self.queue.truncate_dirty_files(process)
+        self.queue.set_positions_from(process)
+        if last_end >= 0:
+            self.max_physic_offset = last_end
+        if dropped_reason:
+            log.warning("%s: %s at byte %d; later units dropped and rebuilt from the commitlog",
+                        self.queue.store_path, dropped_reason, process)
+        self.min_logic_offset = self._first_real_unit_offset()
+        return dropped
+
+    def _count_units_from(self, offset: int) -> int:
+        """Units holding any non-zero byte at or after byte offset (what a truncation there drops)."""
+        n = 0
+        for mf in self.queue.files:
+            if mf.file_from_offset + mf.file_size <= offset:
+                continue
+            start = max(0, offset - mf.file_from_offset)
+            arr = np.frombuffer(mf.mm, dtype=np.uint8)[start:].reshape(-1, UNIT)
+            n += int(arr.any(axis=1).sum())
+            del arr
+        return n
+
+    def _first_real_unit_offset(self) -> int:
+        first = self.queue.first
+        if first is None:
+            return 0
+        arr = np.frombuffer(first.mm, dtype=_CQ_NP, count=first.read_position // UNIT)
+        real = np.flatnonzero((arr["size"] != codec.CQ_BLANK_SIZE) | (arr["offset"] != 0))
+        del arr
+        return first.file_from_offset + (int(real[0]) * UNIT if len(real) else first.read_position)
+
+    # --- writing --------------------------------------------------------------------------------
+    def put_units(self, units: list[tuple[int, int, int, int]]) -> None:
+        """Append (commitlog offset, size, tags code, queue offset) units in order; units already there are
+        skipped, a gap is filled with filler units only at the queue's very first file."""
+        with self.lock:
+            for off, size, tags, cq_offset in units:
+                if off + size <= self.max_physic_offset:
+                    continue  # already built (re-dispatch after recovery)
+                self._put_one(off, size, tags, cq_offset)
+
+    def _put_one(self, off: int, size: int, tags: int, cq_offset: int) -> None:
+        expect = cq_offset * UNIT
+        mf = self.queue.get_last_mapped_file(expect)
+        if mf is None:
+            raise OSError(f"cannot create consume queue file in {self.queue.store_path}")
+        if mf.first_create_in_queue and cq_offset != 0 and mf.wrote_position == 0:
+            self.min_logic_offset = expect
+            self.queue.flushed_where = self.queue.committed_where = expect
+            fill = expect - mf.file_from_offset
+            if fill:
+                mf.write_at(0, _pack(0, codec.CQ_BLANK_SIZE, 0) * (fill // UNIT))
+        current = mf.file_from_offset + mf.wrote_position
+        if cq_offset != 0 and expect != current:
+            if expect < current:
+                return  # already built
+            log.warning("%s: logic queue order maybe wrong: expected byte %d, queue is at %d (unit for "
+                        "commitlog offset %d)", self.queue.store_path, expect, current, off)
+        mf.append(_pack(off, size, tags))
+        self.max_physic_offset = off + size
+
+    def flush(self, least_pages: int = 0) -> bool:
+        return self.queue.flush(least_pages)
+
+    # --- reading --------------------------------------------------------------------------------
+    def get_min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // UNIT
+
+    def get_max_offset_in_queue(self) -> int:
+        return self.queue.get_max_offset() // UNIT
+
+    def get_message_total_in_queue(self) -> int:
+        return self.get_max_offset_in_queue() - self.get_min_offset_in_queue()
+
+    def get_index_buffer(self, start_index: int) -> tuple[bytes, int] | None:
+        """Units from start_index to the end of the file holding it: (raw bytes, byte offset)."""
+        offset = start_index * UNIT
+        if offset < self.min_logic_offset:
+            return None
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.file_from_offset
+        data = mf.read_from(pos)
+        return (data, offset) if data else None
+
+    def get_unit(self, index: int) -> tuple[int, int, int] | None:
+        offset = index * UNIT
+        if offset < self.min_logic_offset:
+            return None
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        raw = mf.read(offset - mf.file_from_offset, UNIT)
+        return codec.CQ_UNIT.unpack(raw) if raw else None
+
+    def units(self, start_index: int, end_index: int) -> np.ndarray:
+        """Units [start, end) as a numpy structured array (offset, size, tags_code), in order."""
+        parts = []
+        i = max(start_index, self.get_min_offset_in_queue())
+        end_index = min(end_index, self.get_max_offset_in_queue())
+        while i < end_index:
+            got = self.get_index_buffer(i)
+            if got is None:
+                break
+            data, _ = got
+            arr = np.frombuffer(data, dtype=_CQ_NP)[: end_index - i]
+            if not len(arr):
+                break
+            parts.append(arr)
+            i += len(arr)
+        return np.concatenate(parts) if parts else np.empty(0, dtype=_CQ_NP)
+
+    def roll_next_file(self, index: int) -> int:
+        per = self.file_size // UNIT
+        return index + per - index % per
+
+    def get_last_offset(self) -> int:
+        """Commitlog offset just past the last unit's message (-1 if empty)."""
+        return self.max_physic_offset
+
+    def get_offset_in_queue_by_time(self, timestamp: int, store_time_of: Callable[[int, int], int],
+                                    min_phy_offset: int) -> int:
+        """The logical offset whose message's store time is closest to timestamp (RocketMQ's binary search).
+
+        Files are chosen by their first message's store time (RocketMQ uses file mtimes, which copies and
+        backups change); inside the file the search is the seeds' own."""
+        files = self.queue.files
+        if not files:
+            return 0
+        chosen = files[-1]
+        for mf in files:
+            first = mf.read(max(0, self.min_logic_offset - mf.file_from_offset), UNIT) \
+                if mf.file_from_offset <= self.min_logic_offset else mf.read(0, UNIT)
+            if first is None:
+                continue
+            o, s, _ = codec.CQ_UNIT.unpack(first)
+            if s <= 0 or s == codec.CQ_BLANK_SIZE:
+                continue
+            if store_time_of(o, s) >= timestamp:
+                chosen = files[max(0, files.index(mf) - 1)] if store_time_of(o, s) > timestamp else mf
+                break
+        mf = chosen
+        low = self.min_logic_offset - mf.file_from_offset if self.min_logic_offset > mf.file_from_offset else 0
+        high = mf.read_position - UNIT
+        mid = target = left = right = -1
+        left_v = right_v = -1
+        while high >= low:
+            mid = (low + high) // (2 * UNIT) * UNIT
+            o, s, _ = codec.CQ_UNIT.unpack(mf.read(mid, UNIT))
+            if o < min_phy_offset:
+                low = mid + UNIT
+                left = mid
+                continue
+            t = store_time_of(o, s)
+            if t < 0:
+                return 0
+            if t == timestamp:
+                target = mid
+                break
+            if t > timestamp:
+                high = mid - UNIT
+                right, right_v = mid, t
+            else:
+                low = mid + UNIT
+                left, left_v = mid, t
+        if target != -1:
+            off = target
+        elif left_v == -1:
+            off = right
+        elif right_v == -1:
+            off = left
+        else:
+            off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
+        if off < 0:
+            return self.get_min_offset_in_queue()
+        return (mf.file_from_offset + off) // UNIT
+
+    # --- maintenance ----------------------------------------------------------------------------
+    def truncate_dirty_logic_files(self, phy_offset: int) -> None:
+        """Remove units whose message starts at or after phy_offset (the commitlog was cut there)."""
+        with self.lock:
+            for mf in reversed(list(self.queue.files)):
+                arr = np.frombuffer(mf.mm, dtype=_CQ_NP, count=mf.read_position // UNIT)
+                real = (arr["size"] > 0) & ~((arr["size"] == codec.CQ_BLANK_SIZE) & (arr["offset"] == 0))
+                keep = np.flatnonzero(real & (arr["offset"] < phy_offset))
+                if len(keep) == 0 and mf.read_position and real.any():
+                    del arr
+                    if mf is self.queue.first:
+                        self.queue.truncate_dirty_files(mf.file_from_offset)
+                        self.max_physic_offset = -1
+                        break
+                    self.queue.delete_last_mapped_file()
+                    continue
+                n = (int(keep[-1]) + 1) if len(keep) else mf.read_position // UNIT
+                if len(keep):
+                    k = int(keep[-1])
+                    self.max_physic_offset = int(arr["offset"][k]) + int(arr["size"][k])
+                del arr
+                self.queue.truncate_dirty_files(mf.file_from_offset + n * UNIT)
+                break
+            else:
+                self.max_physic_offset = -1
+
+    def correct_min_offset(self, phy_min_offset: int) -> None:
+        """Move the queue's min offset past units whose messages were deleted from the commitlog."""
+        first = self.queue.first
+        if first is None:
+            return
+        with self.lock:
+            files = self.queue.files
+            for mf in files:
+                arr = np.frombuffer(mf.mm, dtype=_CQ_NP, count=mf.read_position // UNIT)
+                ok = np.flatnonzero((arr["offset"] >= phy_min_offset) & (arr["size"] > 0)
+                                    & (arr["size"] != codec.CQ_BLANK_SIZE))
+                n = len(arr)
+                del arr
+                if len(ok):
+                    new_min = mf.file_from_offset + int(ok[0]) * UNIT
+                    if new_min > self.min_logic_offset:
+                        self.min_logic_offset = new_min
+                    return
+                if mf is files[-1]:
+                    self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + n * UNIT)
+
+    def delete_expired_files(self, phy_min_offset: int) -> int:
+        """Delete files whose every unit points below the commitlog's min offset (never the last file)."""
+        victims: list[MappedFile] = []
+        files = self.queue.files
+        for mf in files[:-1]:
+            raw = mf.read(mf.file_size - UNIT, UNIT)
+            if raw is None:
+                break
+            o, s, _ = codec.CQ_UNIT.unpack(raw)
+            if o + s <= phy_min_offset or (s == codec.CQ_BLANK_SIZE and o == 0):
+                victims.append(mf)
+            else:
+                break
+        n = self.queue.delete_files(victims)
+        self.correct_min_offset(phy_min_offset)
+        return n
+
+    def destroy(self) -> None:
+        self.queue.destroy()
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+
+    def shutdown(self) -> None:
+        self.queue.shutdown()
+
+
+class ConsumeQueueTable:
+    """All consume queues of a store, by topic and queue id (RocketMQ's consumeQueueTable)."""
+
+    def __init__(self, store_dir: str | Path, mapped_file_size: int):
+        self.root = Path(store_dir) / "consumequeue"
+        self.file_size = mapped_file_size
+        self.table: dict[str, dict[int, ConsumeQueue]] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        if not self.root.is_dir():
+            return
+        for topic in sorted(os.listdir(self.root)):
+            tdir = self.root / topic
+            if not tdir.is_dir():
+                continue
+            for q in sorted(os.listdir(tdir)):
+                if not q.isdigit():
+                    log.warning("%s: not a queue id, ignored", tdir / q)
+                    continue
+                cq = ConsumeQueue(topic, int(q), self.root, self.file_size)
+                cq.load()
+                self.table.setdefault(topic, {})[int(q)] = cq
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        m = self.table.get(topic)
+        return m.get(queue_id) if m else None
+
+    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        m = self.table.get(topic)
+        cq = m.get(queue_id) if m else None
+        if cq is None:
+            with self._lock:
+                m = self.table.setdefault(topic, {})
+                cq = m.get(queue_id)
+                if cq is None:
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    m[queue_id] = cq
+        return cq
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        for m in list(self.table.values()):
+            yield from list(m.values())
+
+    def sorted_queues(self) -> list[ConsumeQueue]:
+        return [self.table[t][q] for t in sorted(self.table) for q in sorted(self.table[t])]
+
+    def topic_queue_offsets(self) -> dict[str, int]:
+        """"topic-queueId" -> next queue offset, from the queues' max offsets."""
+        return {f"{cq.topic}-{cq.queue_id}": cq.get_max_offset_in_queue() for cq in self}
+
+    def max_physic_offset(self) -> int:
+        return max((cq.max_physic_offset for cq in self), default=-1)
+
+    def min_max_physic_offset(self) -> int | None:
+        vals = [cq.max_physic_offset for cq in self if cq.max_physic_offset >= 0]
+        return min(vals) if vals else None
+
+    def flush(self, least_pages: int = 0) -> None:
+        for cq in self:
+            cq.flush(least_pages)
+
+    def shutdown(self) -> None:
+        for cq in self:
+            cq.shutdown()
+
+    def destroy(self) -> None:
+        for cq in self:
+            cq.destroy()
+        self.table.clear()

@@ -1,0 +1,213 @@
+"""The dispatcher (RocketMQ's ReputMessageService): reads the commitlog behind the writer and builds the
+consume queues and the index from it.
+
+It reads from `reput_from_offset` in chunks, parses every whole record of a chunk in one pass, and hands
+the batch to the consume queues (only non-transactional and committed messages) and to the index
+(everything but rolled-back messages). An END_OF_FILE blank record moves it to the next file. Listeners
+registered with `add_listener` are told which queues received messages (the long-polling wake-up).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from . import codec
+from .commit_log import CommitLog
+from .config import StoreConfig
+from .consume_queue import ConsumeQueueTable
+
+log = logging.getLogger(__name__)
+
+CHUNK = 4 << 20
+_II = codec._II
+_TRAN_MASK = codec.TRANSACTION_TYPE_MASK
+_PREPARED = codec.TRANSACTION_PREPARED_TYPE
+_ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
+
+ArrivalListener = Callable[[str, int, int, int], None]  # topic, queue id, next logical offset, store time
+
+
+class Dispatcher:
+    def __init__(self, commit_log: CommitLog, consume_queues: ConsumeQueueTable, index_service, config: StoreConfig):
+        self.commit_log = commit_log
+        self.consume_queues = consume_queues
+        self.index_service = index_service if config.message_index_enable else None
+        self.config = config
+        self.delay_levels = config.delay_levels_ms()
+        self.chunk = max(CHUNK, 2 * config.max_message_size)
+        self.reput_from_offset = 0
+        self.last_dispatched_timestamp = 0
+        self.dispatched_messages = 0
+        self.error: str | None = None
+        self._listeners: list[ArrivalListener] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()   # one pump at a time (thread or synchronous caller)
+        self._idle = threading.Condition()
+
+    # --- hooks ----------------------------------------------------------------------------------
+    def add_listener(self, fn: ArrivalListener) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: ArrivalListener) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    def dispatch_behind_bytes(self) -> int:
+        return max(0, self.commit_log.get_max_offset() - self.reput_from_offset)
+
+    # --- the pump -------------------------------------------------------------------------------
+    def do_reput(self, until: int | None = None) -> int:
+        """Dispatch every whole record readable now (or up to `until`); returns how many messages."""
+        with self._lock:
+            n = self._reput(until)
+        if n:
+            with self._idle:
+                self._idle.notify_all()
+        return n
+
+    def _reput(self, until: int | None) -> int:
+        cl = self.commit_log
+        total = 0
+        while True:
+            end = cl.get_max_offset() if until is None else min(until, cl.get_max_offset())
+            reput = self.reput_from_offset
+            if reput >= end:
+                return total
+            min_off = cl.get_min_offset()
+            if reput < min_off:
+                log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",
+                            reput, min_off)
+                self.reput_from_offset = min_off
+                continue
+            got = cl.get_data(reput, self.chunk)
+            if got is None or not got[0]:
+                return total
+            data, start = got
+            n, next_offset, err = self._parse_and_dispatch(data, start, len(data) < self.chunk)
+            total += n
+            if err is not None:
+                if self.error != err:
+                    log.error("dispatch stopped: %s", err)
+                self.error = err
+                return total
+            if next_offset == self.reput_from_offset:
+                return total
+            self.reput_from_offset = next_offset
+
+    def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
+        """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""
+        cl = self.commit_log
+        length = len(data)
+        pos = 0
+        reqs = []
+        append = reqs.append
+        at = codec.dispatch_request_at
+        check = codec.check_record
+        levels = self.delay_levels
+        next_offset = None
+        err = None
+        while pos + 8 <= length:
+            total_size, magic = _II.unpack_from(data, pos)
+            if magic == codec.BLANK_MAGIC_CODE:
+                next_offset = cl.roll_next_file(start + pos)
+                break
+            if 0 < total_size and pos + total_size > length and not at_read_end:
+                break  # the record goes on in the next chunk
+            try:
+                kind, size = check(data, pos, length)
+            except codec.RecordError as e:
+                err = f"{cl.corrupt(start + pos, e.reason)}"
+                break
+            if kind != codec.KIND_MESSAGE:
+                if at_read_end:
+                    err = f"{cl.corrupt(start + pos, 'zero bytes inside the written part of the commitlog')}"
+                break
+            append(at(data, pos, start, levels))
+            pos += size
+        if next_offset is None:
+            next_offset = start + pos
+        if reqs:
+            self.dispatch(reqs)
+        return len(reqs), next_offset, err
+
+    def dispatch(self, reqs: list[codec.DispatchRequest]) -> None:
+        """Feed a batch of parsed records to the consume queues and the index, then tell listeners."""
+        by_queue: dict[tuple[str, int], list] = {}
+        for r in reqs:
+            tran = r.sys_flag & _TRAN_MASK
+            if tran == _PREPARED or tran == _ROLLBACK:
+                continue
+            k = (r.topic, r.queue_id)
+            units = by_queue.get(k)
+            if units is None:
+                units = by_queue[k] = []
+            units.append((r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
+        find = self.consume_queues.find_or_create
+        for (topic, qid), units in by_queue.items():
+            find(topic, qid).put_units(units)
+        if self.index_service is not None:
+            self.index_service.build_index_batch(reqs)
+        self.last_dispatched_timestamp = reqs[-1].store_timestamp
+        self.dispatched_messages += len(reqs)
+        if self._listeners:
+            for (topic, qid), units in by_queue.items():
+                nxt = units[-1][3] + 1
+                for fn in list(self._listeners):
+                    try:
+                        fn(topic, qid, nxt, reqs[-1].store_timestamp)
+                    except Exception:  # a listener's bug must not stop dispatching
+                        log.exception("arrival listener failed")
+
+    # --- the thread -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ReputMessageService", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                n = self.do_reput()
+            except Exception:
+                log.exception("dispatcher failed at offset %d", self.reput_from_offset)
+                n = 0
+                self._stop.wait(0.1)
+            if n == 0:
+                self._wake.wait(0.001 if self.error is None else 0.5)
+                self._wake.clear()
+
+    def wait_dispatched(self, offset: int | None = None, timeout: float = 10.0) -> bool:
+        """Block until everything up to offset (default: the commitlog's end) is dispatched."""
+        target = self.commit_log.get_max_offset() if offset is None else offset
+        if self._thread is None:
+            self.do_reput(target)
+            return self.reput_from_offset >= target
+        import time
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self.reput_from_offset < target and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.set()
+                self._idle.wait(min(left, 0.01))
+        return self.reput_from_offset >= target
+
+    def shutdown(self, drain: bool = True) -> None:
+        if drain and self.error is None:
+            self.wait_dispatched(timeout=30)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

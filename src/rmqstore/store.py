@@ -1,0 +1,402 @@
+"""MessageStore: the store facade (RocketMQ's DefaultMessageStore API), assembled from small parts.
+
+    with MessageStore.open("/data/store", StoreConfig.load("broker.conf")) as store:
+        r = store.put_message(Message("TopicA", b"hello", properties={"TAGS": "TagA", "KEYS": "k1"}))
+        store.wait_dispatched()
+        got = store.get_message("group", "TopicA", 0, 0, 32)
+
+Opening takes the store's lock (a second process fails at once), recovers (see recovery), re-dispatches
+what the queues and index lack, and starts the dispatcher and the flush services.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Protocol
+
+from . import codec
+from .checkpoint import StoreCheckpoint
+from .commit_log import CommitLog
+from .config import StoreConfig
+from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
+from .dispatch import Dispatcher
+from .errors import StoreClosedError
+from .index_file import IndexService
+from .lock import AbortFile, StoreLock
+from .message import (GetMessageResult, GetMessageStatus, Message, MessageExt, PutMessageResult,
+                      PutMessageStatus)
+from .recovery import (RecoveryReport, recover_commit_log, recover_consume_queues, reput_start)
+
+log = logging.getLogger(__name__)
+
+try:
+    TOTAL_PHYSICAL_MEMORY_SIZE = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+except (ValueError, OSError, AttributeError):  # pragma: no cover
+    TOTAL_PHYSICAL_MEMORY_SIZE = 8 << 30
+
+
+class MessageFilter(Protocol):
+    """RocketMQ's MessageFilter: first by the consume queue's tags code, then by the message itself."""
+
+    def is_matched_by_consume_queue(self, tags_code: int | None) -> bool: ...
+
+    def is_matched_by_commit_log(self, msg: MessageExt) -> bool: ...
+
+
+@dataclass
+class QueryMessageResult:
+    messages: list[MessageExt] = field(default_factory=list)
+    index_last_update_timestamp: int = 0
+    index_last_update_phyoffset: int = 0
+
+
+class MessageStore:
+    def __init__(self, path: str | Path, config: StoreConfig | None = None):
+        self.path = Path(path)
+        self.config = config or StoreConfig()
+        self._closed = True
+        self.lock = StoreLock(self.path)
+        self.abort_file = AbortFile(self.path)
+        self.checkpoint: StoreCheckpoint | None = None
+        self.commit_log = CommitLog(self.path, self.config)
+        self.consume_queues = ConsumeQueueTable(self.path, self.config.mapped_file_size_consume_queue)
+        self.index_service = IndexService(self.path, self.config)
+        self.dispatcher = Dispatcher(self.commit_log, self.consume_queues, self.index_service, self.config)
+        self.services: list = []          # flush / clean services: start() and shutdown()
+        self.recovery_report: RecoveryReport | None = None
+        self.running_flags = RunningFlags()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, config: StoreConfig | None = None, *, start_services: bool = True) -> "MessageStore":
+        store = cls(path, config)
+        store.start(start_services)
+        return store
+
+    def start(self, start_services: bool = True) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        try:
+            self._load_and_recover()
+            self.abort_file.create()
+            self._closed = False
+            if start_services:
+                self.dispatcher.start()
+                from .flush import install_flush_services
+                install_flush_services(self)
+                for s in self.services:
+                    s.start()
+        except BaseException:
+            self._release_files()
+            self.lock.release()
+            raise
+
+    def _load_and_recover(self) -> None:
+        clean = not self.abort_file.exists()
+        ckpt_path = self.path / "checkpoint"
+        found = ckpt_path.exists()
+        self.checkpoint = StoreCheckpoint(ckpt_path)
+        report = RecoveryReport(clean_shutdown=clean, checkpoint_found=found)
+        self.commit_log.load()
+        self.consume_queues.load()
+        before = len(self.index_service.files) if hasattr(self.index_service, "files") else 0
+        self.index_service.load(clean, self.checkpoint.index_msg_timestamp)
+        report.index_files_dropped = max(0, before - len(getattr(self.index_service, "files", [])))
+        end = recover_commit_log(self.commit_log, self.checkpoint, clean, report)
+        recover_consume_queues(self.consume_queues, end, report)
+        cl_min = self.commit_log.get_min_offset()
+        for cq in self.consume_queues:
+            cq.correct_min_offset(max(cl_min, 0))
+        index_end = self.index_service.get_last_file_end_phy_offset() if self.config.message_index_enable else None
+        start = reput_start(self.commit_log, self.consume_queues, index_end, clean, report)
+        report.redispatched_from = start
+        self.dispatcher.reput_from_offset = start
+        report.redispatched_messages = self.dispatcher.do_reput()
+        self.commit_log.topic_queue_table = self.consume_queues.topic_queue_offsets()
+        self.recovery_report = report
+        level = logging.INFO if clean and report.dropped_at is None else logging.WARNING
+        log.log(level, "%s: recovered: %s", self.path, report.summary())
+
+    def close(self) -> None:
+        """Clean shutdown: stop services, dispatch and flush everything, remove the abort file."""
+        if self._closed:
+            return
+        self._closed = True
+        self.dispatcher.shutdown(drain=True)
+        for s in reversed(self.services):
+            s.shutdown()
+        self.services.clear()
+        ok = True
+        try:
+            self.flush_all()
+        except OSError as e:
+            ok = False
+            log.error("%s: final flush failed (%s): keeping the abort file so the next open recovers", self.path, e)
+        self._release_files()
+        if ok and self.dispatcher.error is None:
+            self.abort_file.remove()
+        self.lock.release()
+
+    shutdown = close
+
+    def _release_files(self) -> None:
+        self.index_service.shutdown()
+        self.consume_queues.shutdown()
+        self.commit_log.shutdown()
+        if self.checkpoint is not None:
+            self.checkpoint.shutdown()
+
+    def flush_all(self) -> None:
+        """Flush commitlog, consume queues and index, then record it in the checkpoint."""
+        cl = self.commit_log
+        cl.queue.commit()
+        phys_ts = cl.queue.store_timestamp
+        cl.queue.flush()
+        logics_ts = self.dispatcher.last_dispatched_timestamp
+        self.consume_queues.flush()
+        index_ts = self.index_service.flush()
+        ck = self.checkpoint
+        if phys_ts:
+            ck.physic_msg_timestamp = phys_ts
+        if logics_ts:
+            ck.logics_msg_timestamp = logics_ts
+        if index_ts:
+            ck.index_msg_timestamp = index_ts
+        ck.flush()
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
+
+    # --- put ------------------------------------------------------------------------------------
+    def put_message(self, msg: Message) -> PutMessageResult:
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, msgs: Iterable[Message]) -> list[PutMessageResult]:
+        msgs = list(msgs)
+        if self._closed or not self.running_flags.writeable:
+            if not self._closed:
+                log.warning("%s: put refused: %s", self.path, self.running_flags.why())
+            return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE) for _ in msgs]
+        try:
+            results = self.commit_log.put_messages(msgs)
+        except OSError as e:
+            self.running_flags.write_failed(str(e))
+            log.error("%s: write failed: %s", self.path, e)
+            return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE) for _ in msgs]
+        self.dispatcher.wakeup()
+        return results
+
+    # --- get ------------------------------------------------------------------------------------
+    def get_message(self, group: str, topic: str, queue_id: int, offset: int, max_msg_nums: int,
+                    message_filter: MessageFilter | None = None) -> GetMessageResult:
+        """Up to max_msg_nums messages of a queue from a logical offset, as RocketMQ's getMessage."""
+        self._check_open()
+        cq = self.consume_queues.find(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        min_off, max_off = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+        if max_off == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_off, max_off)
+        if offset < min_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_off, min_off, max_off)
+        if offset == max_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
+        if offset > max_off:
+            nxt = min_off if min_off == 0 else max_off
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
+        got = cq.get_index_buffer(offset)
+        if got is None:
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_off, max_off)
+        return self._read_units(cq, got[0], offset, max_msg_nums, message_filter, min_off, max_off)
+
+    def _read_units(self, cq: ConsumeQueue, units: bytes, offset: int, max_msg_nums: int,
+                    message_filter: MessageFilter | None, min_off: int, max_off: int) -> GetMessageResult:
+        cfg = self.config
+        result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
+        max_py = self.commit_log.get_max_offset()
+        memory = TOTAL_PHYSICAL_MEMORY_SIZE * cfg.access_message_in_memory_max_ratio // 100
+        max_filter = max(16000, max_msg_nums * UNIT)
+        next_phy_file_start = None
+        max_phy_pulling = 0
+        i = 0
+        n = len(units)
+        unpack = codec.CQ_UNIT.unpack_from
+        while i < n and i < max_filter:
+            off_py, size_py, tags = unpack(units, i)
+            max_phy_pulling = off_py
+            if next_phy_file_start is not None and off_py < next_phy_file_start:
+                i += UNIT
+                continue
+            in_disk = max_py - off_py > memory
+            if self._batch_full(size_py, max_msg_nums, result, in_disk):
+                break
+            if message_filter is not None and not message_filter.is_matched_by_consume_queue(tags):
+                i += UNIT
+                continue
+            msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
+            if msg is None:
+                if result.buffer_total_size == 0:
+                    result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                next_phy_file_start = self.commit_log.roll_next_file(off_py)
+                i += UNIT
+                continue
+            if message_filter is not None and not message_filter.is_matched_by_commit_log(msg):
+                if result.buffer_total_size == 0:
+                    result.status = GetMessageStatus.NO_MATCHED_MESSAGE
+                i += UNIT
+                continue
+            result.messages.append(msg)
+            result.buffer_total_size += size_py
+            result.status = GetMessageStatus.FOUND
+            next_phy_file_start = None
+            i += UNIT
+        result.next_begin_offset = offset + i // UNIT
+        result.suggest_pulling_from_slave = max_py - max_phy_pulling > memory
+        return result
+
+    def _batch_full(self, size_py: int, max_msg_nums: int, r: GetMessageResult, in_disk: bool) -> bool:
+        total, count = r.buffer_total_size, len(r.messages)
+        if total == 0 or count == 0:
+            return False
+        if max_msg_nums <= count:
+            return True
+        cfg = self.config
+        if in_disk:
+            return (total + size_py > cfg.max_transfer_bytes_on_message_in_disk
+                    or count > cfg.max_transfer_count_on_message_in_disk - 1)
+        return (total + size_py > cfg.max_transfer_bytes_on_message_in_memory
+                or count > cfg.max_transfer_count_on_message_in_memory - 1)
+
+    def _message_at(self, off: int, size: int, cq: ConsumeQueue | None = None, logical: int | None = None) -> MessageExt | None:
+        raw = self.commit_log.get_message(off, size)
+        if raw is None:
+            return None
+        try:
+            return MessageExt.from_record(codec.decode_record(raw, 0, len(raw)))
+        except codec.RecordError as e:
+            where = f" (unit {logical} of {cq.topic}/{cq.queue_id})" if cq is not None else ""
+            log.warning("%s: commitlog offset %d%s holds no valid message: %s",
+                        self.commit_log.queue.store_path, off, where, e.reason)
+            return None
+
+    # --- offsets and lookups --------------------------------------------------------------------
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        return cq.get_max_offset_in_queue() if cq else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        return cq.get_min_offset_in_queue() if cq else -1
+
+    def get_message_total_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        return cq.get_message_total_in_queue() if cq else -1
+
+    def get_commit_log_offset_in_queue(self, topic: str, queue_id: int, consume_queue_offset: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        unit = cq.get_unit(consume_queue_offset) if cq else None
+        return unit[0] if unit else 0
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, consume_queue_offset: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        unit = cq.get_unit(consume_queue_offset) if cq else None
+        return self._store_time(unit[0], unit[1]) if unit else -1
+
+    def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        if cq is None:
+            return -1
+        return self.get_message_store_timestamp(topic, queue_id, cq.get_min_offset_in_queue())
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.get_offset_in_queue_by_time(timestamp, self._store_time, max(self.commit_log.get_min_offset(), 0))
+
+    def _store_time(self, off: int, size: int) -> int:
+        """RocketMQ's pickupStoreTimestamp: -1 when the message is gone."""
+        raw = self.commit_log.get_message(off, min(size, codec.HEADER_STRUCTS[3].size))
+        if raw is None or len(raw) < codec.HEADER_V4.size:
+            return -1
+        sys_flag = codec._I.unpack_from(raw, codec.POS_SYSFLAG)[0]
+        return codec.struct.unpack_from(">q", raw, codec.store_timestamp_pos(sys_flag))[0]
+
+    def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt | None:
+        return self.commit_log.look_message_by_offset(commit_log_offset, size)
+
+    def view_message_by_id(self, msg_id: str) -> MessageExt | None:
+        _, offset = codec.decode_message_id(msg_id)
+        return self.look_message_by_offset(offset)
+
+    def get_min_phy_offset(self) -> int:
+        return self.commit_log.get_min_offset()
+
+    def get_max_phy_offset(self) -> int:
+        return self.commit_log.get_max_offset()
+
+    def query_message(self, topic: str, key: str, max_num: int, begin: int = 0, end: int = 2 ** 63 - 1) -> QueryMessageResult:
+        """RocketMQ's raw queryMessage: every message whose index entry matches the key's hash in the time
+        range (the store does not re-check topic or key; see find_messages_by_key)."""
+        offsets, last_ts, last_phy = self.index_service.query_offset(topic, key, max_num, begin, end)
+        result = QueryMessageResult(index_last_update_timestamp=last_ts, index_last_update_phyoffset=last_phy)
+        for off in sorted(offsets):
+            msg = self.look_message_by_offset(off)
+            if msg is not None:
+                result.messages.append(msg)
+        return result
+
+    def find_messages_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
+                             end: int = 2 ** 63 - 1) -> list[MessageExt]:
+        """The user-facing query: only messages of this topic that really carry the key (in KEYS or as
+        UNIQ_KEY), each once. Fixes RocketMQ's #3613 / #8438 (hash collisions, duplicates)."""
+        seen: set[int] = set()
+        out = []
+        for msg in self.query_message(topic, key, max_num, begin, end).messages:
+            if msg.commit_log_offset in seen or msg.topic != topic:
+                continue
+            if key in msg.keys or msg.properties.get(codec.PROPERTY_UNIQ_KEY) == key:
+                seen.add(msg.commit_log_offset)
+                out.append(msg)
+        return out
+
+    def dispatch_behind_bytes(self) -> int:
+        return self.dispatcher.dispatch_behind_bytes()
+
+    def wait_dispatched(self, timeout: float = 10.0) -> bool:
+        return self.dispatcher.wait_dispatched(timeout=timeout)
+
+    def topics(self) -> dict[str, list[int]]:
+        return {t: sorted(qs) for t, qs in sorted(self.consume_queues.table.items())}
+
+
+class RunningFlags:
+    """RocketMQ's RunningFlags: why the store refuses writes (disk full, a failed write)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.disk_full = False
+        self.write_error: str | None = None
+
+    @property
+    def writeable(self) -> bool:
+        return not self.disk_full and self.write_error is None
+
+    def write_failed(self, why: str) -> None:
+        with self._lock:
+            self.write_error = why
+
+    def why(self) -> str:
+        if self.disk_full:
+            return "disk full"
+        return self.write_error or "ok"
