@@ -1,0 +1,41 @@
+# rmqstore: `make test`, `make demo`, `make bench [SCALE=...]`, `make clean`.
+# Each target creates .venv when it is missing (python3.11, else python3) and installs the package
+# editable with the extras it needs; a stamp file per extras set re-runs pip only when
+# pyproject.toml changes.
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+SCALE     ?= full
+PYTEST_ARGS ?=
+
+.PHONY: all test demo bench clean distclean install
+
+all: test
+
+$(PY):
+	@if command -v python3.11 >/dev/null 2>&1; then python3.11 -m venv $(VENV); \
+	else python3 -m venv $(VENV); fi
+
+# .venv/.stamp-base installs '.', .venv/.stamp-test '.[test]', .venv/.stamp-bench '.[bench]'.
+$(VENV)/.stamp-%: pyproject.toml | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.$(if $(filter base,$*),,[$*])'
+	@touch $@
+
+install: $(VENV)/.stamp-test
+
+test: $(VENV)/.stamp-test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(VENV)/.stamp-base
+	$(PY) -m rmqstore.demo
+
+bench: $(VENV)/.stamp-bench
+	$(VENV)/bin/rmqstore bench --scale $(SCALE)
+
+# Generated files only; the virtualenv stays (`make distclean` removes it too).
+clean:
+	rm -rf demo-store .pytest_cache .hypothesis build dist src/*.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,381 @@
+"""The `rmqstore` command line (also `python -m rmqstore`).
+
+Every subcommand is one small `cmd_*` function plus one `Command` entry in the COMMANDS table at the
+end of this file; main() builds the parser from that table, loads the `-c/--config` file with
+StoreConfig.load and turns every error into one line on stderr and exit status 2.
+
+Exit status: 0 success; 1 the command ran but some item failed (e.g. a put that was not PUT_OK);
+2 error (bad argument, unreadable config, corrupt or unreadable store), nothing half-explained.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from .errors import RmqStoreError
+from .message import Message, PutMessageResult
+
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+PROG = "rmqstore"
+
+
+# ==== the one place the CLI opens a store for writing =============================================
+def _open_for_write(store: Path, cfg: StoreConfig):
+    """A context manager giving a writable store with put_message(msg) and put_messages(msgs).
+
+    Interim: a bare CommitLog (no consume queues, no index, no lock). To be replaced by
+        return MessageStore.open(store, cfg)          # from .store import MessageStore
+    """
+    return _InterimCommitLogStore(store, cfg)
+
+
+class _InterimCommitLogStore:
+    """Just enough store for `load` until MessageStore exists: the CommitLog, positioned after the
+    records already in it (found with the read-only scanner), flushed on close."""
+
+    def __init__(self, store: Path, cfg: StoreConfig):
+        from .commit_log import CommitLog
+        from .reader import CommitLogReader
+
+        store = Path(store)
+        store.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg
+        self.commit_log = CommitLog(store, cfg)
+        self.commit_log.load()
+        if self.commit_log.queue.files:
+            summary = CommitLogReader(store, cfg).summary(check_crc=cfg.check_crc_on_recover)
+            self.commit_log.queue.truncate_dirty_files(summary.end_offset)
+            self.commit_log.queue.set_positions_from(summary.end_offset)
+            self.commit_log.topic_queue_table.update(summary.queue_offsets)
+
+    def put_message(self, msg: Message) -> PutMessageResult:
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, msgs: list[Message]) -> list[PutMessageResult]:
+        results = self.commit_log.put_messages(msgs)
+        if self.cfg.flush_disk_type == SYNC_FLUSH:
+            self.commit_log.queue.flush()
+        return results
+
+    def __enter__(self) -> "_InterimCommitLogStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.commit_log.queue.flush()
+        finally:
+            self.commit_log.shutdown()
+
+
+# ==== helpers =======================================================================================
+class CliError(RmqStoreError):
+    """A bad argument or input: the message names it (file, line, argument)."""
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _dumps(obj: dict) -> str:
+    """One JSON line the way the golden files are written: compact, ASCII with \\u escapes."""
+    return _ENCODER.encode(obj)
+
+
+def _offset(text: str) -> int:
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an offset (decimal or 0x hex)") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: offsets are not negative")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must not be negative")
+    return v
+
+
+class _Progress:
+    """A one-line counter on stderr, only when stderr is a terminal and the job takes a while."""
+
+    def __init__(self, what: str, after_s: float = 1.0):
+        self.what = what
+        self.on = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self.after_s = after_s
+        self.shown = False
+
+    def update(self, n: int) -> None:
+        if self.on and (self.shown or time.monotonic() - self.t0 >= self.after_s):
+            self.shown = True
+            sys.stderr.write(f"\r{PROG}: {n} {self.what}")
+            sys.stderr.flush()
+
+    def done(self, n: int) -> None:
+        if self.shown:
+            sys.stderr.write(f"\r{PROG}: {n} {self.what}\n")
+            sys.stderr.flush()
+
+
+# ==== load ==========================================================================================
+LOAD_CHUNK = 1000
+
+
+def _message_from_line(raw: bytes) -> Message:
+    """One line of messages.jsonl to a Message; ValueError with the reason if it is not one."""
+    try:
+        d = json.loads(raw)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    if not isinstance(d.get("topic"), str):
+        raise ValueError("field 'topic' missing or not a string")
+    body = d.get("body", "")
+    if not isinstance(body, str):
+        raise ValueError("field 'body' must be a hex string")
+    props = d.get("properties") or {}
+    if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+        raise ValueError("field 'properties' must be an object of string values")
+    for f in ("bornHost", "storeHost"):
+        if f in d and d[f] is not None and not isinstance(d[f], str):
+            raise ValueError(f"field {f!r} must be an 'ip:port' string")
+    for f in ("queueId", "flag", "sysFlag", "bornTimestamp", "reconsumeTimes", "preparedTransactionOffset"):
+        if f in d and (not isinstance(d[f], int) or isinstance(d[f], bool)):
+            raise ValueError(f"field {f!r} must be an integer")
+    try:
+        return Message.from_json(d)
+    except ValueError as e:
+        raise ValueError(f"field 'body' is not hex ({e})") from None
+
+
+def _read_messages(stream, name: str) -> Iterator[tuple[int, Message]]:
+    """(line number, Message) for every non-blank line; CliError naming the line for a bad one."""
+    for lineno, raw in enumerate(stream, 1):
+        if not raw.strip():
+            continue
+        try:
+            yield lineno, _message_from_line(raw)
+        except ValueError as e:
+            raise CliError(f"{name} line {lineno}: {e}") from None
+
+
+def cmd_load(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """Append the messages of a JSON-lines input; print one put result per message."""
+    if args.input in (None, "-"):
+        stream, name = sys.stdin.buffer, "<stdin>"
+    else:
+        stream, name = open(args.input, "rb"), args.input
+    out = sys.stdout
+    n = failed = 0
+    progress = _Progress("messages loaded")
+
+    def put(st, batch: list[Message]) -> None:
+        nonlocal n, failed
+        lines = []
+        for r in st.put_messages(batch):
+            if not r.ok:
+                failed += 1
+            lines.append(_dumps({"i": n, **r.to_json()}))
+            n += 1
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+        progress.update(n)
+
+    with contextlib.closing(stream) if stream is not sys.stdin.buffer else contextlib.nullcontext():
+        with _open_for_write(Path(args.store), cfg) as st:
+            batch: list[Message] = []
+            try:
+                for _lineno, msg in _read_messages(stream, name):
+                    batch.append(msg)
+                    if len(batch) >= LOAD_CHUNK:
+                        put(st, batch)
+                        batch = []
+            finally:   # on a bad line, what came before it is stored and reported
+                if batch:
+                    put(st, batch)
+    progress.done(n)
+    if failed:
+        print(f"{PROG} load: {failed} of {n} messages were not stored (see their status)", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _load_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("--flush", choices=("async", "sync"), default=None,
+                   help="flush policy (default: the config's flushDiskType, ASYNC_FLUSH). "
+                        "sync: results are printed only once their messages are on disk")
+    p.add_argument("-i", "--input", metavar="FILE", default="-",
+                   help="read messages from FILE instead of standard input")
+
+
+def _load_overrides(args: argparse.Namespace) -> dict:
+    if args.flush is None:
+        return {}
+    return {"flushDiskType": SYNC_FLUSH if args.flush == "sync" else ASYNC_FLUSH}
+
+
+# ==== cat ===========================================================================================
+CAT_CHUNK = 512
+
+
+def cmd_cat(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """Print the commitlog's message records in physical order, one JSON object a line."""
+    from .reader import CommitLogReader
+
+    out = sys.stdout
+    lines: list[str] = []
+    with CommitLogReader(args.store, cfg) as reader:
+        try:
+            for m in reader.messages(args.from_offset, limit=args.limit, check_crc=args.check_crc):
+                lines.append(_dumps(m.to_json()))
+                if len(lines) >= CAT_CHUNK:
+                    out.write("\n".join(lines) + "\n")
+                    lines = []
+        finally:   # records before a corrupt one are printed before the error
+            if lines:
+                out.write("\n".join(lines) + "\n")
+            out.flush()
+    return EXIT_OK
+
+
+def _cat_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE",
+                   help="store directory (holding commitlog/) or a commitlog directory itself; "
+                        "read only, nothing is written")
+    p.add_argument("--from", dest="from_offset", metavar="OFFSET", type=_offset, default=0,
+                   help="start at the first record at or after this commitlog offset (default 0)")
+    p.add_argument("--limit", metavar="N", type=_count, default=None, help="print at most N records")
+    p.add_argument("--check-crc", action="store_true",
+                   help="verify each body's CRC32 against BODYCRC (a mismatch is an error)")
+
+
+# ==== the command table =============================================================================
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str                                                   # one line, for `rmqstore --help`
+    run: Callable[[argparse.Namespace, StoreConfig], int]       # returns the exit status
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    description: str = ""                                       # for `rmqstore NAME --help`
+    epilog: str = ""
+    config_overrides: Callable[[argparse.Namespace], dict] | None = None   # RocketMQ key -> value
+
+
+COMMANDS: list[Command] = [
+    Command(
+        "load", "append messages from JSON lines (messages.jsonl format); print a put result per message",
+        cmd_load, _load_args, config_overrides=_load_overrides,
+        description="Read messages, one JSON object a line in the format of the golden messages.jsonl "
+                    "(topic, queueId, flag, sysFlag, bornTimestamp, bornHost, storeHost, reconsumeTimes, "
+                    "preparedTransactionOffset, properties, body as hex), append them in order and print, "
+                    "for each, one line in the format of puts.jsonl: "
+                    '{"i","status","msgId","wroteOffset","logicsOffset"}. '
+                    "A malformed line stops the load with an error naming its line number; the "
+                    "messages before it are stored and reported.",
+        epilog="example:\n  rmqstore load -c store.conf ./my-store < messages.jsonl > puts.jsonl\n\n"
+               "exit status: 0 all stored, 1 some message refused (see its status), 2 error"),
+    Command(
+        "cat", "print the commitlog's records in physical order as JSON lines (read only)",
+        cmd_cat, _cat_args,
+        description="Decode every message record of the commitlog in physical order and print one JSON "
+                    "object per record, with the fields of the golden dump.jsonl message lines (topic, "
+                    "queueId, queueOffset, commitLogOffset, storeSize, bodyCRC, flag, sysFlag, "
+                    "bornTimestamp, storeTimestamp, bornHost, storeHost, reconsumeTimes, "
+                    "preparedTransactionOffset, msgId, properties, body). Opens nothing for writing. "
+                    "A record that is not valid stops the listing: the records before it are printed, "
+                    "then an error naming the file and the offset.",
+        epilog="examples:\n  rmqstore cat ./my-store | head\n"
+               "  rmqstore cat --from 262144 --limit 10 ./my-store\n"
+               "  rmqstore cat --check-crc /path/to/commitlog"),
+    # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
+    # ---- above, then add one Command(...) line. Reserved names, not implemented yet:
+    #   dump     STORE                      the golden dump.jsonl of a store
+    #   get      STORE TOPIC QUEUE OFFSET   getMessage
+    #   query    STORE TOPIC KEY            queryMessage by key
+    #   rebuild  STORE                      rebuild consume queues and index from the commitlog
+    #   clean    STORE                      delete expired files
+    #   bench    --scale SCALE              benchmarks (`make bench`)
+    #   stats    STORE                      offsets and sizes
+    #   serve    STORE                      serve the store
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="A RocketMQ 4.4.0-compatible message store: tools over a store directory.",
+        epilog=f"Run '{PROG} COMMAND --help' for a command's options.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", metavar="FILE", default=None,
+                        help="broker.conf-style properties file (key=value; RocketMQ names such as "
+                             "mapedFileSizeCommitLog); defaults: RocketMQ's")
+    common.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for c in COMMANDS:
+        p = sub.add_parser(c.name, parents=[common], help=c.help,
+                           description=textwrap.fill(c.description or c.help, 79),
+                           epilog=c.epilog or None, formatter_class=argparse.RawDescriptionHelpFormatter)
+        c.add_arguments(p)
+        p.set_defaults(_command=c)
+    return parser
+
+
+def _error_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and not isinstance(e, RmqStoreError):
+        where = e.filename if e.filename is not None else ""
+        what = e.strerror or str(e)
+        msg = f"{where}: {what}" if where else what
+    else:
+        msg = str(e)
+    return " ".join(msg.split("\n"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    logging.basicConfig(stream=sys.stderr, format=f"{PROG}: %(levelname)s: %(message)s",
+                        level=logging.WARNING - 10 * min(args.verbose, 2))
+    try:
+        overrides = command.config_overrides(args) if command.config_overrides else None
+        cfg = StoreConfig.load(args.config, overrides)
+        return command.run(args, cfg)
+    except BrokenPipeError:
+        # the reader went away (`rmqstore cat | head`): stop quietly, like other Unix tools
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except (RmqStoreError, OSError) as e:
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        print(f"{PROG} {command.name}: {_error_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"{PROG} {command.name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

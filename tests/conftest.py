@@ -1,0 +1,79 @@
+"""Shared fixtures: the golden stores written by RocketMQ 4.4.0, and writable copies of them.
+
+The golden data lives in $RMQSTORE_GOLDEN, else <repo>/../shared/golden. It is required: a missing
+directory fails the tests that use it (it is never skipped).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN_SETS = ("rmq440-clean", "rmq440-crash", "rocketmq-sample-commitlog")
+
+
+def golden_dir() -> Path:
+    env = os.environ.get("RMQSTORE_GOLDEN")
+    return Path(env) if env else (REPO / ".." / "shared" / "golden").resolve()
+
+
+@pytest.fixture(scope="session")
+def golden() -> Path:
+    g = golden_dir()
+    if not (g / "README.md").is_file() or not all((g / s).is_dir() for s in GOLDEN_SETS):
+        pytest.fail(f"golden data not found at {g}: set RMQSTORE_GOLDEN or put it at <repo>/../shared/golden",
+                    pytrace=False)
+    return g
+
+
+@pytest.fixture(scope="session")
+def compare_tools(golden: Path) -> Path:
+    tools = golden.parent / "tools"
+    if not (tools / "compare_commitlog.py").is_file():
+        pytest.fail(f"comparators not found in {tools}", pytrace=False)
+    return tools
+
+
+def golden_store(golden: Path, name: str) -> Path:
+    """A set's store directory (the sample set has no store/: its directory is the commitlog dir)."""
+    s = golden / name
+    return s / "store" if (s / "store").is_dir() else s
+
+
+def _make_writable(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, os.stat(dirpath).st_mode | stat.S_IWUSR | stat.S_IRUSR | stat.S_IXUSR)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            os.chmod(p, os.stat(p).st_mode | stat.S_IWUSR | stat.S_IRUSR)
+
+
+@pytest.fixture
+def golden_copy(golden: Path, tmp_path: Path):
+    """golden_copy(name) -> a writable copy (under tmp_path) of that set's store directory."""
+    def copy(name: str) -> Path:
+        dst = tmp_path / f"copy-{name}"
+        shutil.copytree(golden_store(golden, name), dst)
+        _make_writable(dst)
+        return dst
+    return copy
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rmqstore_cmd() -> list[str]:
+    return [sys.executable, "-m", "rmqstore"]
+
+
+def run_cli(*args: str, input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*rmqstore_cmd(), *map(str, args)], input=input, capture_output=True, timeout=timeout)
