@@ -40,6 +40,7 @@ class Dispatcher:
         self.last_dispatched_timestamp = 0
         self.dispatched_messages = 0
         self.error: str | None = None
+        self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         self._listeners: list[ArrivalListener] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -101,6 +102,8 @@ class Dispatcher:
             if next_offset == self.reput_from_offset:
                 return total
             self.reput_from_offset = next_offset
+            if self.on_progress is not None:
+                self.on_progress(next_offset - max(min_off, 0), end - max(min_off, 0))
 
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
         """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""
