@@ -139,9 +139,11 @@ LOAD_CHUNK = 1000
 def _message_from_line(raw: bytes) -> Message:
     """One line of messages.jsonl to a Message; ValueError with the reason if it is not one."""
     try:
-        d = json.loads(raw)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(d, dict):
