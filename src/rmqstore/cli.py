@@ -29,52 +29,17 @@ EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 PROG = "rmqstore"
 
 
-# ==== the one place the CLI opens a store for writing =============================================
+# ==== the one place the CLI opens a store ==========================================================
+def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
+    """Open (lock, recover, dispatch) a store; a context manager. `services` starts the dispatcher and
+    flush threads (needed by long-running writers); short commands dispatch synchronously."""
+    from .store import MessageStore
+
+    return MessageStore.open(store, cfg, start_services=services)
+
+
 def _open_for_write(store: Path, cfg: StoreConfig):
-    """A context manager giving a writable store with put_message(msg) and put_messages(msgs).
-
-    Interim: a bare CommitLog (no consume queues, no index, no lock). To be replaced by
-        return MessageStore.open(store, cfg)          # from .store import MessageStore
-    """
-    return _InterimCommitLogStore(store, cfg)
-
-
-class _InterimCommitLogStore:
-    """Just enough store for `load` until MessageStore exists: the CommitLog, positioned after the
-    records already in it (found with the read-only scanner), flushed on close."""
-
-    def __init__(self, store: Path, cfg: StoreConfig):
-        from .commit_log import CommitLog
-        from .reader import CommitLogReader
-
-        store = Path(store)
-        store.mkdir(parents=True, exist_ok=True)
-        self.cfg = cfg
-        self.commit_log = CommitLog(store, cfg)
-        self.commit_log.load()
-        if self.commit_log.queue.files:
-            summary = CommitLogReader(store, cfg).summary(check_crc=cfg.check_crc_on_recover)
-            self.commit_log.queue.truncate_dirty_files(summary.end_offset)
-            self.commit_log.queue.set_positions_from(summary.end_offset)
-            self.commit_log.topic_queue_table.update(summary.queue_offsets)
-
-    def put_message(self, msg: Message) -> PutMessageResult:
-        return self.put_messages([msg])[0]
-
-    def put_messages(self, msgs: list[Message]) -> list[PutMessageResult]:
-        results = self.commit_log.put_messages(msgs)
-        if self.cfg.flush_disk_type == SYNC_FLUSH:
-            self.commit_log.queue.flush()
-        return results
-
-    def __enter__(self) -> "_InterimCommitLogStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.commit_log.queue.flush()
-        finally:
-            self.commit_log.shutdown()
+    return _open_store(store, cfg, services=True)
 
 
 # ==== helpers =======================================================================================
@@ -270,6 +235,146 @@ def _cat_args(p: argparse.ArgumentParser) -> None:
                    help="verify each body's CRC32 against BODYCRC (a mismatch is an error)")
 
 
+# ==== dump / get / query ============================================================================
+def _store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE", help="store directory (opened, locked and recovered: use a copy "
+                                                  "of a store another process has open)")
+
+
+def _write_lines(objs) -> None:
+    out = sys.stdout
+    lines: list[str] = []
+    for o in objs:
+        lines.append(_dumps(o))
+        if len(lines) >= CAT_CHUNK:
+            out.write("\n".join(lines) + "\n")
+            lines = []
+    if lines:
+        out.write("\n".join(lines) + "\n")
+    out.flush()
+
+
+def cmd_dump(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """The golden dump.jsonl of a store: min/max phy, every queue and its messages, key queries."""
+    from .dump import dump_lines, read_keys
+
+    keys = None
+    if args.keys:
+        try:
+            keys = read_keys(args.keys)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+    with _open_store(Path(args.store), cfg) as st:
+        _write_lines(dump_lines(st, keys))
+    return EXIT_OK
+
+
+def _dump_args(p: argparse.ArgumentParser) -> None:
+    _store_arg(p)
+    p.add_argument("--keys", metavar="keys.tsv", help="also answer these key queries (topic<TAB>key lines) "
+                                                      "with the raw index matches, as RocketMQ's store does")
+
+
+def cmd_get(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """getMessage: messages of a queue from a logical offset; the status line goes to stderr."""
+    with _open_store(Path(args.store), cfg) as st:
+        r = st.get_message(args.group, args.topic, args.queue, args.offset, args.n)
+        _write_lines(m.to_json() for m in r.messages)
+        print(_dumps({"status": r.status.value, "nextBeginOffset": r.next_begin_offset,
+                      "minOffset": r.min_offset, "maxOffset": r.max_offset, "count": r.message_count}),
+              file=sys.stderr)
+    return EXIT_OK if r.messages else EXIT_FAILED
+
+
+def _get_args(p: argparse.ArgumentParser) -> None:
+    _store_arg(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("queue", metavar="QUEUE", type=_count, help="queue id")
+    p.add_argument("offset", metavar="OFFSET", type=_count, help="logical offset in the queue")
+    p.add_argument("-n", type=_count, default=32, help="at most N messages (default 32; RocketMQ's transfer "
+                                                        "limits apply)")
+    p.add_argument("--group", default="rmqstore-cli", help="consumer group named in the request")
+
+
+def _ms(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    from datetime import datetime
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither epoch milliseconds nor an ISO date") from None
+
+
+def cmd_query(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """Messages of TOPIC carrying KEY (hash collisions and duplicates removed)."""
+    with _open_store(Path(args.store), cfg) as st:
+        found = st.find_messages_by_key(args.topic, args.key, args.max, args.begin, args.end)
+        _write_lines(m.to_json() for m in found)
+    return EXIT_OK if found else EXIT_FAILED
+
+
+def _query_args(p: argparse.ArgumentParser) -> None:
+    _store_arg(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("key", metavar="KEY", help="a word of the KEYS property, or a UNIQ_KEY")
+    p.add_argument("--begin", type=_ms, default=0, help="earliest store time (ms or ISO date)")
+    p.add_argument("--end", type=_ms, default=2 ** 63 - 1, help="latest store time (ms or ISO date)")
+    p.add_argument("--max", type=_count, default=64, help="at most this many index matches (default 64)")
+
+
+# ==== rebuild =======================================================================================
+def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """Drop consume queues and index and rebuild them from the commitlog."""
+    if args.engine == "spark":
+        from .spark import rebuild_spark
+
+        out = rebuild_spark(args.store, cfg, master=args.master)
+    else:
+        from .rebuild import ProgressBar, rebuild_store
+
+        bar = ProgressBar(1, "rebuild")
+
+        def progress(done: int, total: int) -> None:
+            bar.total = max(total, 1)
+            bar.update(done)
+
+        out = rebuild_store(args.store, cfg, progress=progress)
+        bar.close()
+    print(_dumps(out))
+    return EXIT_OK
+
+
+def _rebuild_args(p: argparse.ArgumentParser) -> None:
+    _store_arg(p)
+    p.add_argument("--engine", choices=("local", "spark"), default="local",
+                   help="local: this process; spark: parallel tasks on a Spark cluster (rmqstore[spark])")
+    p.add_argument("--master", metavar="URL", default=None, help="Spark master (default local[*])")
+
+
+# ==== bench =========================================================================================
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from . import bench
+
+    class _WithoutConfig:   # bench declares -c/--config itself; the common option already means the same
+        def __getattr__(self, name):
+            return getattr(p, name)
+
+        def add_argument(self, *names, **kw):
+            return None if "--config" in names else p.add_argument(*names, **kw)
+
+    bench.add_arguments(_WithoutConfig())
+
+
+def cmd_bench(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    from . import bench
+
+    bench.run(args)
+    return EXIT_OK
+
+
 # ==== the command table =============================================================================
 @dataclass(frozen=True)
 class Command:
@@ -308,16 +413,28 @@ COMMANDS: list[Command] = [
         epilog="examples:\n  rmqstore cat ./my-store | head\n"
                "  rmqstore cat --from 262144 --limit 10 ./my-store\n"
                "  rmqstore cat --check-crc /path/to/commitlog"),
+    Command("dump", "print what the store reads back, in the golden dump.jsonl format", cmd_dump, _dump_args,
+            description="Open the store (recovering it if needed) and print: the commitlog's min and max "
+                        "offsets; for every topic (sorted) and queue, its min and max offsets and every "
+                        "message from min to max as getMessage returns them; then, with --keys, for every "
+                        "topic<TAB>key line the offsets queryMessage returns (raw index matches).",
+            epilog="example:\n  rmqstore dump -c store.conf --keys keys.tsv ./copy-of-store > dump.jsonl"),
+    Command("get", "read messages of a queue from a logical offset (getMessage)", cmd_get, _get_args,
+            epilog="example:\n  rmqstore get ./my-store TopicA 0 100 -n 8\n"
+                   "the status, next begin offset and min/max offsets go to stderr as one JSON line"),
+    Command("query", "find the messages of a topic that carry a key", cmd_query, _query_args,
+            description="Look a key up in the index and print the messages of TOPIC whose KEYS or UNIQ_KEY "
+                        "really is KEY, each once (the raw index may also hold hash collisions and other "
+                        "topics' messages: see `dump --keys`).",
+            epilog="example:\n  rmqstore query ./my-store TopicA order-42"),
+    Command("rebuild", "drop and rebuild consume queues and index from the commitlog", cmd_rebuild,
+            _rebuild_args,
+            epilog="examples:\n  rmqstore rebuild -c store.conf ./my-store\n"
+                   "  rmqstore rebuild --engine spark --master local[2] ./my-store"),
+    Command("bench", "measure put, dispatch and read throughput (JSON on stdout)", cmd_bench, _bench_args,
+            epilog="example:\n  rmqstore bench --scale small"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
-    # ---- above, then add one Command(...) line. Reserved names, not implemented yet:
-    #   dump     STORE                      the golden dump.jsonl of a store
-    #   get      STORE TOPIC QUEUE OFFSET   getMessage
-    #   query    STORE TOPIC KEY            queryMessage by key
-    #   rebuild  STORE                      rebuild consume queues and index from the commitlog
-    #   clean    STORE                      delete expired files
-    #   bench    --scale SCALE              benchmarks (`make bench`)
-    #   stats    STORE                      offsets and sizes
-    #   serve    STORE                      serve the store
+    # ---- above, then add one Command(...) line.
 ]
 
 

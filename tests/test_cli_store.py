@@ -1,0 +1,80 @@
+"""CLI commands over a whole store: dump, get, query, rebuild, and the lock message."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+TOOLS = GOLDEN.parent / "tools"
+CONF = str(GOLDEN / "rmq440-clean" / "store.conf")
+
+
+def rmq(*args, check=True):
+    r = subprocess.run([sys.executable, "-m", "rmqstore", *map(str, args)], capture_output=True, text=True,
+                       timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.fixture
+def clean_copy(tmp_path):
+    out = tmp_path / "store"
+    shutil.copytree(GOLDEN / "rmq440-clean" / "store", out)
+    for p in [out, *out.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return out
+
+
+def test_dump_equals_golden(clean_copy, tmp_path):
+    r = rmq("dump", "-c", CONF, "--keys", GOLDEN / "rmq440-clean" / "keys.tsv", clean_copy)
+    out = tmp_path / "dump.jsonl"
+    out.write_text(r.stdout)
+    cmp = subprocess.run([sys.executable, TOOLS / "compare_dump.py", GOLDEN / "rmq440-clean" / "dump.jsonl", out],
+                         capture_output=True, text=True)
+    assert cmp.returncode == 0, cmp.stdout
+
+
+def test_get_and_query(clean_copy):
+    r = rmq("get", "-c", CONF, clean_copy, "TopicB", 1, 5, "-n", 2)
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    assert [m["queueOffset"] for m in lines] == [5, 6]
+    status = json.loads(r.stderr.strip().splitlines()[-1])
+    assert status["status"] == "FOUND" and status["nextBeginOffset"] == 7
+    miss = rmq("get", "-c", CONF, clean_copy, "NoSuchTopic", 0, 0, check=False)
+    assert miss.returncode == 1 and "NO_MATCHED_LOGIC_QUEUE" in miss.stderr
+    q = rmq("query", "-c", CONF, clean_copy, "TopicB", "key-1212")
+    found = [json.loads(l) for l in q.stdout.splitlines()]
+    assert found and all(m["topic"] == "TopicB" and "key-1212" in m["properties"] for m in found)
+    assert len({m["commitLogOffset"] for m in found}) == len(found)
+
+
+def test_rebuild_prints_counts(clean_copy):
+    r = rmq("rebuild", "-c", CONF, clean_copy)
+    out = json.loads(r.stdout)
+    assert out["messages"] == 3000 and out["queues"] == 16
+
+
+def test_second_process_gets_clear_lock_error(clean_copy):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from rmqstore.store import MessageStore\n"
+        "from rmqstore.config import StoreConfig\n"
+        f"s = MessageStore.open({str(clean_copy)!r}, StoreConfig.load({CONF!r}))\n"
+        "print('open', flush=True)\n"
+        "sys.stdin.read()\n"
+        "s.close()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        r = rmq("dump", "-c", CONF, clean_copy, check=False)
+        assert r.returncode == 2
+        assert "locked by another process" in r.stderr and str(clean_copy) in r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
