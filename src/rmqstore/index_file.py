@@ -1,0 +1,843 @@
+"""IndexFile and IndexService: RocketMQ's message-key index, `{store}/index/yyyyMMddHHmmssSSS`.
+
+File format (all integers big-endian; codec.INDEX_HEADER / INDEX_SLOT / INDEX_ENTRY):
+
+     offset                        size  field
+          0                           8  beginTimestamp   store time (ms) of the file's first entry
+          8                           8  endTimestamp     store time (ms) of the file's last entry
+         16                           8  beginPhyOffset   commitlog offset of the first entry's message
+         24                           8  endPhyOffset     commitlog offset of the last entry's message
+         32                           4  hashSlotCount    slots in use (see below)
+         36                           4  indexCount       number of the next entry; starts at 1
+         40      4 * maxHashSlotNum      slots: the newest entry number of each hash chain, 0 = empty
+   40 + 4*S     20 * maxIndexNum         entries: keyHash (4), phyOffset (8), timeDiff (4), preIndexNo (4)
+
+A key `topic#key` hashes to keyHash = abs(String.hashCode) (codec.index_key_hash) and to slot
+keyHash % maxHashSlotNum. Putting a key writes entry number indexCount (entry 0 is never used) with
+preIndexNo = the slot's previous value, then points the slot at it: each slot heads a chain of entries,
+newest first. timeDiff is (storeTimestamp - beginTimestamp) / 1000 in seconds, clamped to [0, INT_MAX]
+(0 while beginTimestamp <= 0). The file is full when indexCount >= maxIndexNum. A new file starts with
+the previous file's endPhyOffset and endTimestamp as both its begin and end values; its first put
+replaces the begin values with its own message's. (As in RocketMQ, that first entry's timeDiff is computed
+from the carried beginTimestamp before it is replaced, so it reads back that much later than it was
+stored; usually 0 s, since a new file is created right after the previous one filled up.) Files are named by their creation time, local time,
+`yyyyMMddHHmmssSSS` (RocketMQ's UtilAll.timeMillisToHumanString), so name order is creation order.
+
+hashSlotCount counts the puts that found their slot empty (the number of slots in use, later
+RocketMQ's semantics); RocketMQ 4.4.0 increments it on every put. It is informational only: nothing reads
+it back. Every other byte is what RocketMQ 4.4.0 writes for the same puts.
+
+Header write policy: header values live in Python ints (the authority for readers in this process).
+The 40 header bytes are written to the mapping at the end of every IndexService.build_index /
+build_index_batch call, by IndexFile.write_header(), and always before any msync (flush, roll-over,
+shutdown); IndexFile.put_key alone only marks the header dirty. Entries are written before the slot that
+points at them, and in-memory endPhyOffset/endTimestamp before indexCount, so a concurrent reader that
+checks a slot against the indexCount it read never follows a half-written chain. A process killed
+between a put and the header write leaves a header that is behind its entries: the extra entries are
+invisible (slots pointing past indexCount count as empty, as in RocketMQ) and get overwritten.
+
+Reading is hardened beyond RocketMQ: a chain walk only moves to strictly smaller entry numbers (which is
+all RocketMQ ever writes) and is bounded by indexCount steps, so a corrupt preIndexNo (a cycle, a
+forward or out-of-range pointer) ends the walk with a logged warning instead of looping forever; garbage
+slots and entries (negative values) give no result and a warning, never an exception.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from . import codec
+from .errors import CorruptStoreError
+from .mapped_file import MappedFile
+
+log = logging.getLogger(__name__)
+
+HEADER_SIZE = codec.INDEX_HEADER_SIZE          # 40
+SLOT_SIZE = codec.INDEX_HASH_SLOT_SIZE          # 4
+ENTRY_SIZE = codec.INDEX_ENTRY_SIZE             # 20
+INVALID_INDEX = codec.INDEX_INVALID             # 0
+INT_MAX = 0x7FFFFFFF
+ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE      # 0xC, also the mask
+
+_hdr_pack = codec.INDEX_HEADER.pack_into
+_hdr_unpack = codec.INDEX_HEADER.unpack_from
+_slot_pack = codec.INDEX_SLOT.pack_into
+_slot_unpack = codec.INDEX_SLOT.unpack_from
+_entry_pack = codec.INDEX_ENTRY.pack_into
+_entry_unpack = codec.INDEX_ENTRY.unpack_from
+
+ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
+
+# Below this many keys a batch is put one key at a time (numpy's fixed cost is higher than the loop's).
+_VECTOR_MIN_KEYS = 24
+# Distinct corruption warnings logged per file before the rest are suppressed.
+_MAX_WARNINGS_PER_FILE = 200
+
+
+def time_millis_to_human_string(ms: int) -> str:
+    """RocketMQ's UtilAll.timeMillisToHumanString: local time as yyyyMMddHHmmssSSS."""
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(ms // 1000)) + f"{ms % 1000:03d}"
+
+
+# --- key hashes -------------------------------------------------------------------------------------
+_POW31_DESC = [pow(31, i, 1 << 32) for i in range(4095, -1, -1)]   # 31**4095 ... 31**0 mod 2**32
+_mul = operator.mul
+
+
+def key_hash(key: str) -> int:
+    """codec.index_key_hash (abs(String.hashCode), MIN_VALUE -> 0), faster for ASCII keys, and also
+    defined for strings holding lone surrogates (hashed as Java would)."""
+    if key.isascii():
+        raw = key.encode()
+        n = len(raw)
+        if n <= 4096:
+            h = sum(map(_mul, raw, _POW31_DESC[4096 - n:])) & 0xFFFFFFFF if n else 0
+            if h & 0x80000000:
+                h = 0x100000000 - h
+                return 0 if h == 0x80000000 else h
+            return h
+    try:
+        return codec.index_key_hash(key)
+    except UnicodeEncodeError:
+        return int(key_hashes([key])[0])
+
+
+_pow31 = np.ones(1, dtype=np.uint32)
+
+
+def _pow31_table(n: int) -> np.ndarray:
+    """31**i mod 2**32 for i < n, as uint32."""
+    global _pow31
+    t = _pow31
+    if len(t) < n:
+        size = max(n, 2 * len(t), 256)
+        new = np.empty(size, dtype=np.uint32)
+        new[: len(t)] = t
+        p = int(t[-1])
+        for i in range(len(t), size):
+            p = (p * 31) & 0xFFFFFFFF
+            new[i] = p
+        _pow31 = t = new
+    return t
+
+
+def key_hashes(keys: Sequence[str]) -> np.ndarray:
+    """codec.index_key_hash of every key, vectorised: an int64 array.
+
+    String.hashCode is sum(unit[i] * 31**(n-1-i)) mod 2**32 over the UTF-16 code units.
+    """
+    n = len(keys)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    raw = "".join(keys).encode("utf-16-be", "surrogatepass")
+    total = len(raw) >> 1
+    lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    if int(lens.sum()) != total:  # characters outside the BMP take two UTF-16 units
+        lens = np.fromiter((len(k.encode("utf-16-be", "surrogatepass")) >> 1 for k in keys),
+                           dtype=np.int64, count=n)
+    out = np.zeros(n, dtype=np.int64)
+    if total == 0:
+        return out
+    # uint32 arithmetic wraps mod 2**32: exactly Java's int overflow.
+    units = np.frombuffer(raw, dtype=">u2").astype(np.uint32)
+    ends = np.cumsum(lens)
+    dist = np.repeat(ends - 1, lens)                     # distance of each unit to its key's last unit
+    dist -= np.arange(total, dtype=np.int64)
+    units *= _pow31_table(int(lens.max()))[dist]
+    nonempty = lens > 0
+    if nonempty.all():
+        sums = np.add.reduceat(units, ends - lens, dtype=np.uint32)
+    else:
+        sums = np.zeros(n, dtype=np.uint32)
+        sums[nonempty] = np.add.reduceat(units, (ends - lens)[nonempty], dtype=np.uint32)
+    h = np.abs(sums.view(np.int32).astype(np.int64))   # String.hashCode is a signed int
+    h[h == 0x80000000] = 0                               # Math.abs(Integer.MIN_VALUE) -> 0
+    return h
+
+
+# --- one file -----------------------------------------------------------------------------------------
+class IndexFile:
+    """One index file (format in the module docstring), mapped whole.
+
+    IndexFile(path, slots, num, end_phy_offset, end_timestamp) creates a new file (it must not exist)
+    carrying a previous file's end values; IndexFile(path, slots, num, load=True) opens an existing one
+    and checks its header (CorruptStoreError naming the file when the header is impossible).
+
+    Header fields are plain attributes (read them, do not assign): begin_timestamp, end_timestamp,
+    begin_phy_offset, end_phy_offset, hash_slot_count, index_count.
+    """
+
+    def __init__(self, path: str | os.PathLike, max_hash_slot_num: int, max_index_num: int,
+                 end_phy_offset: int = 0, end_timestamp: int = 0, *, load: bool = False):
+        if max_hash_slot_num <= 0 or max_index_num <= 1:
+            raise ValueError(f"bad index geometry: {max_hash_slot_num} slots, {max_index_num} entries")
+        self.path = Path(path)
+        self.name = self.path.name
+        self.hash_slot_num = max_hash_slot_num
+        self.index_num = max_index_num
+        self.file_size = codec.index_file_size(max_hash_slot_num, max_index_num)
+        self.entries_base = HEADER_SIZE + max_hash_slot_num * SLOT_SIZE
+        if not load and self.path.exists() and self.path.stat().st_size > 0:
+            raise FileExistsError(f"{self.path}: index file exists already (open it with load=True)")
+        self.mapped_file = MappedFile(self.path, self.file_size, file_from_offset=0, create=not load)
+        self._mm = self.mapped_file.mm
+        self.begin_timestamp = 0
+        self.end_timestamp = 0
+        self.begin_phy_offset = 0
+        self.end_phy_offset = 0
+        self.hash_slot_count = 0
+        self.index_count = 1
+        self._closed = False
+        self._dirty = False
+        self.flush_count = 0                    # msyncs done, for tests and monitoring
+        self._warned: set = set()
+        if load:
+            try:
+                self.load()
+            except BaseException:
+                self.mapped_file.close()
+                raise
+        else:
+            if end_phy_offset > 0:
+                self.begin_phy_offset = self.end_phy_offset = end_phy_offset
+            if end_timestamp > 0:
+                self.begin_timestamp = self.end_timestamp = end_timestamp
+            self.write_header()
+
+    # --- header -------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Read the header from the mapping (RocketMQ: an indexCount <= 0 means 1) and check it."""
+        (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+         self.hash_slot_count, count) = _hdr_unpack(self._mm, 0)
+        self.index_count = count
+        self.check_header()
+        if count <= 0:
+            self.index_count = 1
+        self._dirty = False
+
+    def check_header(self) -> None:
+        """Raise CorruptStoreError (naming the file and the field's offset) for an impossible header.
+
+        Impossible: indexCount < 0 or > maxIndexNum, negative timestamps or commitlog offsets.
+        Odd but possible (logged): hashSlotCount outside [0, indexCount] (4.4.0 counts every put, a crash
+        can leave it one ahead), begin after end (a clock step back, or a torn header after a crash).
+        """
+        p = str(self.path)
+        count = self.index_count
+        if count < 0 or count > self.index_num:
+            raise CorruptStoreError(p, 36, f"index header: indexCount {count} outside [0, {self.index_num}]")
+        for off, name, v in ((0, "beginTimestamp", self.begin_timestamp), (8, "endTimestamp", self.end_timestamp),
+                             (16, "beginPhyOffset", self.begin_phy_offset), (24, "endPhyOffset", self.end_phy_offset)):
+            if v < 0:
+                raise CorruptStoreError(p, off, f"index header: negative {name} {v}")
+        if not 0 <= self.hash_slot_count <= max(count, 1):
+            log.warning("%s: index header hashSlotCount %d outside [0, indexCount %d]; ignored",
+                        p, self.hash_slot_count, count)
+        if count > 1 and (self.begin_phy_offset > self.end_phy_offset or self.begin_timestamp > self.end_timestamp):
+            log.warning("%s: index header begins after it ends (phy %d > %d or time %d > %d)", p,
+                        self.begin_phy_offset, self.end_phy_offset, self.begin_timestamp, self.end_timestamp)
+
+    def sanity_check(self, deep: bool = False) -> list[str]:
+        """check_header(); with deep, also scan slots and entries: returns (and logs) what is wrong."""
+        self.check_header()
+        if not deep:
+            return []
+        problems = []
+        count = self.index_count
+        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=HEADER_SIZE)
+        bad = np.flatnonzero((slots < 0) | (slots >= count))
+        if len(bad):
+            problems.append(f"{len(bad)} slots outside [0, {count}), first slot {int(bad[0])} = {int(slots[bad[0]])}")
+        del slots
+        if count > 1:
+            ent = np.frombuffer(self._mm, dtype=ENTRY_DTYPE, count=count - 1, offset=self.entries_base + ENTRY_SIZE)
+            no = np.arange(1, count)
+            for what, mask in (("keyHash < 0", ent["key_hash"] < 0), ("phyOffset < 0", ent["phy_offset"] < 0),
+                               ("timeDiff < 0", ent["time_diff"] < 0),
+                               ("preIndexNo not below its own number", (ent["prev"] < 0) | (ent["prev"] >= no))):
+                b = np.flatnonzero(mask)
+                if len(b):
+                    problems.append(f"{len(b)} entries with {what}, first entry {int(b[0]) + 1}")
+            del ent
+        for pr in problems:
+            log.warning("%s: %s", self.path, pr)
+        return problems
+
+    def write_header(self) -> None:
+        """Write the in-memory header values to the mapping (before any msync; see module docstring)."""
+        _hdr_pack(self._mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                  self.end_phy_offset, self.hash_slot_count, self.index_count)
+        self._dirty = True
+
+    @property
+    def is_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """RocketMQ's isTimeMatched: [begin, end] overlaps [beginTimestamp, endTimestamp]."""
+        b, e = self.begin_timestamp, self.end_timestamp
+        return (begin < b and end > e) or (b <= begin <= e) or (b <= end <= e)
+
+    # --- writing -----------------------------------------------------------------------------------
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Index key for the message at phy_offset; False (nothing written) when the file is full.
+
+        The header is updated in memory only (write_header / flush put it in the file).
+        """
+        return self.put_hash(key_hash(key), phy_offset, store_timestamp)
+
+    def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
+        """put_key with the key's hash already computed (0 <= key_hash <= INT_MAX)."""
+        count = self.index_count
+        if count >= self.index_num:
+            return False
+        mm = self._mm
+        slot_pos = HEADER_SIZE + (key_hash % self.hash_slot_num) * SLOT_SIZE
+        slot_value = _slot_unpack(mm, slot_pos)[0]
+        if slot_value <= INVALID_INDEX or slot_value > count:
+            if slot_value != INVALID_INDEX:
+                self._warn(("put-slot", slot_pos), "slot at byte %d holds %d (indexCount %d): treated as empty",
+                           slot_pos, slot_value, count)
+            slot_value = INVALID_INDEX
+            self.hash_slot_count += 1
+        begin = self.begin_timestamp
+        if begin <= 0:
+            time_diff = 0
+        else:
+            time_diff = (store_timestamp - begin) // 1000
+            if time_diff < 0:
+                time_diff = 0
+            elif time_diff > INT_MAX:
+                time_diff = INT_MAX
+        _entry_pack(mm, self.entries_base + count * ENTRY_SIZE, key_hash, phy_offset, time_diff, slot_value)
+        _slot_pack(mm, slot_pos, count)
+        if count <= 1:
+            self.begin_phy_offset = phy_offset
+            self.begin_timestamp = store_timestamp
+        self.end_phy_offset = phy_offset
+        self.end_timestamp = store_timestamp
+        self.index_count = count + 1
+        self._dirty = True
+        return True
+
+    def put_hashes(self, hashes: np.ndarray, phy_offsets: np.ndarray, timestamps: np.ndarray,
+                   lo: int = 0, hi: int | None = None) -> int:
+        """Put keys lo..hi-1 (int64 arrays of key hashes, offsets, store timestamps) while there is room,
+        with exactly put_hash's result; returns the index of the first key not put (hi when all were)."""
+        if hi is None:
+            hi = len(hashes)
+        c0 = self.index_count
+        n = min(hi - lo, self.index_num - c0)
+        if n <= 0:
+            return lo
+        h = hashes[lo:lo + n]
+        phy = phy_offsets[lo:lo + n]
+        ts = timestamps[lo:lo + n]
+        mm = self._mm
+        e = np.arange(c0, c0 + n, dtype=np.int64)                   # entry numbers
+        slots = h % self.hash_slot_num
+        order = np.argsort(slots, kind="stable")                    # same slot: in put order
+        ss = slots[order]
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(ss[1:], ss[:-1], out=first[1:])
+        last = np.empty(n, dtype=bool)
+        last[-1] = True
+        last[:-1] = first[1:]
+        # preIndexNo: the previous entry of the batch in the same slot, or the slot's value on file,
+        # which RocketMQ drops when it is <= 0 or > the indexCount at that put (c0 + position).
+        prev_sorted = np.empty(n, dtype=np.int64)
+        prev_sorted[1:] = e[order[:-1]]
+        slot_view = np.frombuffer(mm, dtype=">i4", count=self.hash_slot_num, offset=HEADER_SIZE)
+        fpos = order[first]
+        fslots = ss[first]
+        old = slot_view[fslots].astype(np.int64)
+        bad = (old <= 0) | (old > c0 + fpos)
+        if bad.any():
+            garbage = np.flatnonzero(bad & (old != 0))
+            if len(garbage):
+                g = int(garbage[0])
+                self._warn(("put-slot", HEADER_SIZE + int(fslots[g]) * SLOT_SIZE),
+                           "%d slots hold values outside [1, indexCount] (slot %d = %d): treated as empty",
+                           len(garbage), int(fslots[g]), int(old[g]))
+            old[bad] = 0
+        prev_sorted[first] = old
+        prev = np.empty(n, dtype=np.int64)
+        prev[order] = prev_sorted
+        new_slot_count = int(bad.sum())
+        # timeDiff, relative to the beginTimestamp of the moment: a first put replaces it.
+        begin = self.begin_timestamp
+        td = np.empty(n, dtype=np.int64)
+        k = 0
+        if c0 <= 1:
+            td[0] = 0 if begin <= 0 else min(max((int(ts[0]) - begin) // 1000, 0), INT_MAX)
+            begin = int(ts[0])
+            k = 1
+        if n > k:
+            if begin <= 0:
+                td[k:] = 0
+            else:
+                np.clip((ts[k:] - begin) // 1000, 0, INT_MAX, out=td[k:])
+        rec = np.empty(n, dtype=ENTRY_DTYPE)
+        rec["key_hash"] = h
+        rec["phy_offset"] = phy
+        rec["time_diff"] = td
+        rec["prev"] = prev
+        base = self.entries_base + c0 * ENTRY_SIZE
+        mm[base:base + n * ENTRY_SIZE] = rec.tobytes()             # entries before the slots
+        slot_view[ss[last]] = e[order[last]]
+        del slot_view
+        if c0 <= 1:
+            self.begin_phy_offset = int(phy[0])
+            self.begin_timestamp = begin
+        self.hash_slot_count += new_slot_count
+        self.end_phy_offset = int(phy[-1])
+        self.end_timestamp = int(ts[-1])
+        self.index_count = c0 + n                                    # last: publishes the entries
+        self._dirty = True
+        return lo + n
+
+    # --- reading -----------------------------------------------------------------------------------
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int,
+                           out: list[int] | None = None) -> list[int]:
+        """RocketMQ's selectPhyOffset: commitlog offsets of entries whose keyHash equals key's and whose
+        time (beginTimestamp + timeDiff * 1000) is in [begin, end], newest first, appended to out (a new
+        list if None) until out holds max_num. Never raises for corrupt contents (logs a warning)."""
+        if out is None:
+            out = []
+        self.select_by_hash(key_hash(key), max_num, begin, end, out)
+        return out
+
+    def select_by_hash(self, key_hash: int, max_num: int, begin: int, end: int, out: list[int]) -> None:
+        if self._closed or len(out) >= max_num:
+            return
+        count = self.index_count
+        try:
+            mm = self._mm
+            slot_pos = HEADER_SIZE + (key_hash % self.hash_slot_num) * SLOT_SIZE
+            cur = _slot_unpack(mm, slot_pos)[0]
+            if cur <= INVALID_INDEX or cur > count or count <= 1 or cur >= self.index_num:
+                if cur < 0 or cur >= self.index_num:
+                    self._warn(("slot", slot_pos), "slot at byte %d holds %d, outside [0, %d]: no result",
+                               slot_pos, cur, self.index_num)
+                return
+            begin_ts = self.begin_timestamp
+            base = self.entries_base
+            append = out.append
+            steps = 0
+            while True:
+                if len(out) >= max_num:
+                    break
+                h, phy, td, prev = _entry_unpack(mm, base + cur * ENTRY_SIZE)
+                if td < 0:
+                    self._warn(("td", cur), "entry %d has a negative timeDiff %d: chain ends here", cur, td)
+                    break
+                time_read = begin_ts + td * 1000
+                if h == key_hash and begin <= time_read <= end:
+                    if phy < 0:
+                        self._warn(("phy", cur), "entry %d has a negative phyOffset %d: skipped", cur, phy)
+                    else:
+                        append(phy)
+                if prev <= INVALID_INDEX or time_read < begin:
+                    if prev < 0:
+                        self._warn(("prev", cur), "entry %d has a negative preIndexNo %d: chain ends here",
+                                   cur, prev)
+                    break
+                if prev >= cur or prev > count:
+                    # RocketMQ would follow it (a cycle such as 5 -> 3 -> 5 loops forever there).
+                    self._warn(("prev", cur), "entry %d points back to entry %d (indexCount %d): a cycle or "
+                               "garbage, chain ends here", cur, prev, count)
+                    break
+                steps += 1
+                if steps >= count:   # unreachable while entry numbers strictly decrease; a last guard
+                    self._warn(("steps", slot_pos), "chain of slot at byte %d longer than indexCount %d",
+                               slot_pos, count)
+                    break
+                cur = prev
+        except (ValueError, TypeError):  # mapping closed under us (file deleted while being read)
+            if not self._closed:
+                raise
+            return
+
+    def _warn(self, what, msg: str, *args) -> None:
+        warned = self._warned
+        if what in warned or len(warned) > _MAX_WARNINGS_PER_FILE:
+            return
+        warned.add(what)
+        if len(warned) > _MAX_WARNINGS_PER_FILE:
+            log.warning("%s: more corruption warnings suppressed", self.path)
+            return
+        log.warning("%s: " + msg, self.path, *args)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write the header and msync the whole file (a no-op when nothing changed since the last flush)."""
+        if self._closed:
+            return
+        if self._dirty:
+            self.write_header()
+            self._dirty = False
+            self.msync()
+
+    def msync(self) -> None:
+        """msync the mapping as it is (the header must have been written: see write_header)."""
+        if not self._closed:
+            self._mm.flush()
+            self.flush_count += 1
+
+    def close(self) -> None:
+        """Flush and unmap (RocketMQ's shutdown)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self.mapped_file.close()
+
+    shutdown = close
+
+    def destroy(self) -> None:
+        """Unmap and delete the file."""
+        self._closed = True
+        self.mapped_file.destroy()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def header(self) -> tuple[int, int, int, int, int, int]:
+        """(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount, indexCount)."""
+        return (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+                self.hash_slot_count, self.index_count)
+
+    def __repr__(self) -> str:
+        return (f"IndexFile({self.name}, count={self.index_count}/{self.index_num}, "
+                f"phy={self.begin_phy_offset}..{self.end_phy_offset}, ts={self.begin_timestamp}..{self.end_timestamp})")
+
+
+# --- the index directory ------------------------------------------------------------------------------
+class IndexService:
+    """The index files of `{store_dir}/index`, oldest first (RocketMQ's IndexService).
+
+    Writers (build_index*, load, delete, flush, shutdown) serialise on a lock; the file list is replaced,
+    never mutated, so query_offset reads a snapshot without the lock while the dispatcher writes.
+    on_full_file_flushed(end_timestamp), if given, is called after a full file was msync'ed (the moment
+    RocketMQ stores indexMsgTimestamp in the checkpoint).
+    """
+
+    def __init__(self, store_dir: str | os.PathLike, config, *,
+                 on_full_file_flushed: Callable[[int], None] | None = None):
+        self.store_path = Path(store_dir) / "index"
+        self.config = config
+        self.hash_slot_num = config.max_hash_slot_num
+        self.index_num = config.max_index_num
+        self.files: list[IndexFile] = []
+        self.dropped_files: list[Path] = []     # corrupt files load() set aside (renamed *.corrupt)
+        self.on_full_file_flushed = on_full_file_flushed
+        self._lock = threading.RLock()
+        self._flushed_full_ts = 0               # endTimestamp of the newest full file known on disk
+        self._last_name = ""
+
+    # --- loading -----------------------------------------------------------------------------------
+    def load(self, last_exit_ok: bool, index_checkpoint_ts: int) -> bool:
+        """Open every file of the directory in name order. After a crash (not last_exit_ok) files whose
+        endTimestamp > index_checkpoint_ts are destroyed, as RocketMQ does (their tail may be torn; the
+        commitlog re-dispatch indexes those messages again).
+
+        A file whose header is impossible is renamed `NAME.corrupt`, logged and listed in dropped_files
+        (the messages it indexed need a re-dispatch to be found again); an empty file is removed. A file
+        of the wrong size raises CorruptStoreError: that is a maxHashSlotNum/maxIndexNum mismatch.
+        """
+        expected = codec.index_file_size(self.hash_slot_num, self.index_num)
+        with self._lock:
+            for f in self.files:       # loading again: let go of what was open
+                f.close()
+            self.files = []
+            loaded: list[IndexFile] = []
+            names = sorted(os.listdir(self.store_path)) if self.store_path.is_dir() else []
+            for name in names:
+                p = self.store_path / name
+                if not name.isdigit() or not p.is_file():
+                    if not name.startswith(".") and not name.endswith(".corrupt"):
+                        log.warning("%s: ignoring %s, not an index file name", self.store_path, name)
+                    continue
+                size = p.stat().st_size
+                if size == 0:
+                    log.warning("%s: empty index file (created just before a crash?), removed", p)
+                    p.unlink()
+                    continue
+                if size != expected:
+                    raise CorruptStoreError(str(p), size, f"index file size {size} is not {expected}, the size "
+                                            f"for maxHashSlotNum={self.hash_slot_num} maxIndexNum={self.index_num}; "
+                                            "was the store written with another configuration?")
+                try:
+                    f = IndexFile(p, self.hash_slot_num, self.index_num, load=True)
+                except CorruptStoreError as e:
+                    aside = p.with_name(name + ".corrupt")
+                    i = 1
+                    while aside.exists():
+                        aside = p.with_name(f"{name}.corrupt{i}")
+                        i += 1
+                    os.replace(p, aside)
+                    self.dropped_files.append(aside)
+                    log.error("%s; set aside as %s: the messages it indexed are not found by key until they "
+                              "are dispatched again", e, aside.name)
+                    continue
+                if not last_exit_ok and f.end_timestamp > index_checkpoint_ts:
+                    log.info("%s: endTimestamp %d after the index checkpoint %d, destroyed (abnormal exit)",
+                             p, f.end_timestamp, index_checkpoint_ts)
+                    f.destroy()
+                    continue
+                log.info("load index file OK, %s", p)
+                loaded.append(f)
+            self.files = loaded
+            self._last_name = loaded[-1].name if loaded else ""
+            self._flushed_full_ts = max([index_checkpoint_ts] + [f.end_timestamp for f in loaded if f.is_full])
+        return True
+
+    # --- writing -----------------------------------------------------------------------------------
+    def _new_file(self) -> tuple[IndexFile, IndexFile | None]:
+        """Under the lock: a new last file carrying the previous last file's end values."""
+        files = self.files
+        prev = files[-1] if files else None
+        self.store_path.mkdir(parents=True, exist_ok=True)
+        name = time_millis_to_human_string(int(time.time() * 1000))
+        last = self._last_name
+        if name <= last:
+            # Same millisecond as the previous file, or the clock went back (also at a DST change, the
+            # names being local time): the next name up, so that name order stays creation order.
+            name = str(int(last) + 1).zfill(len(last))
+        while (self.store_path / name).exists():
+            name = str(int(name) + 1).zfill(len(name))
+        if prev is not None:
+            prev.write_header()
+            f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num,
+                          prev.end_phy_offset, prev.end_timestamp)
+        else:
+            f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num)
+        self._last_name = name
+        self.files = files + [f]
+        log.info("index file %s created (previous %s)", f.path, prev.name if prev else None)
+        return f, prev
+
+    def _flush_full(self, full: list[IndexFile]) -> None:
+        """msync files that became full (outside the lock) and report their endTimestamp."""
+        for f in full:
+            f.flush()
+            ts = f.end_timestamp
+            if f.is_full and ts > self._flushed_full_ts:
+                self._flushed_full_ts = ts
+                if self.on_full_file_flushed is not None:
+                    self.on_full_file_flushed(ts)
+
+    def build_index(self, req: codec.DispatchRequest) -> None:
+        """Index one dispatched message: its UNIQ_KEY and each word of KEYS, as `topic#key`.
+
+        Skipped: messages before the last file's endPhyOffset (indexed already; the message *at* it is
+        indexed again, as RocketMQ does after a restart) and rolled-back transaction messages.
+        """
+        if not self.config.message_index_enable:
+            return
+        full: list[IndexFile] = []
+        with self._lock:
+            files = self.files
+            f = files[-1] if files else None
+            off = req.commit_log_offset
+            if f is not None and off < f.end_phy_offset:
+                return
+            if req.sys_flag & ROLLBACK == ROLLBACK:
+                return
+            topic = req.topic
+            uniq = req.uniq_key
+            keys = [uniq] if uniq is not None else []
+            k = req.keys
+            if k:
+                keys += [w for w in k.split(" ") if w]
+            if not keys:
+                return
+            ts = req.store_timestamp
+            for w in keys:
+                h = key_hash(f"{topic}#{w}")
+                while f is None or not f.put_hash(h, off, ts):
+                    f, prev = self._new_file()
+                    if prev is not None:
+                        full.append(prev)
+            f.write_header()
+        if full:
+            self._flush_full(full)
+
+    def build_index_batch(self, reqs: Iterable[codec.DispatchRequest]) -> None:
+        """build_index for many requests, in order, with one lock hold and vectorised puts."""
+        if not self.config.message_index_enable:
+            return
+        full: list[IndexFile] = []
+        with self._lock:
+            files = self.files
+            end = files[-1].end_phy_offset if files else 0
+            keys: list[str] = []
+            add = keys.append
+            offs: list[int] = []
+            tss: list[int] = []
+            counts: list[int] = []
+            add_off, add_ts, add_count = offs.append, tss.append, counts.append
+            for req in reqs:
+                off = req.commit_log_offset
+                if off < end or req.sys_flag & ROLLBACK == ROLLBACK:
+                    continue
+                prefix = req.topic + "#"
+                u = req.uniq_key
+                if u is not None:
+                    add(prefix + u)
+                    n = 1
+                else:
+                    n = 0
+                k = req.keys
+                if k:
+                    if " " in k:
+                        for w in k.split(" "):
+                            if w:
+                                add(prefix + w)
+                                n += 1
+                    else:
+                        add(prefix + k)
+                        n += 1
+                if n:
+                    end = off
+                    add_off(off)
+                    add_ts(req.store_timestamp)
+                    add_count(n)
+            total = len(keys)
+            if not total:
+                return
+            f = files[-1] if files else None
+            if total < _VECTOR_MIN_KEYS:
+                i = 0
+                for off, ts, n in zip(offs, tss, counts):
+                    for key in keys[i:i + n]:
+                        h = key_hash(key)
+                        while f is None or not f.put_hash(h, off, ts):
+                            f, prev = self._new_file()
+                            if prev is not None:
+                                full.append(prev)
+                    i += n
+            else:
+                hashes = key_hashes(keys)
+                if len(counts) == total:
+                    phys = np.array(offs, dtype=np.int64)
+                    stamps = np.array(tss, dtype=np.int64)
+                else:
+                    c = np.array(counts, dtype=np.int64)
+                    phys = np.repeat(np.array(offs, dtype=np.int64), c)
+                    stamps = np.repeat(np.array(tss, dtype=np.int64), c)
+                i = 0
+                while i < total:
+                    if f is None or f.is_full:
+                        f, prev = self._new_file()
+                        if prev is not None:
+                            full.append(prev)
+                    i = f.put_hashes(hashes, phys, stamps, i, total)
+            f.write_header()
+        if full:
+            self._flush_full(full)
+
+    # --- reading -----------------------------------------------------------------------------------
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> tuple[list[int], int, int]:
+        """RocketMQ's queryOffset: (commitlog offsets, indexLastUpdateTimestamp, indexLastUpdatePhyoffset).
+
+        At most min(max_num, maxMsgsNumBatch) offsets, newest file first and newest entry first within a
+        file; only files whose time range meets [begin, end] are searched, and the search stops at a file
+        that begins before `begin`. Offsets are candidates (a hash match): the caller checks the message.
+        """
+        max_num = min(max_num, self.config.max_msgs_num_batch)
+        out: list[int] = []
+        files = self.files
+        if not files:
+            return out, 0, 0
+        last = files[-1]
+        last_ts, last_phy = last.end_timestamp, last.end_phy_offset
+        if max_num <= 0:
+            return out, last_ts, last_phy
+        h = key_hash(f"{topic}#{key}")
+        for i in range(len(files) - 1, -1, -1):
+            f = files[i]
+            if f.is_time_matched(begin, end):
+                f.select_by_hash(h, max_num, begin, end, out)
+            if f.begin_timestamp < begin or len(out) >= max_num:
+                break
+        return out, last_ts, last_phy
+
+    def get_last_file_end_phy_offset(self) -> int:
+        files = self.files
+        return files[-1].end_phy_offset if files else 0
+
+    def get_last_file_end_timestamp(self) -> int:
+        files = self.files
+        return files[-1].end_timestamp if files else 0
+
+    # --- cleanup and lifecycle -----------------------------------------------------------------------
+    def delete_expired_file(self, min_commitlog_offset: int) -> int:
+        """Delete the oldest files whose endPhyOffset < min_commitlog_offset (never the last file)."""
+        with self._lock:
+            files = self.files
+            if not files or files[0].end_phy_offset >= min_commitlog_offset:
+                return 0
+            n = 0
+            for f in files[:-1]:
+                if f.end_phy_offset < min_commitlog_offset:
+                    n += 1
+                else:
+                    break
+            victims = files[:n]
+            self.files = files[n:]
+        for f in victims:
+            log.info("delete expired index file %s (endPhyOffset %d < %d)", f.path, f.end_phy_offset,
+                     min_commitlog_offset)
+            f.destroy()
+        return n
+
+    def flush(self) -> int:
+        """Write the headers and msync every changed file (the last one, and any full one not yet synced).
+
+        Returns the timestamp to store as the checkpoint's indexMsgTimestamp: the endTimestamp of the
+        newest FULL file now on disk (0 if none), RocketMQ's rule. The last, still growing file's
+        endTimestamp is not safe there: after a crash load() destroys every file ending after the
+        checkpoint, and with messageIndexSafe the commitlog re-dispatch starts from it, so it must not be
+        later than the beginning of the file that will be destroyed.
+        """
+        with self._lock:
+            dirty = [f for f in self.files if f._dirty and not f.closed]
+            for f in dirty:
+                f.write_header()
+                f._dirty = False        # a put after this point marks it again for the next flush
+        for f in dirty:
+            f.msync()
+        self._flush_full([f for f in dirty if f.is_full])
+        return self._flushed_full_ts
+
+    def shutdown(self) -> None:
+        """Flush and close every file (the service is empty afterwards)."""
+        with self._lock:
+            files = self.files
+            self.files = []
+            for f in files:
+                f.close()
+            self._flush_full([f for f in files if f.is_full])
+
+    def destroy(self) -> None:
+        """Delete every index file."""
+        with self._lock:
+            files = self.files
+            self.files = []
+            self._last_name = ""
+            self._flushed_full_ts = 0
+            for f in files:
+                f.destroy()
