@@ -145,3 +145,28 @@ def test_find_messages_by_key_checks_topic_and_key(tmp_path):
             for m in found:
                 assert m.topic == topic and (key in m.keys or m.properties.get("UNIQ_KEY") == key)
             assert {m.commit_log_offset for m in found} <= {m.commit_log_offset for m in raw}
+
+
+def test_corrupt_consume_queue_units_read_without_crash(tmp_path, caplog):
+    """Units overwritten while the store is open: pointing past the commitlog, into the middle of a
+    record, or garbage sizes give no message and a warning; the good units around them still read."""
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 2000})
+    with MessageStore.open(tmp_path / "s", cfg) as store:
+        rs = store.put_messages([Message("T", b"m%d" % i) for i in range(20)])
+        store.wait_dispatched()
+        cq_file = tmp_path / "s" / "consumequeue" / "T" / "0" / ("0" * 20)
+        with open(cq_file, "r+b") as f:
+            f.seek(3 * 20)
+            f.write(codec.CQ_UNIT.pack(10 ** 9, 100, 0))                                  # past the end
+            f.write(codec.CQ_UNIT.pack(rs[4].append_result.wrote_offset + 7, 90, 0))     # mid-record
+            f.write(codec.CQ_UNIT.pack(rs[5].append_result.wrote_offset, 2 ** 31 - 1, 0))  # huge size
+        got = []
+        offset = 0
+        with caplog.at_level("WARNING"):
+            while offset < 20:
+                r = store.get_message("g", "T", 0, offset, 32)
+                got += [m.queue_offset for m in r.messages]
+                assert r.next_begin_offset > offset
+                offset = r.next_begin_offset
+        assert got == [0, 1, 2] + list(range(6, 20))
+        assert "points past the commitlog" in caplog.text and "holds no valid message" in caplog.text

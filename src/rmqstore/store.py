@@ -244,11 +244,16 @@ class MessageStore:
                 i += UNIT
                 continue
             msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
+            if msg is None and off_py + size_py > max_py:
+                log.warning("%s: unit %d points past the commitlog's end (%d + %d > %d)", cq.queue.store_path,
+                            offset + i // UNIT, off_py, size_py, max_py)
             if msg is None:
                 if result.buffer_total_size == 0:
                     result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                next_phy_file_start = self.commit_log.roll_next_file(off_py)
-                i += UNIT
+                if off_py < self.commit_log.get_min_offset():
+                    # its file was cleaned: skip the units pointing into the same file (RocketMQ)
+                    next_phy_file_start = self.commit_log.roll_next_file(off_py)
+                i += UNIT   # a damaged unit: skip it alone, the ones after it may be good
                 continue
             if message_filter is not None and not message_filter.is_matched_by_commit_log(msg):
                 if result.buffer_total_size == 0:
