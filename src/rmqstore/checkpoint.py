@@ -31,8 +31,6 @@ class StoreCheckpoint:
         self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp = \
             codec.CHECKPOINT.unpack_from(self._mm, 0)
         self.existed = existed
-        if not existed:
-            log.warning("%s: no checkpoint file, created an empty one", self.path)
 
     def min_timestamp(self) -> int:
         """What the commitlog is known flushed up to, minus RocketMQ's 3 s margin."""

@@ -101,6 +101,8 @@ class MessageStore:
         self.checkpoint = StoreCheckpoint(ckpt_path)
         report = RecoveryReport(clean_shutdown=clean, checkpoint_found=found)
         self.commit_log.load()
+        if not found and self.commit_log.queue.files:
+            log.warning("%s: no checkpoint file: recovering as if it said nothing was flushed", ckpt_path)
         self.consume_queues.load()
         before = len(self.index_service.files) if hasattr(self.index_service, "files") else 0
         self.index_service.load(clean, self.checkpoint.index_msg_timestamp)
