@@ -238,6 +238,7 @@ def test_queries_crash_after_recovery_and_full_rebuild(golden, tmp_path):
     rec = IndexService(tmp_path / "rec", cfg)
     rec.load(False, g["index_ckpt"])
     assert len(rec.files) == 3 and len(_index_files(tmp_path / "rec" / "index")) == 3
+    assert [p.name for p in rec.destroyed_files] == ["20261122060910620"]
     resume = rec.get_last_file_end_phy_offset()
     assert resume == 1977519
     rec.build_index_batch(reqs)

@@ -542,6 +542,7 @@ class IndexService:
         self.index_num = config.max_index_num
         self.files: list[IndexFile] = []
         self.dropped_files: list[Path] = []     # corrupt files load() set aside (renamed *.corrupt)
+        self.destroyed_files: list[Path] = []   # files load() destroyed after an abnormal exit
         self.on_full_file_flushed = on_full_file_flushed
         self._lock = threading.RLock()
         self._flushed_full_ts = 0               # endTimestamp of the newest full file known on disk
@@ -596,6 +597,7 @@ class IndexService:
                     log.info("%s: endTimestamp %d after the index checkpoint %d, destroyed (abnormal exit)",
                              p, f.end_timestamp, index_checkpoint_ts)
                     f.destroy()
+                    self.destroyed_files.append(p)
                     continue
                 log.info("load index file OK, %s", p)
                 loaded.append(f)
