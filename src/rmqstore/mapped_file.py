@@ -207,6 +207,7 @@ class MappedFileQueue:
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0
+        self.repaired: list[tuple[str, int]] = []   # (path, size found) of short last files load() extended
         self._lock = threading.RLock()
 
     # --- loading --------------------------------------------------------------------------------
@@ -219,7 +220,21 @@ class MappedFileQueue:
         if stray:
             log.warning("%s: ignoring files that are not named by an offset: %s", self.store_path, stray[:5])
         files = []
-        for n in names:
+        self.repaired = []
+        for i, n in enumerate(names):
+            p = self.store_path / n
+            size = p.stat().st_size
+            if size < self.mapped_file_size and i == len(names) - 1:
+                # A last file cut short: killed between creating and sizing it (RocketMQ then fails to start,
+                # #9728 / PR 6903), or truncated by a copy. Its missing tail is zeros; recovery keeps what is valid.
+                log.warning("%s: %d bytes instead of %d (cut short by a crash or a copy?): extended with zeros, "
+                            "recovery keeps its valid part", p, size, self.mapped_file_size)
+                os.truncate(p, self.mapped_file_size)
+                self.repaired.append((str(p), size))
+            elif size != self.mapped_file_size:
+                raise CorruptStoreError(str(p), size, f"file size {size} does not match the configured size "
+                                        f"{self.mapped_file_size}" + ("; only the last file of a directory may be "
+                                                                       "short" if size < self.mapped_file_size else ""))
             mf = MappedFile(self.store_path / n, self.mapped_file_size, create=False,
                             use_write_buffer=self.use_write_buffer)
             mf.set_positions(self.mapped_file_size)
