@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import operator
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -434,6 +435,110 @@ def dispatch_request_at(buf, pos: int, base_offset: int, delay_levels: list[int]
                            props.get(PROPERTY_KEYS), props.get(PROPERTY_UNIQ_KEY), sys_flag, prep, props)
 
 
+_STORE_PROPS_RE = re.compile(rb"(?:^|(?<=\x02))(TAGS|KEYS|UNIQ_KEY|DELAY)\x01([^\x01\x02]*)(?=\x02|$)")
+_topic_cache: dict[bytes, str] = {}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cached_tags_code(tags: str) -> int:
+    return java_string_hash(tags)
+
+
+# Outcomes of parse_dispatch_batch.
+PARSE_MORE, PARSE_BLANK, PARSE_END, PARSE_ERROR = "more", "blank", "end", "error"
+
+
+def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool,
+                         delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
+    """Validate and parse every whole record of buf (commitlog bytes from base_offset) in one pass.
+
+    Returns (requests, position reached, outcome, error reason): outcome PARSE_MORE when buf ends inside
+    a record (or exactly at a record boundary), PARSE_BLANK at an END_OF_FILE record, PARSE_END at zero
+    bytes, PARSE_ERROR at bytes that are no record (the position is the bad record's). Requests carry
+    only the properties the store reads (TAGS, KEYS, UNIQ_KEY, DELAY).
+    """
+    length = len(buf)
+    out: list[DispatchRequest] = []
+    add = out.append
+    pos = 0
+    v4 = HEADER_V4
+    v4_size = v4.size
+    unpack_v4 = v4.unpack_from
+    unpack_h = _H.unpack_from
+    find_props = _STORE_PROPS_RE.findall
+    topics = _topic_cache
+    tags_hash = _cached_tags_code
+    while True:
+        if pos + 8 > length:
+            return out, pos, PARSE_MORE, None
+        total, magic = _II.unpack_from(buf, pos)
+        if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
+            if magic == BLANK_MAGIC_CODE:
+                return out, pos, PARSE_BLANK, None
+            if total == 0 and magic == 0:
+                return out, pos, PARSE_END, None
+            return out, pos, PARSE_ERROR, f"bad magic code {magic:#010x}"
+        if pos + total > length:
+            if not at_read_end and total > 0:
+                return out, pos, PARSE_MORE, None
+            return out, pos, PARSE_ERROR, f"total size {total} past the readable end ({length - pos} bytes)"
+        if pos + v4_size > length:
+            return out, pos, PARSE_ERROR, f"total size {total} too small for a header"
+        f = unpack_v4(buf, pos)
+        sys_flag = f[7]
+        if sys_flag & 0x30:
+            hs = header_struct(sys_flag)
+            if pos + hs.size > length:
+                return out, pos, PARSE_ERROR, f"total size {total} too small for a header"
+            f = hs.unpack_from(buf, pos)
+            hsize = hs.size
+        else:
+            hsize = v4_size
+        body_len = f[-1]
+        p = pos + hsize + body_len
+        end = pos + total
+        if body_len < 0 or p + 3 > end:
+            return out, pos, PARSE_ERROR, f"body length {body_len} does not fit total size {total}"
+        if magic == MESSAGE_MAGIC_CODE:
+            tl = buf[p]
+            p += 1
+        else:
+            tl = struct.unpack_from(">H", buf, p)[0]
+            p += 2
+        tb = bytes(buf[p:p + tl])
+        p += tl
+        if p + 2 > end:
+            return out, pos, PARSE_ERROR, "topic does not fit total size"
+        pl = unpack_h(buf, p)[0]
+        if pl < 0 or p + 2 + pl != end:
+            return out, pos, PARSE_ERROR, f"lengths add up to {p + 2 + pl - pos}, total size says {total}"
+        topic = topics.get(tb)
+        if topic is None:
+            topic = tb.decode("utf-8", "replace")
+            if len(topics) < 100_000:
+                topics[tb] = topic
+        store_ts = f[11]
+        code = 0
+        keys = uniq = None
+        props = {}
+        if pl:
+            raw = dict(find_props(buf[p + 2:end]))
+            if raw:
+                props = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
+                tags = props.get("TAGS")
+                if tags:
+                    code = tags_hash(tags)
+                keys = props.get("KEYS")
+                uniq = props.get("UNIQ_KEY")
+                if topic == SCHEDULE_TOPIC and "DELAY" in props:
+                    t = delivery_time_for_schedule(props, store_ts, delay_levels)
+                    if t is not None:
+                        code = t
+        add(DispatchRequest(topic, f[3], base_offset + pos, total, code, store_ts, f[5], keys, uniq, sys_flag,
+                            f[15], props))
+        pos = end
+
+
 # --- consume queue --------------------------------------------------------------------------------
 CQ_STORE_UNIT_SIZE = 20
 CQ_UNIT = struct.Struct(">qiq")
@@ -479,3 +584,25 @@ def encode_record(*, queue_id: int, flag: int, queue_offset: int, physical_offse
     return hs.pack(total, MESSAGE_MAGIC_CODE, body_crc(body), queue_id, flag, queue_offset, physical_offset,
                    sys_flag, born_timestamp, born_addr, born_port, store_timestamp, store_addr, store_port,
                    reconsume_times, prepared_transaction_offset, len(body)) + body + tail
+
+
+# =================================================================================================
+# Put-path encode helpers (added for the fast put path; pure functions, byte-identical to the above).
+# =================================================================================================
+def encode_properties(props: dict | None) -> bytes:
+    """The PROPERTIES field of a record: properties_to_string(props) as UTF-8, built in C where it can.
+
+    Raises UnicodeEncodeError (a ValueError) for strings UTF-8 cannot encode, like the slower form.
+    """
+    if not props:
+        return b""
+    try:
+        return ("\x02".join(map("\x01".join, props.items())) + "\x02").encode()
+    except TypeError:  # a key or value that is not a str: formatted by properties_to_string's f-string
+        return properties_to_string(props).encode("utf-8")
+
+
+def message_id_prefix(addr: bytes, port: int) -> str:
+    """The part of create_message_id that depends on the store host: create_message_id(a, p, o) ==
+    message_id_prefix(a, p) + f"{o:016X}" for every offset 0 <= o < 2**63."""
+    return (addr + _I.pack(port)).hex().upper()

@@ -119,10 +119,35 @@ class ConsumeQueue:
         """Append (commitlog offset, size, tags code, queue offset) units in order; units already there are
         skipped, a gap is filled with filler units only at the queue's very first file."""
         with self.lock:
-            for off, size, tags, cq_offset in units:
+            i, n = 0, len(units)
+            while i < n:
+                off, size, tags, cq_offset = units[i]
                 if off + size <= self.max_physic_offset:
+                    i += 1
                     continue  # already built (re-dispatch after recovery)
-                self._put_one(off, size, tags, cq_offset)
+                mf = self.queue.last
+                expect = cq_offset * UNIT
+                if mf is None or mf.is_full or mf.file_from_offset + mf.wrote_position != expect \
+                        or (mf.first_create_in_queue and mf.wrote_position == 0):
+                    self._put_one(off, size, tags, cq_offset)   # the careful path: new file, gap, filler
+                    i += 1
+                    continue
+                # Fast path: a run of consecutive units that fits the current file, written at once.
+                room = mf.free_space // UNIT
+                j = i
+                parts = []
+                nxt = cq_offset
+                while j < n and j - i < room:
+                    u = units[j]
+                    if u[3] != nxt:
+                        break
+                    parts.append(_pack(u[0], u[1], u[2]))
+                    nxt += 1
+                    j += 1
+                mf.append(b"".join(parts))
+                last = units[j - 1]
+                self.max_physic_offset = last[0] + last[1]
+                i = j
 
     def _put_one(self, off: int, size: int, tags: int, cq_offset: int) -> None:
         expect = cq_offset * UNIT

@@ -107,38 +107,17 @@ class Dispatcher:
 
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
         """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""
-        cl = self.commit_log
-        length = len(data)
-        pos = 0
-        reqs = []
-        append = reqs.append
-        at = codec.dispatch_request_at
-        check = codec.check_record
-        levels = self.delay_levels
-        next_offset = None
-        err = None
-        while pos + 8 <= length:
-            total_size, magic = _II.unpack_from(data, pos)
-            if magic == codec.BLANK_MAGIC_CODE:
-                next_offset = cl.roll_next_file(start + pos)
-                break
-            if 0 < total_size and pos + total_size > length and not at_read_end:
-                break  # the record goes on in the next chunk
-            try:
-                kind, size = check(data, pos, length)
-            except codec.RecordError as e:
-                err = f"{cl.corrupt(start + pos, e.reason)}"
-                break
-            if kind != codec.KIND_MESSAGE:
-                if at_read_end:
-                    err = f"{cl.corrupt(start + pos, 'zero bytes inside the written part of the commitlog')}"
-                break
-            append(at(data, pos, start, levels))
-            pos += size
-        if next_offset is None:
-            next_offset = start + pos
+        reqs, pos, outcome, reason = codec.parse_dispatch_batch(data, start, at_read_end, self.delay_levels)
         if reqs:
             self.dispatch(reqs)
+        err = None
+        next_offset = start + pos
+        if outcome == codec.PARSE_BLANK:
+            next_offset = self.commit_log.roll_next_file(start + pos)
+        elif outcome == codec.PARSE_ERROR:
+            err = str(self.commit_log.corrupt(start + pos, reason))
+        elif outcome == codec.PARSE_END and at_read_end:
+            err = str(self.commit_log.corrupt(start + pos, "zero bytes inside the written part of the commitlog"))
         return len(reqs), next_offset, err
 
     def dispatch(self, reqs: list[codec.DispatchRequest]) -> None:

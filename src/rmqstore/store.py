@@ -28,7 +28,7 @@ from .index_file import IndexService
 from .lock import AbortFile, StoreLock
 from .message import (GetMessageResult, GetMessageStatus, Message, MessageExt, PutMessageResult,
                       PutMessageStatus)
-from .recovery import (RecoveryReport, recover_commit_log, recover_consume_queues, reput_start)
+from .recovery import RecoveryReport, recover_store
 
 log = logging.getLogger(__name__)
 
@@ -95,32 +95,8 @@ class MessageStore:
             raise
 
     def _load_and_recover(self) -> None:
-        clean = not self.abort_file.exists()
-        ckpt_path = self.path / "checkpoint"
-        found = ckpt_path.exists()
-        self.checkpoint = StoreCheckpoint(ckpt_path)
-        report = RecoveryReport(clean_shutdown=clean, checkpoint_found=found)
-        self.commit_log.load()
-        if not found and self.commit_log.queue.files:
-            log.warning("%s: no checkpoint file: recovering as if it said nothing was flushed", ckpt_path)
-        self.consume_queues.load()
-        before = len(self.index_service.files) if hasattr(self.index_service, "files") else 0
-        self.index_service.load(clean, self.checkpoint.index_msg_timestamp)
-        report.index_files_dropped = max(0, before - len(getattr(self.index_service, "files", [])))
-        end = recover_commit_log(self.commit_log, self.checkpoint, clean, report)
-        recover_consume_queues(self.consume_queues, end, report)
-        cl_min = self.commit_log.get_min_offset()
-        for cq in self.consume_queues:
-            cq.correct_min_offset(max(cl_min, 0))
-        index_end = self.index_service.get_last_file_end_phy_offset() if self.config.message_index_enable else None
-        start = reput_start(self.commit_log, self.consume_queues, index_end, clean, report)
-        report.redispatched_from = start
-        self.dispatcher.reput_from_offset = start
-        report.redispatched_messages = self.dispatcher.do_reput()
-        self.commit_log.topic_queue_table = self.consume_queues.topic_queue_offsets()
-        self.recovery_report = report
-        level = logging.INFO if clean and report.dropped_at is None else logging.WARNING
-        log.log(level, "%s: recovered: %s", self.path, report.summary())
+        """Load every file and recover (recovery.recover_store); the report is kept in recovery_report."""
+        self.recovery_report = recover_store(self)
 
     def close(self) -> None:
         """Clean shutdown: stop services, dispatch and flush everything, remove the abort file."""
