@@ -1,25 +1,61 @@
 """Recovery at open: bring the commitlog, consume queues and index back to an agreeing state.
 
-After a clean shutdown (no `abort` file) the commitlog is checked from its third-last file; after a crash
-from the newest file whose first message is older than what the checkpoint vouches for. Records are
-walked (CRC checked with checkCRCOnRecover) up to the last valid one; everything after it is cut off.
-Consume queue units past that point are removed. Then the dispatcher re-runs from the earliest point the
-consume queues or the index may lack (their own max physical offsets, and after a crash the checkpoint's
-file as well), whatever file that is in: a unit or index entry already present is not written twice.
+recover_store(store) runs, in order:
+
+1. load: a short LAST file of a directory (a crash between creating a file and sizing it, a cut copy) is
+   extended with zeros (MappedFileQueue.load); a short file elsewhere is a CorruptStoreError naming it.
+2. commitlog: after a clean shutdown (no `abort` file) records are checked from the third-last file; after a
+   crash from the newest file whose first message is older than what the checkpoint vouches for (all files
+   when the checkpoint is missing). Records are walked (CRC checked with checkCRCOnRecover) up to the last
+   valid one; everything after it is cut off, and the report names the file, offset and reason.
+3. consume queues: units are kept up to the first invalid one (bad values, out of order, pointing past the
+   commitlog's end); the rest is removed and rebuilt from the commitlog. Min offsets follow the commitlog's.
+4. index: files the load set aside (impossible header) and files whose entries fail a deep check are set
+   aside together with every later file (their keys are re-indexed); entries pointing past the commitlog's
+   end are cut off (RocketMQ keeps them, and then never indexes the new messages written below them).
+5. re-dispatch from the earliest point any consume queue or the index may lack (their own ends, queues that
+   lost units, and after a crash the checkpoint's file as well). A unit or index entry already present is
+   not written twice; queue offsets then go on from what the consume queues hold.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
 
 from . import codec
 from .checkpoint import StoreCheckpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .consume_queue import ConsumeQueueTable
+from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
 from .mapped_file import MappedFile
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .index_file import IndexFile, IndexService
+    from .store import MessageStore
+
 log = logging.getLogger(__name__)
+
+# Index files are deep-checked newest first until this many bytes of slots and entries were read (the
+# newest file always): small stores are checked whole, a default-sized store's newest file or two.
+INDEX_DEEP_CHECK_BYTES = 64 << 20
+
+
+@dataclass
+class Dropped:
+    """One piece of data recovery removed or set aside."""
+    what: str            # "commitlog", "consume queue", "index", "file"
+    path: str
+    offset: int          # commitlog: the global offset; other files: the byte offset inside the file
+    reason: str
+    count: int = 0       # units / entries / files, where that means something
+
+    def __str__(self) -> str:
+        n = f", {self.count}" if self.count else ""
+        return f"{self.what} {self.path} at {self.offset}: {self.reason}{n}"
 
 
 @dataclass
@@ -32,10 +68,20 @@ class RecoveryReport:
     dropped_reason: str | None = None
     dropped_path: str | None = None
     commitlog_files_removed: int = 0
+    repaired_files: list[tuple[str, int]] = field(default_factory=list)   # short last files, size found
     consume_queue_units_dropped: dict[str, int] = field(default_factory=dict)
     index_files_dropped: int = 0
+    index_entries_dropped: int = 0
+    dropped: list[Dropped] = field(default_factory=list)                  # everything removed, in order
     redispatched_from: int = 0
     redispatched_messages: int = 0
+    seconds: float = 0.0
+    rebuild_queues: list = field(default_factory=list, repr=False)   # queues that lost units
+
+    @property
+    def damaged(self) -> bool:
+        """True when recovery removed or repaired anything beyond a crash's unflushed queue tails."""
+        return bool(self.dropped or self.repaired_files)
 
     def summary(self) -> str:
         parts = [f"{'clean' if self.clean_shutdown else 'abnormal'} shutdown",
@@ -44,16 +90,59 @@ class RecoveryReport:
             parts.append(f"dropped data from offset {self.dropped_at} ({self.dropped_path}: {self.dropped_reason})")
         if self.commitlog_files_removed:
             parts.append(f"{self.commitlog_files_removed} commitlog files removed")
+        for path, size in self.repaired_files:
+            parts.append(f"{path} was {size} bytes: extended with zeros")
         if self.consume_queue_units_dropped:
             parts.append(f"consume queue units dropped: {self.consume_queue_units_dropped}")
         if self.index_files_dropped:
             parts.append(f"{self.index_files_dropped} index files dropped")
+        if self.index_entries_dropped:
+            parts.append(f"{self.index_entries_dropped} index entries past the commitlog's end dropped")
         parts.append(f"re-dispatched {self.redispatched_messages} messages from {self.redispatched_from}")
         if not self.checkpoint_found:
             parts.append("checkpoint was missing")
+        parts.append(f"{self.seconds:.3f} s")
         return "; ".join(parts)
 
 
+# --- the whole sequence ---------------------------------------------------------------------------------
+def recover_store(store: "MessageStore") -> RecoveryReport:
+    """Load every file of the store and recover (module docstring); re-dispatch; return the report."""
+    t0 = time.perf_counter()
+    clean = not store.abort_file.exists()
+    ckpt_path = store.path / "checkpoint"
+    found = ckpt_path.exists()
+    store.checkpoint = StoreCheckpoint(ckpt_path)
+    report = RecoveryReport(clean_shutdown=clean, checkpoint_found=found)
+    cl, cqs, idx, cfg = store.commit_log, store.consume_queues, store.index_service, store.config
+    cl.load()
+    if not found and cl.queue.files:
+        log.warning("%s: no checkpoint file: recovering as if it said nothing was flushed", ckpt_path)
+    cqs.load()
+    report.repaired_files = list(cl.queue.repaired) + [r for cq in cqs for r in cq.queue.repaired]
+    for path, size in report.repaired_files:
+        report.dropped.append(Dropped("file", path, size, "cut short: extended with zeros"))
+    idx.load(clean, store.checkpoint.index_msg_timestamp)
+    end = recover_commit_log(cl, store.checkpoint, clean, report)
+    recover_consume_queues(cqs, end, report)
+    cl_min = max(cl.get_min_offset(), 0)
+    for cq in cqs:
+        cq.correct_min_offset(cl_min)
+    index_end = recover_index(idx, cl, end, report) if cfg.message_index_enable else None
+    start = reput_start(cl, cqs, index_end, clean, report)
+    report.redispatched_from = start
+    store.dispatcher.reput_from_offset = start
+    report.redispatched_messages = store.dispatcher.do_reput()
+    cl.topic_queue_table = cqs.topic_queue_offsets()
+    report.seconds = time.perf_counter() - t0
+    level = logging.INFO if clean and not report.damaged else logging.WARNING
+    log.log(level, "%s: recovered: %s", store.path, report.summary())
+    for d in report.dropped:
+        log.warning("%s: recovery dropped: %s", store.path, d)
+    return report
+
+
+# --- commitlog ------------------------------------------------------------------------------------------
 def _first_store_timestamp(mf: MappedFile) -> int:
     mm = mf.mm
     if mf.file_size < codec.HEADER_V4.size:
@@ -117,30 +206,215 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
         if blank:
             process = mf.file_from_offset + mf.file_size
         break
-    report.commitlog_files_removed = sum(1 for mf in files if mf.file_from_offset > process)
+    removed = [mf for mf in files if mf.file_from_offset > process]
+    report.commitlog_files_removed = len(removed)
     if report.dropped_at is None and process < files[-1].file_from_offset + files[-1].file_size:
         # Zero bytes ended the data: anything non-zero after them is a torn write, also dropped.
         tail = q.find_mapped_file_by_offset(process)
-        if tail is not None and any(tail.mm[process - tail.file_from_offset:
-                                            min(tail.file_size, process - tail.file_from_offset + 65536)]):
+        later = any(_has_data(mf, 0) for mf in removed)
+        if tail is not None and (later or _has_data(tail, process - tail.file_from_offset)):
             report.dropped_at, report.dropped_reason, report.dropped_path = process, "data after a gap", str(tail.path)
+    if report.dropped_at is not None:
+        mf = q.find_mapped_file_by_offset(report.dropped_at)
+        report.dropped.append(Dropped("commitlog", report.dropped_path or "", report.dropped_at,
+                                      report.dropped_reason or "", len(removed)))
+        log.warning("%s: commitlog cut at offset %d (byte %d of %s): %s; %d later files removed", q.store_path,
+                    report.dropped_at, report.dropped_at - (mf.file_from_offset if mf else 0),
+                    report.dropped_path, report.dropped_reason, len(removed))
+    for mf in removed:
+        if _has_data(mf, 0):
+            report.dropped.append(Dropped("commitlog", str(mf.path), mf.file_from_offset,
+                                          "file after the commitlog's end removed"))
     q.truncate_dirty_files(process)
     q.set_positions_from(process)
     report.commitlog_end = process
     return process
 
 
+def _has_data(mf: MappedFile, pos: int, window: int = 1 << 20) -> bool:
+    """Any non-zero byte in the window after pos."""
+    return any(mf.mm[pos:min(mf.file_size, pos + window)])
+
+
+# --- consume queues -------------------------------------------------------------------------------------
+def _last_unit(cq: ConsumeQueue) -> tuple[int, int] | None:
+    hi = cq.get_max_offset_in_queue()
+    if hi <= cq.get_min_offset_in_queue():
+        return None
+    u = cq.get_unit(hi - 1)
+    return (u[0], u[1]) if u else None
+
+
 def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: RecoveryReport) -> None:
+    """Keep each queue's units up to the first invalid one; remove units past the commitlog's end."""
     for cq in cqs:
-        dropped = cq.recover()
-        if cq.max_physic_offset > commitlog_end:
-            before = cq.get_max_offset_in_queue()
+        before = cq.get_max_offset_in_queue()
+        dropped = cq.recover(commitlog_end)
+        last = _last_unit(cq)
+        if last is not None and last[0] + last[1] > commitlog_end:
+            # units older than the files recover() checks still point past the end: cut them as well
+            n = cq.get_max_offset_in_queue()
             cq.truncate_dirty_logic_files(commitlog_end)
-            dropped += before - cq.get_max_offset_in_queue()
+            dropped += n - cq.get_max_offset_in_queue()
+            last = _last_unit(cq)
+        cq.max_physic_offset = last[0] + last[1] if last is not None else -1
         if dropped:
-            report.consume_queue_units_dropped[f"{cq.topic}/{cq.queue_id}"] = dropped
+            name = f"{cq.topic}/{cq.queue_id}"
+            report.consume_queue_units_dropped[name] = dropped
+            report.dropped.append(Dropped("consume queue", str(cq.queue.store_path), cq.get_max_offset_in_queue() * UNIT,
+                                          f"units invalid or past the commitlog's end (queue had {before} units)",
+                                          dropped))
+            report.rebuild_queues.append(cq)
 
 
+# --- index ----------------------------------------------------------------------------------------------
+_ENTRY = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+
+
+def index_file_problems(f: "IndexFile") -> list[str]:
+    """What is impossible in an index file's slots and entries (empty list: nothing found)."""
+    mm = f.mapped_file.mm
+    count = f.index_count
+    slots_base = codec.INDEX_HEADER_SIZE
+    problems = []
+    slots = np.frombuffer(mm, dtype=">i4", count=f.hash_slot_num, offset=slots_base)
+    bad = np.flatnonzero((slots < 0) | (slots >= max(count, 1)))
+    if len(bad):
+        problems.append(f"{len(bad)} hash slots outside [0, {count}) (slot {int(bad[0])} = {int(slots[bad[0]])})")
+    del slots
+    if count > 1:
+        ent = np.frombuffer(mm, dtype=_ENTRY, count=count - 1,
+                            offset=slots_base + f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + codec.INDEX_ENTRY_SIZE)
+        no = np.arange(1, count)
+        phy = ent["phy_offset"].astype(np.int64)
+        checks = (("keyHash < 0", ent["key_hash"] < 0), ("timeDiff < 0", ent["time_diff"] < 0),
+                  ("preIndexNo not in [0, own number)", (ent["prev"] < 0) | (ent["prev"] >= no)),
+                  ("phyOffset outside the header's range",
+                   (phy < f.begin_phy_offset) | (phy > f.end_phy_offset)),
+                  ("phyOffset going backwards", np.concatenate(([False], np.diff(phy) < 0))))
+        for what, mask in checks:
+            b = np.flatnonzero(mask)
+            if len(b):
+                problems.append(f"{len(b)} entries with {what} (first: entry {int(b[0]) + 1})")
+        del ent
+    return problems
+
+
+def _set_aside(idx: "IndexService", f: "IndexFile", why: str, report: RecoveryReport) -> None:
+    f.close()
+    aside = f.path.with_name(f.path.name + ".corrupt")
+    i = 1
+    while aside.exists():
+        aside = f.path.with_name(f"{f.path.name}.corrupt{i}")
+        i += 1
+    f.path.replace(aside)
+    idx.dropped_files.append(aside)
+    report.dropped.append(Dropped("index", str(f.path), 0, f"{why}; set aside as {aside.name}"))
+    log.error("%s: %s; set aside as %s, its keys are indexed again from the commitlog", f.path, why, aside.name)
+
+
+def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int, report: RecoveryReport) -> int:
+    """Set aside corrupt index files (and re-index from before them), cut entries past the commitlog's end.
+    Returns the commitlog offset from which the index needs the messages again."""
+    gone = 0
+    with idx._lock:
+        files: list = list(idx.files)
+        drop_from = None            # files after files[drop_from] go: they follow a corrupt file
+        for p in idx.dropped_files:   # set aside by load for an impossible header
+            gone += 1
+            report.dropped.append(Dropped("index", str(p), 0, "impossible header; set aside"))
+            later = [i for i, f in enumerate(files) if f.name > p.name.split(".")[0]]
+            if later:
+                drop_from = min(drop_from if drop_from is not None else len(files), later[0] - 1)
+        checked = 0
+        for i in range(len(files) - 1, -1, -1):
+            f = files[i]
+            cost = f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + max(f.index_count, 1) * codec.INDEX_ENTRY_SIZE
+            if i < len(files) - 1 and checked + cost > INDEX_DEEP_CHECK_BYTES:
+                log.info("%s: index files up to %s not deep-checked (over %d bytes)", idx.store_path, f.name,
+                         INDEX_DEEP_CHECK_BYTES)
+                break
+            checked += cost
+            problems = index_file_problems(f)
+            if problems:
+                _set_aside(idx, f, "; ".join(problems), report)
+                gone += 1
+                files[i] = None
+                drop_from = i if drop_from is None else min(drop_from, i)
+        keep = []
+        for i, f in enumerate(files):
+            if f is None:
+                continue
+            if drop_from is not None and i > drop_from:
+                report.dropped.append(Dropped("index", str(f.path), 0, "after a corrupt index file: its keys are "
+                                              "indexed again", f.index_count - 1))
+                f.destroy()
+                gone += 1
+                continue
+            keep.append(f)
+        # entries past the commitlog's end (it was cut): whole files go, the last kept file is cut
+        while keep and ((keep[-1].index_count <= 1 and keep[-1].end_phy_offset >= commitlog_end > 0)
+                        or (keep[-1].index_count > 1 and keep[-1].begin_phy_offset >= commitlog_end)):
+            f = keep.pop()
+            report.dropped.append(Dropped("index", str(f.path), 0, "indexes only messages past the commitlog's "
+                                          f"end {commitlog_end}", f.index_count - 1))
+            report.index_entries_dropped += max(f.index_count - 1, 0)
+            f.destroy()
+            gone += 1
+        if keep and keep[-1].end_phy_offset >= commitlog_end and keep[-1].index_count > 1:
+            n = _cut_index_file(keep[-1], commitlog_end, commit_log)
+            report.index_entries_dropped += n
+            report.dropped.append(Dropped("index", str(keep[-1].path), 0,
+                                          f"entries for messages at or past the commitlog's end {commitlog_end}", n))
+        idx.files = keep
+    report.index_files_dropped = gone
+    return keep[-1].end_phy_offset if keep else 0
+
+
+def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:
+    """Remove the entries of f for messages at or past end (a suffix: entries are in commitlog order);
+    slots pointing into that suffix are moved down their chains. Returns how many entries went."""
+    mm = f.mapped_file.mm
+    count = f.index_count
+    base = codec.INDEX_HEADER_SIZE + f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE
+    ent = np.frombuffer(mm, dtype=_ENTRY, count=count, offset=base)
+    phy = ent["phy_offset"].astype(np.int64)
+    k = int(np.searchsorted(phy[1:], end, side="left")) + 1     # first entry number to remove
+    prev = ent["prev"].astype(np.int64)
+    del ent
+    if k >= count:
+        return 0
+    slots = np.frombuffer(mm, dtype=">i4", count=f.hash_slot_num, offset=codec.INDEX_HEADER_SIZE)
+    fix = np.flatnonzero(slots >= k)
+    new_vals = []
+    for s in fix.tolist():
+        cur = int(slots[s])
+        steps = 0
+        while cur >= k and steps < count:
+            cur = int(prev[cur])
+            steps += 1
+        new_vals.append(cur if 0 <= cur < k else 0)
+    slots_w = np.ndarray((f.hash_slot_num,), dtype=">i4", buffer=mm, offset=codec.INDEX_HEADER_SIZE)
+    slots_w[fix] = np.array(new_vals, dtype=np.int64)
+    del slots_w, slots
+    mm[base + k * codec.INDEX_ENTRY_SIZE: base + count * codec.INDEX_ENTRY_SIZE] = bytes((count - k) * codec.INDEX_ENTRY_SIZE)
+    f.index_count = k
+    if k > 1:
+        last_phy = int(phy[k - 1])
+        f.end_phy_offset = last_phy
+        msg = commit_log.look_message_by_offset(last_phy)
+        if msg is not None:
+            f.end_timestamp = msg.store_timestamp
+    else:
+        f.end_phy_offset = f.begin_phy_offset
+        f.end_timestamp = f.begin_timestamp
+    f.write_header()
+    f.flush()
+    log.warning("%s: %d index entries for messages at or past the commitlog's end %d removed", f.path, count - k, end)
+    return count - k
+
+
+# --- where to re-dispatch from --------------------------------------------------------------------------
 def reput_start(commit_log: CommitLog, cqs: ConsumeQueueTable, index_end: int | None, clean: bool,
                 report: RecoveryReport) -> int:
     """Where the dispatcher must start so that no consume queue unit or index entry is missing."""
@@ -154,6 +428,8 @@ def reput_start(commit_log: CommitLog, cqs: ConsumeQueueTable, index_end: int | 
         # never-flushed tail): rebuild from its own end.
         if last is None or last.wrote_position in (0, last.file_size):
             candidates.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else min_off)
+    for cq in report.rebuild_queues:   # queues that lost units: rebuild them
+        candidates.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else min_off)
     if index_end is not None:
         candidates.append(index_end)
     if not clean:
