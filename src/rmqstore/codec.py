@@ -448,8 +448,8 @@ def _cached_tags_code(tags: str) -> int:
 PARSE_MORE, PARSE_BLANK, PARSE_END, PARSE_ERROR = "more", "blank", "end", "error"
 
 
-def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool,
-                         delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
+def _parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool,
+                           delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
     """Validate and parse every whole record of buf (commitlog bytes from base_offset) in one pass.
 
     Returns (requests, position reached, outcome, error reason): outcome PARSE_MORE when buf ends inside
@@ -537,6 +537,191 @@ def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool,
         add(DispatchRequest(topic, f[3], base_offset + pos, total, code, store_ts, f[5], keys, uniq, sys_flag,
                             f[15], props))
         pos = end
+
+
+_HEADER_V4_NP = None   # numpy dtype of HEADER_V4, built on first use (numpy is imported lazily here)
+_VECTOR_MIN_RECORDS = 64
+
+
+def _header_v4_dtype():
+    global _HEADER_V4_NP
+    if _HEADER_V4_NP is None:
+        import numpy as np
+        _HEADER_V4_NP = np.dtype([
+            ("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+            ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
+            ("born_addr", "V4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "V4"),
+            ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")])
+        assert _HEADER_V4_NP.itemsize == HEADER_V4.size
+    return _HEADER_V4_NP
+
+
+class DispatchBatch:
+    """Parsed records column-wise: what DispatchRequest holds, for many records at once."""
+    __slots__ = ("topic_names", "topic_ids", "queue_ids", "offsets", "sizes", "tags_codes", "store_timestamps",
+                 "queue_offsets", "sys_flags", "prepared", "keys", "uniq_keys")
+
+    def __init__(self, topic_names, topic_ids, queue_ids, offsets, sizes, tags_codes, store_timestamps,
+                 queue_offsets, sys_flags, prepared, keys, uniq_keys):
+        self.topic_names: list[str] = topic_names
+        self.topic_ids = topic_ids              # int64 array, index into topic_names
+        self.queue_ids = queue_ids              # the rest: int64 arrays / lists, one item per record
+        self.offsets = offsets
+        self.sizes = sizes
+        self.tags_codes = tags_codes
+        self.store_timestamps = store_timestamps
+        self.queue_offsets = queue_offsets
+        self.sys_flags = sys_flags
+        self.prepared = prepared
+        self.keys: list = keys
+        self.uniq_keys: list = uniq_keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def topics(self) -> list[str]:
+        names = self.topic_names
+        return [names[i] for i in self.topic_ids.tolist()]
+
+    @classmethod
+    def from_requests(cls, reqs: list[DispatchRequest]) -> "DispatchBatch":
+        import numpy as np
+        ids: dict[str, int] = {}
+        tids = [ids.setdefault(r.topic, len(ids)) for r in reqs]
+
+        def col(name):
+            return np.array([getattr(r, name) for r in reqs], dtype=np.int64)
+        return cls(list(ids), np.array(tids, dtype=np.int64), col("queue_id"), col("commit_log_offset"),
+                   col("msg_size"), col("tags_code"), col("store_timestamp"), col("consume_queue_offset"),
+                   col("sys_flag"), col("prepared_transaction_offset"), [r.keys for r in reqs],
+                   [r.uniq_key for r in reqs])
+
+    def concat(self, other: "DispatchBatch") -> "DispatchBatch":
+        import numpy as np
+        if not len(other):
+            return self
+        if not len(self):
+            return other
+        names = list(self.topic_names)
+        remap = np.array([names.index(t) if t in names else names.append(t) or len(names) - 1
+                          for t in other.topic_names], dtype=np.int64)
+        cat = np.concatenate
+        return DispatchBatch(names, cat([self.topic_ids, remap[other.topic_ids]]),
+                             *(cat([getattr(self, f), getattr(other, f)]) for f in
+                               ("queue_ids", "offsets", "sizes", "tags_codes", "store_timestamps", "queue_offsets",
+                                "sys_flags", "prepared")),
+                             self.keys + other.keys, self.uniq_keys + other.uniq_keys)
+
+    def requests(self) -> list[DispatchRequest]:
+        n = len(self)
+        return list(map(DispatchRequest, self.topics, self.queue_ids.tolist(), self.offsets.tolist(),
+                        self.sizes.tolist(), self.tags_codes.tolist(), self.store_timestamps.tolist(),
+                        self.queue_offsets.tolist(), self.keys, self.uniq_keys, self.sys_flags.tolist(),
+                        self.prepared.tolist(), [{}] * n))
+
+
+def _props_column(name: str):
+    # One match per record: the record separator \x03, then (lazily) the property if the record has it.
+    return re.compile("\x03(?:(?:[^\x02\x03]*\x02)*?" + name + "\x01([^\x01\x02\x03]*)(?=\x02))?").findall
+
+
+_FIND_TAGS, _FIND_KEYS, _FIND_UNIQ = _props_column("TAGS"), _props_column("KEYS"), _props_column("UNIQ_KEY")
+
+
+def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
+    """Vectorised parse of the leading run of plain records (v1 magic, IPv4 hosts, not the schedule
+    topic) whose lengths all add up; returns the batch and where the run ends (the scalar parser takes
+    over there, and reports whatever stopped the run)."""
+    import numpy as np
+    length = len(buf)
+    positions = []
+    add = positions.append
+    unpack = _II.unpack_from
+    pos = 0
+    hsize = HEADER_V4.size
+    while pos + 8 <= length:
+        total, magic = unpack(buf, pos)
+        if magic != MESSAGE_MAGIC_CODE or total < hsize + 3 or pos + total > length:
+            break
+        add(pos)
+        pos += total
+    n = len(positions)
+    if n < _VECTOR_MIN_RECORDS:
+        return None, 0
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    P = np.asarray(positions, dtype=np.int64)
+    hdr = raw[P[:, None] + np.arange(hsize)].view(_header_v4_dtype()).reshape(n)
+    total = hdr["total"].astype(np.int64)
+    body_len = hdr["body_len"].astype(np.int64)
+    last = length - 1
+    tpos = P + hsize + body_len
+    ok = ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0) & (tpos + 3 <= P + total)
+    tl = raw[np.minimum(tpos, last)].astype(np.int64)
+    ppos = tpos + 1 + tl
+    pl = (raw[np.minimum(ppos, last)].astype(np.int64) << 8) | raw[np.minimum(ppos + 1, last)]
+    ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        n = int(bad[0])
+        if n < _VECTOR_MIN_RECORDS:
+            return None, 0
+    # topics: distinct byte strings decoded once
+    width = int(tl[:n].max())
+    if width:
+        cols = np.arange(width)
+        tb = raw[np.minimum(tpos[:n, None] + 1 + cols, last)] * (cols < tl[:n, None])
+        uniq, inverse = np.unique(tb.view(f"S{width}").reshape(n), return_inverse=True)
+        names = [bytes(u).decode("utf-8", "replace") for u in uniq]
+        inverse = inverse.reshape(n).astype(np.int64)
+    else:
+        names, inverse = [""], np.zeros(n, dtype=np.int64)
+    if SCHEDULE_TOPIC in names:   # delivery times need DELAY: the scalar path handles those records
+        first = int(np.flatnonzero(inverse == names.index(SCHEDULE_TOPIC))[0])
+        if first < _VECTOR_MIN_RECORDS:
+            return None, 0
+        n = first
+        inverse = inverse[:n]
+    # properties the store reads, each column from one regex pass over all records
+    starts = (ppos[:n] + 2).tolist()
+    ends = (P[:n] + total[:n]).tolist()
+    joined = ("\x03" + "\x03".join([bytes(buf[a:b]).decode("utf-8", "replace") for a, b in zip(starts, ends)])
+              if n else "")
+    tags = _FIND_TAGS(joined)
+    keys = [k or None for k in _FIND_KEYS(joined)]
+    uniqs = [u or None for u in _FIND_UNIQ(joined)]
+    if not (len(tags) == len(keys) == len(uniqs) == n):   # a \x03 inside a property: be exact instead
+        return None, 0
+    codes = np.array([_cached_tags_code(t) if t else 0 for t in tags], dtype=np.int64)
+    h = hdr[:n]
+    batch = DispatchBatch(names, inverse, h["queue_id"].astype(np.int64), P[:n] + base_offset, total[:n], codes,
+                          h["store_ts"].astype(np.int64), h["queue_offset"].astype(np.int64),
+                          h["sys_flag"].astype(np.int64), h["prepared"].astype(np.int64), keys, uniqs)
+    return batch, int(ends[-1])
+
+
+def parse_dispatch_columns(buf, base_offset: int, at_read_end: bool,
+                           delay_levels: list[int] | None = None) -> tuple[DispatchBatch, int, str, str | None]:
+    """Validate and parse every whole record of buf (commitlog bytes from base_offset), column-wise.
+
+    Returns (batch, position reached, outcome, error reason): outcome PARSE_MORE when buf ends inside
+    a record (or exactly at a record boundary), PARSE_BLANK at an END_OF_FILE record, PARSE_END at zero
+    bytes, PARSE_ERROR at bytes that are no record (the position is the bad record's). Plain records are
+    parsed with numpy, the rest (IPv6 hosts, RocketMQ 5 records, delayed messages) one by one.
+    """
+    batch, pos = _parse_v4_prefix(buf, base_offset)
+    rest = memoryview(buf)[pos:] if pos else buf
+    reqs, end, outcome, reason = _parse_dispatch_scalar(rest, base_offset + pos, at_read_end, delay_levels)
+    more = DispatchBatch.from_requests(reqs)
+    return (batch.concat(more) if batch is not None else more), pos + end, outcome, reason
+
+
+def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool,
+                         delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
+    """parse_dispatch_columns, as a list of DispatchRequest (their `properties` hold only what the store
+    reads, and may be empty)."""
+    batch, pos, outcome, reason = parse_dispatch_columns(buf, base_offset, at_read_end, delay_levels)
+    return batch.requests(), pos, outcome, reason
 
 
 # --- consume queue --------------------------------------------------------------------------------

@@ -149,6 +149,33 @@ class ConsumeQueue:
                 self.max_physic_offset = last[0] + last[1]
                 i = j
 
+    def put_arrays(self, offs: np.ndarray, sizes: np.ndarray, tags: np.ndarray, qoffs: np.ndarray) -> None:
+        """put_units for int64 columns: runs of consecutive units are written with one copy each."""
+        n = len(offs)
+        with self.lock:
+            i = int(np.count_nonzero(offs + sizes <= self.max_physic_offset))   # already built: a prefix
+            if i >= n:
+                return
+            # run ends: where the next unit's queue offset is not this one's + 1
+            breaks = np.flatnonzero(np.diff(qoffs[i:]) != 1) + i + 1
+            bi = 0
+            while i < n:
+                mf = self.queue.last
+                expect = int(qoffs[i]) * UNIT
+                if mf is None or mf.is_full or mf.file_from_offset + mf.wrote_position != expect \
+                        or (mf.first_create_in_queue and mf.wrote_position == 0):
+                    self._put_one(int(offs[i]), int(sizes[i]), int(tags[i]), int(qoffs[i]))
+                    i += 1
+                    continue
+                while bi < len(breaks) and breaks[bi] <= i:
+                    bi += 1
+                j = min(n, i + mf.free_space // UNIT, int(breaks[bi]) if bi < len(breaks) else n)
+                arr = np.empty(j - i, dtype=_CQ_NP)
+                arr["offset"], arr["size"], arr["tags_code"] = offs[i:j], sizes[i:j], tags[i:j]
+                mf.append(arr.tobytes())
+                self.max_physic_offset = int(offs[j - 1]) + int(sizes[j - 1])
+                i = j
+
     def _put_one(self, off: int, size: int, tags: int, cq_offset: int) -> None:
         expect = cq_offset * UNIT
         mf = self.queue.get_last_mapped_file(expect)

@@ -12,6 +12,8 @@ import logging
 import threading
 from typing import Callable
 
+import numpy as np
+
 from . import codec
 from .commit_log import CommitLog
 from .config import StoreConfig
@@ -107,9 +109,9 @@ class Dispatcher:
 
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
         """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""
-        reqs, pos, outcome, reason = codec.parse_dispatch_batch(data, start, at_read_end, self.delay_levels)
-        if reqs:
-            self.dispatch(reqs)
+        batch, pos, outcome, reason = codec.parse_dispatch_columns(data, start, at_read_end, self.delay_levels)
+        if len(batch):
+            self.dispatch(batch)
         err = None
         next_offset = start + pos
         if outcome == codec.PARSE_BLANK:
@@ -118,33 +120,43 @@ class Dispatcher:
             err = str(self.commit_log.corrupt(start + pos, reason))
         elif outcome == codec.PARSE_END and at_read_end:
             err = str(self.commit_log.corrupt(start + pos, "zero bytes inside the written part of the commitlog"))
-        return len(reqs), next_offset, err
+        return len(batch), next_offset, err
 
-    def dispatch(self, reqs: list[codec.DispatchRequest]) -> None:
-        """Feed a batch of parsed records to the consume queues and the index, then tell listeners."""
-        by_queue: dict[tuple[str, int], list] = {}
-        for r in reqs:
-            tran = r.sys_flag & _TRAN_MASK
-            if tran == _PREPARED or tran == _ROLLBACK:
-                continue
-            k = (r.topic, r.queue_id)
-            units = by_queue.get(k)
-            if units is None:
-                units = by_queue[k] = []
-            units.append((r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
-        find = self.consume_queues.find_or_create
-        for (topic, qid), units in by_queue.items():
-            find(topic, qid).put_units(units)
+    def dispatch(self, batch: codec.DispatchBatch | list[codec.DispatchRequest]) -> None:
+        """Feed parsed records to the consume queues (grouped per queue, in order) and the index, then
+        tell listeners which queues grew."""
+        if isinstance(batch, list):
+            batch = codec.DispatchBatch.from_requests(batch)
+        n = len(batch)
+        if not n:
+            return
+        tran = batch.sys_flags & _TRAN_MASK
+        idx = np.flatnonzero((tran != _PREPARED) & (tran != _ROLLBACK))
+        grown: list[tuple[str, int, int]] = []
+        if len(idx):
+            group = batch.topic_ids[idx] * (1 << 32) + (batch.queue_ids[idx] & 0xFFFFFFFF)
+            order = np.argsort(group, kind="stable")
+            sidx = idx[order]
+            cuts = np.flatnonzero(np.diff(group[order])) + 1
+            names = batch.topic_names
+            find = self.consume_queues.find_or_create
+            for part in np.split(sidx, cuts):
+                i0 = int(part[0])
+                topic, qid = names[int(batch.topic_ids[i0])], int(batch.queue_ids[i0])
+                qoffs = batch.queue_offsets[part]
+                find(topic, qid).put_arrays(batch.offsets[part], batch.sizes[part], batch.tags_codes[part], qoffs)
+                grown.append((topic, qid, int(qoffs[-1]) + 1))
         if self.index_service is not None:
-            self.index_service.build_index_batch(reqs)
-        self.last_dispatched_timestamp = reqs[-1].store_timestamp
-        self.dispatched_messages += len(reqs)
+            self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets.tolist(),
+                                                   batch.store_timestamps.tolist(), batch.sys_flags.tolist())
+        last_ts = int(batch.store_timestamps[-1])
+        self.last_dispatched_timestamp = last_ts
+        self.dispatched_messages += n
         if self._listeners:
-            for (topic, qid), units in by_queue.items():
-                nxt = units[-1][3] + 1
+            for topic, qid, nxt in grown:
                 for fn in list(self._listeners):
                     try:
-                        fn(topic, qid, nxt, reqs[-1].store_timestamp)
+                        fn(topic, qid, nxt, last_ts)
                     except Exception:  # a listener's bug must not stop dispatching
                         log.exception("arrival listener failed")
 

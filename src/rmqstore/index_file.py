@@ -679,6 +679,15 @@ class IndexService:
 
     def build_index_batch(self, reqs: Iterable[codec.DispatchRequest]) -> None:
         """build_index for many requests, in order, with one lock hold and vectorised puts."""
+        reqs = list(reqs)
+        self.build_index_columns([r.topic for r in reqs], [r.keys for r in reqs], [r.uniq_key for r in reqs],
+                                 [r.commit_log_offset for r in reqs], [r.store_timestamp for r in reqs],
+                                 [r.sys_flag for r in reqs])
+
+    def build_index_columns(self, topics: Sequence[str], keys_col: Sequence[str | None],
+                            uniq_col: Sequence[str | None], offsets: Sequence[int], timestamps: Sequence[int],
+                            sys_flags: Sequence[int]) -> None:
+        """build_index_batch over columns (one entry per message, in commitlog order)."""
         if not self.config.message_index_enable:
             return
         full: list[IndexFile] = []
@@ -691,18 +700,15 @@ class IndexService:
             tss: list[int] = []
             counts: list[int] = []
             add_off, add_ts, add_count = offs.append, tss.append, counts.append
-            for req in reqs:
-                off = req.commit_log_offset
-                if off < end or req.sys_flag & ROLLBACK == ROLLBACK:
+            for topic, k, u, off, ts, sf in zip(topics, keys_col, uniq_col, offsets, timestamps, sys_flags):
+                if off < end or sf & ROLLBACK == ROLLBACK:
                     continue
-                prefix = req.topic + "#"
-                u = req.uniq_key
+                prefix = topic + "#"
                 if u is not None:
                     add(prefix + u)
                     n = 1
                 else:
                     n = 0
-                k = req.keys
                 if k:
                     if " " in k:
                         for w in k.split(" "):
@@ -715,7 +721,7 @@ class IndexService:
                 if n:
                     end = off
                     add_off(off)
-                    add_ts(req.store_timestamp)
+                    add_ts(ts)
                     add_count(n)
             total = len(keys)
             if not total:
