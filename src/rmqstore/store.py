@@ -29,6 +29,7 @@ from .lock import AbortFile, StoreLock
 from .message import (GetMessageResult, GetMessageStatus, Message, MessageExt, PutMessageResult,
                       PutMessageStatus)
 from .recovery import RecoveryReport, recover_store
+from .schedule import rewrite_delayed
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class MessageStore:
         self.services: list = []          # flush / clean services: start() and shutdown()
         self.recovery_report: RecoveryReport | None = None
         self.running_flags = RunningFlags()
+        self.max_delay_level = len(self.config.delay_levels_ms())
+        self.schedule_service = None      # schedule.ScheduleMessageService, started with the services
 
     # --- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -89,6 +92,9 @@ class MessageStore:
                 install_flush_services(self)
                 for s in self.services:
                     s.start()
+                from .schedule import ScheduleMessageService
+                self.schedule_service = ScheduleMessageService(self)
+                self.schedule_service.start()
         except BaseException:
             self._release_files()
             self.lock.release()
@@ -103,6 +109,9 @@ class MessageStore:
         if self._closed:
             return
         self._closed = True
+        if self.schedule_service is not None:
+            self.schedule_service.shutdown()
+            self.schedule_service = None
         self.dispatcher.shutdown(drain=True)
         for s in reversed(self.services):
             s.shutdown()
@@ -159,12 +168,16 @@ class MessageStore:
     def put_message(self, msg: Message) -> PutMessageResult:
         return self.put_messages([msg])[0]
 
-    def put_messages(self, msgs: Iterable[Message]) -> list[PutMessageResult]:
+    def put_messages(self, msgs: Iterable[Message], *, delay_rewrite: bool = True) -> list[PutMessageResult]:
+        """Append messages; with delay_rewrite (the default), messages with a DELAY property go to
+        SCHEDULE_TOPIC_XXXX as CommitLog.putMessage does (see schedule.rewrite_delayed)."""
         msgs = list(msgs)
         if self._closed or not self.running_flags.writeable:
             if not self._closed:
                 log.warning("%s: put refused: %s", self.path, self.running_flags.why())
             return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE) for _ in msgs]
+        if delay_rewrite:
+            msgs = rewrite_delayed(msgs, self.max_delay_level)
         try:
             results = self.commit_log.put_messages(msgs)
         except OSError as e:
