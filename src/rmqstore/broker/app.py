@@ -1,0 +1,186 @@
+"""One process: the name server and a broker over a MessageStore, on one asyncio event loop.
+
+    server = BrokerServer("/data/store", StoreConfig.load("broker.conf"))
+    await server.start()        # opens the store, listens on listenPort, listenPort-2 (VIP) and the name server
+    ...
+    await server.stop()         # closes connections, persists offsets/topics, closes the store
+
+Listening addresses: the broker on brokerIP1 (127.0.0.1 by default) at listenPort and listenPort-2; the
+name server on the address of namesrvAddr (127.0.0.1:9876 by default) unless `namesrv=False`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from ..config import StoreConfig
+from .core import Broker
+from .namesrv import NameServer
+from .net import RemotingServer
+from .state import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
+
+log = logging.getLogger(__name__)
+
+REGISTER_INTERVAL = 30.0
+PERSIST_INTERVAL = 5.0
+SCAN_INTERVAL = 10.0
+
+
+def parse_addr(addr: str, default_port: int = 9876) -> tuple[str, int]:
+    first = addr.split(";")[0].strip()
+    host, _, port = first.rpartition(":")
+    if not host:
+        return first or "127.0.0.1", default_port
+    return host, int(port)
+
+
+class BrokerServer:
+    def __init__(self, store_path: str | Path, config: StoreConfig | None = None, *, namesrv: bool = True,
+                 namesrv_addr: str | None = None, idle_timeout: float | None = None, store=None):
+        self.store_path = Path(store_path)
+        self.cfg = config or StoreConfig()
+        self.embedded_namesrv = namesrv
+        self.namesrv_addr = namesrv_addr or self.cfg.namesrv_addr or "127.0.0.1:9876"
+        extra = self.cfg.extra or {}
+        self.idle_timeout = idle_timeout if idle_timeout is not None else float(
+            extra.get("serverChannelMaxIdleTimeSeconds", 120))
+        self.store = store
+        self._own_store = store is None
+        self.broker: Broker | None = None
+        self.namesrv: NameServer | None = None
+        self.servers: list[RemotingServer] = []
+        self._tasks: list[asyncio.Task] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.started = False
+
+    # --- life ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        cfg = self.cfg
+        if self.store is None:
+            from ..store import MessageStore
+            self.store = await self.loop.run_in_executor(None, MessageStore.open, self.store_path, cfg)
+        try:
+            await self._start_services()
+        except BaseException:
+            await self.stop()
+            raise
+        self.started = True
+
+    async def _start_services(self) -> None:
+        cfg = self.cfg
+        root = self.store_path
+        topics = TopicConfigManager(root, cfg)
+        topics.load()
+        offsets = ConsumerOffsetManager(root)
+        offsets.load()
+        groups = SubscriptionGroupManager(root, auto_create=str(cfg.extra.get("autoCreateSubscriptionGroup", "true"))
+                                          .lower() != "false")
+        groups.load()
+        self.broker = broker = Broker(self.store, cfg, topics, offsets, groups)
+        broker.loop = self.loop
+        topics.on_change = self._register_broker
+        host = cfg.broker_ip1 or "127.0.0.1"
+        if self.embedded_namesrv:
+            self.namesrv = NameServer()
+            nhost, nport = parse_addr(self.namesrv_addr)
+            ns = RemotingServer(nhost, nport, self.namesrv.handle, name="namesrv", idle_timeout=self.idle_timeout,
+                                on_close=self.namesrv.on_close)
+            await ns.start()
+            self.servers.append(ns)
+        main = RemotingServer(host, cfg.listen_port, broker.handle, name="broker", idle_timeout=self.idle_timeout,
+                              on_close=broker.on_close)
+        await main.start()
+        self.servers.append(main)
+        if cfg.listen_port >= 2:
+            vip = RemotingServer(host, cfg.listen_port - 2, broker.handle, name="broker-vip",
+                                 idle_timeout=self.idle_timeout, on_close=broker.on_close)
+            await vip.start()
+            self.servers.append(vip)
+        self.store.dispatcher.add_listener(broker.on_message_arriving)
+        self._register_broker()
+        self._tasks.append(asyncio.ensure_future(self._periodic()))
+        log.info("broker %s (%s) serving store %s at %s; name server %s", cfg.broker_name, cfg.broker_cluster_name,
+                 self.store_path, broker.broker_addr, self.namesrv_addr if self.embedded_namesrv else "external")
+
+    def _register_broker(self) -> None:
+        """registerBrokerAll: publish the topic configs to the (embedded) name server."""
+        if self.namesrv is None or self.broker is None:
+            return
+        cfg = self.cfg
+        wrapper = self.broker.topics.to_json()
+        self.namesrv.route.register_broker(cfg.broker_cluster_name, self.broker.broker_addr, cfg.broker_name,
+                                           cfg.broker_id, f"{cfg.broker_ip1}:{cfg.listen_port + 1}", wrapper, None)
+
+    async def _periodic(self) -> None:
+        last_reg = last_scan = time.monotonic()
+        while True:
+            await asyncio.sleep(min(PERSIST_INTERVAL, 1.0))
+            now = time.monotonic()
+            b = self.broker
+            try:
+                if b.offsets.dirty:
+                    await self.loop.run_in_executor(None, b.offsets.persist)
+                if getattr(b.groups, "dirty", False):
+                    await self.loop.run_in_executor(None, b.groups.persist)
+                if now - last_scan >= SCAN_INTERVAL:
+                    last_scan = now
+                    b.clients.scan_not_active()
+                    for s in self.servers:
+                        s.sweep_idle()
+                    if self.namesrv is not None:
+                        self.namesrv.route.scan_not_active()
+                if now - last_reg >= REGISTER_INTERVAL:
+                    last_reg = now
+                    self._register_broker()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("periodic broker task failed")
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self.broker is not None:
+            try:
+                self.broker.release_all_held()
+            except Exception:
+                log.exception("releasing held pulls failed")
+            self.broker._flush_puts()
+        for s in self.servers:
+            await s.stop()
+        self.servers.clear()
+        if self.store is not None and self.broker is not None:
+            self.store.dispatcher.remove_listener(self.broker.on_message_arriving)
+        if self.broker is not None:
+            b = self.broker
+            for name, fn in (("consumer offsets", b.offsets.persist), ("topics", b.topics.persist),
+                             ("subscription groups", b.groups.persist)):
+                try:
+                    fn()
+                except Exception as e:
+                    log.error("persisting %s failed: %s", name, e)
+        if self.store is not None and self._own_store:
+            await self.loop.run_in_executor(None, self.store.close)
+            self.store = None
+        self.started = False
+
+    # --- addresses ------------------------------------------------------------------------------------
+    @property
+    def broker_addr(self) -> str:
+        return self.broker.broker_addr if self.broker else f"{self.cfg.broker_ip1}:{self.cfg.listen_port}"
+
+    @property
+    def namesrv_listen_addr(self) -> str | None:
+        for s in self.servers:
+            if s.name == "namesrv":
+                return f"{s.host}:{s.port}"
+        return None

@@ -1,0 +1,922 @@
+"""The broker's request processors (RocketMQ 4.4.0's SendMessageProcessor, PullMessageProcessor,
+QueryMessageProcessor, ClientManageProcessor, ConsumerManageProcessor, AdminBrokerProcessor,
+EndTransactionProcessor), over a MessageStore, on the asyncio event loop.
+
+Nothing here blocks the loop for long: puts are gathered over one loop iteration into one
+`put_messages` call (run in an executor thread when the store flushes synchronously); a pull that finds
+nothing with the suspend flag is held (long polling) until the dispatcher reports new messages for its
+queue or its suspendTimeoutMillis passes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import codec
+from ..message import GetMessageStatus, Message, PutMessageResult, PutMessageStatus
+from ..remoting import fastjson
+from ..remoting.body import BodyError, decode_batch
+from ..remoting.codes import (DEFAULT_TOPIC, DLQ_GROUP_TOPIC_PREFIX, MASTER_ID, PERM_READ, PERM_WRITE,
+                              PROPERTY_DELAY_TIME_LEVEL, PROPERTY_MSG_REGION, PROPERTY_ORIGIN_MESSAGE_ID,
+                              PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
+                              PROPERTY_RETRY_TOPIC, PROPERTY_TRACE_SWITCH, PROPERTY_TRANSACTION_PREPARED,
+                              PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION,
+                              PULL_FLAG_SUSPEND, RETRY_GROUP_TOPIC_PREFIX, RMQ_SYS_TRANS_HALF_TOPIC,
+                              RMQ_SYS_TRANS_OP_HALF_TOPIC, UNIQUE_MSG_QUERY_FLAG, V3_4_9, RequestCode, ResponseCode)
+from ..remoting.command import RemotingCommand
+from .clients import ClientChannelInfo, ClientManager, SubscriptionData, TagFilter
+from .namesrv import not_supported
+from .net import Channel
+
+log = logging.getLogger(__name__)
+
+FAQ = "\nSee http://rocketmq.apache.org/docs/faq/ for further details."
+DLQ_NUMS_PER_GROUP = 1
+TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+MULTI_TAGS_FLAG = codec.SYSFLAG_MULTI_TAGS
+TRAN_MASK = codec.TRANSACTION_TYPE_MASK
+SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+# SendMessageRequestHeaderV2's one-letter names.
+V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
+            "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
+            "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch"}
+LONG_MAX = 2 ** 63 - 1
+
+
+class HeaderError(Exception):
+    """A custom header field is missing or malformed (RocketMQ answers SYSTEM_ERROR)."""
+
+
+class Header:
+    """Typed access to extFields, RocketMQ's decodeCommandCustomHeader rules."""
+
+    __slots__ = ("f",)
+
+    def __init__(self, fields: dict | None):
+        self.f = fields or {}
+
+    def str(self, name: str, required: bool = True) -> str | None:
+        v = self.f.get(name)
+        if v is None and required:
+            raise HeaderError(f"the custom field <{name}> is null")
+        return v
+
+    def int(self, name: str, required: bool = True, default: int | None = None, bits: int = 32) -> int | None:
+        v = self.f.get(name)
+        if v is None:
+            if required:
+                raise HeaderError(f"the custom field <{name}> is null")
+            return default
+        try:
+            n = int(v)
+        except ValueError:
+            raise HeaderError(f"the custom field <{name}> is not a number: {v[:40]!r}") from None
+        lim = 1 << (bits - 1)
+        if not -lim <= n < lim:
+            raise HeaderError(f"the custom field <{name}> is out of range: {v[:40]!r}")
+        return n
+
+    def long(self, name: str, required: bool = True, default: int | None = None) -> int | None:
+        return self.int(name, required, default, 64)
+
+    def bool(self, name: str, default: bool = False) -> bool:
+        v = self.f.get(name)
+        return default if v is None else v.lower() == "true"
+
+
+@dataclass
+class HeldPull:
+    channel: Channel
+    request: RemotingCommand
+    topic: str
+    queue_id: int
+    offset: int
+    deadline: float
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class _PendingPut:
+    msgs: list[Message]
+    done: Callable[[list[PutMessageResult]], None]
+
+
+class Broker:
+    """Request handling of one broker; `handle` is the RemotingServer handler of both ports."""
+
+    def __init__(self, store, cfg, topics, offsets, groups, *, region_id: str = "DefaultRegion",
+                 trace_on: bool = True, reject_transaction: bool = False):
+        self.store = store
+        self.cfg = cfg
+        self.topics = topics
+        self.offsets = offsets
+        self.groups = groups
+        self.clients = ClientManager()
+        self.region_id = region_id
+        self.trace_on = "true" if trace_on else "false"
+        self.reject_transaction = reject_transaction
+        self.store_host = f"{cfg.broker_ip1}:{cfg.listen_port}"
+        self.broker_addr = self.store_host
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sync_flush = cfg.flush_disk_type == "SYNC_FLUSH"
+        self._puts: list[_PendingPut] = []
+        self._put_scheduled = False
+        self.held: dict[tuple[str, int], list[HeldPull]] = {}
+        self.transactions = None       # rmqstore.transaction service when present (see app)
+        self.schedule = None           # rmqstore.schedule service when present (see app)
+        self.rand = random.Random()
+        self.stats = {"put": 0, "get": 0}
+        self.handlers: dict[int, Callable] = {
+            RequestCode.SEND_MESSAGE: self.send_message,
+            RequestCode.SEND_MESSAGE_V2: self.send_message,
+            RequestCode.SEND_BATCH_MESSAGE: self.send_message,
+            RequestCode.PULL_MESSAGE: self.pull_message,
+            RequestCode.QUERY_MESSAGE: self.query_message,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message_by_id,
+            RequestCode.HEART_BEAT: self.heart_beat,
+            RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list_by_group,
+            RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.consumer_send_msg_back,
+            RequestCode.END_TRANSACTION: self.end_transaction,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset_by_timestamp,
+            RequestCode.GET_MAX_OFFSET: self.get_max_offset,
+            RequestCode.GET_MIN_OFFSET: self.get_min_offset,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self.get_earliest_msg_storetime,
+            RequestCode.QUERY_BROKER_OFFSET: self.query_broker_offset,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
+            RequestCode.LOCK_BATCH_MQ: self.lock_batch_mq,
+            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch_mq,
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
+        }
+        self.locks: dict[tuple[str, str, str, int], tuple[str, float]] = {}
+
+    # --- entry ------------------------------------------------------------------------------------
+    def handle(self, ch: Channel, req: RemotingCommand):
+        h = self.handlers.get(req.code)
+        if h is None:
+            return not_supported(req)
+        try:
+            return h(ch, req)
+        except HeaderError as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, str(e))
+
+    def on_close(self, ch: Channel) -> None:
+        self.clients.channel_closed(ch)
+        for key, lst in list(self.held.items()):
+            keep = [hp for hp in lst if hp.channel is not ch]
+            for hp in lst:
+                if hp.channel is ch and hp.timer is not None:
+                    hp.timer.cancel()
+            if keep:
+                self.held[key] = keep
+            else:
+                del self.held[key]
+
+    # --- sending ------------------------------------------------------------------------------------
+    def _send_header(self, req: RemotingCommand) -> Header:
+        f = req.ext_fields or {}
+        if req.code != RequestCode.SEND_MESSAGE and "a" in f:
+            f = {V2_NAMES.get(k, k): v for k, v in f.items()}
+        return Header(f)
+
+    def _topic_for_send(self, ch: Channel, req: RemotingCommand, h: Header, topic: str, resp_fields: dict):
+        """AbstractSendMessageProcessor.msgCheck: (topic config, None) or (None, error response)."""
+        if not self.topics.is_topic_can_send(topic):
+            return None, req.make_response(ResponseCode.SYSTEM_ERROR,
+                                           f"the topic[{topic}] is conflict with system reserved words.", resp_fields)
+        if not TOPIC_RE.match(topic) or len(topic.encode()) > codec.MAX_TOPIC_LENGTH:
+            return None, req.make_response(ResponseCode.MESSAGE_ILLEGAL,
+                                           f"the topic[{topic[:200]}] is not a valid topic name", resp_fields)
+        tc = self.topics.select(topic)
+        if tc is None:
+            unit = h.bool("unitMode")
+            sys_flag = 0
+            if unit:
+                sys_flag = 2 if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) else 1
+            log.warning("the topic %s does not exist, producer %s", topic, ch.remote)
+            tc = self.topics.create_in_send(topic, h.str("defaultTopic"), h.int("defaultTopicQueueNums"), sys_flag)
+            if tc is None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                tc = self.topics.create_in_send_back(topic, 1, PERM_WRITE | PERM_READ, sys_flag)
+            if tc is None:
+                return None, req.make_response(ResponseCode.TOPIC_NOT_EXIST,
+                                               f"topic[{topic}] not exist, apply first please!{FAQ}", resp_fields)
+        qid = h.int("queueId")
+        if qid >= max(tc.write_queue_nums, tc.read_queue_nums):
+            return None, req.make_response(
+                ResponseCode.SYSTEM_ERROR, f"request queueId[{qid}] is illegal, {tc} Producer: {ch.remote}", resp_fields)
+        return tc, None
+
+    def send_message(self, ch: Channel, req: RemotingCommand):
+        h = self._send_header(req)
+        base = {PROPERTY_MSG_REGION: self.region_id, PROPERTY_TRACE_SWITCH: self.trace_on}
+        topic = h.str("topic")
+        h.str("producerGroup")
+        h.str("defaultTopic")
+        h.int("defaultTopicQueueNums")
+        h.int("sysFlag")
+        h.long("bornTimestamp")
+        h.int("flag")
+        if self.store.running_flags is not None and not self.store.running_flags.writeable:
+            return req.make_response(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                     "service not available now, maybe disk full, " + self.store.running_flags.why(), base)
+        tc, err = self._topic_for_send(ch, req, h, topic, base)
+        if err is not None:
+            return err
+        qid = h.int("queueId")
+        if qid < 0:
+            qid = abs(self.rand.randrange(-99999999, 99999999)) % max(1, tc.write_queue_nums)
+        sys_flag = h.int("sysFlag")
+        if tc.topic_filter_type == "MULTI_TAG":
+            sys_flag |= MULTI_TAGS_FLAG
+        reconsume = h.int("reconsumeTimes", required=False, default=0)
+        batch = req.code == RequestCode.SEND_BATCH_MESSAGE or h.bool("batch")
+        body = req.body or b""
+        if batch:
+            return self._send_batch(ch, req, h, topic, qid, sys_flag, reconsume, body, base)
+        msg_topic = topic
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+            sgc = self.groups.find(group)
+            if sgc is None:
+                return req.make_response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                         f"subscription group not exist, {group}{FAQ}", base)
+            max_times = sgc.retry_max_times
+            if req.version >= V3_4_9:
+                max_times = h.int("maxReconsumeTimes", required=False, default=max_times)
+            if reconsume >= max_times:
+                msg_topic = DLQ_GROUP_TOPIC_PREFIX + group
+                qid = abs(self.rand.randrange(-99999999, 99999999)) % DLQ_NUMS_PER_GROUP
+                self.topics.create_in_send_back(msg_topic, DLQ_NUMS_PER_GROUP, PERM_WRITE, 0)
+        props_str = h.str("properties", required=False) or ""
+        props = codec.string_to_properties(props_str)
+        msg = Message(topic=msg_topic, body=body, queue_id=qid, flag=h.int("flag"), sys_flag=sys_flag,
+                      born_timestamp=h.long("bornTimestamp"), born_host=_host(ch.remote), store_host=self.store_host,
+                      reconsume_times=reconsume, properties=props)
+        if props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
+            if self.reject_transaction:
+                return req.make_response(ResponseCode.NO_PERMISSION,
+                                         f"the broker[{self.cfg.broker_ip1}] sending transaction message is forbidden", base)
+            msg = self._half_message(msg)
+
+        def done(results: list[PutMessageResult]) -> None:
+            ch.send(self._put_response(req, results[0], qid, base))
+        self._submit_put([msg], done)
+        return None
+
+    def _send_batch(self, ch, req, h, topic, qid, sys_flag, reconsume, body, base):
+        if len(topic) > 127:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"message topic length too long {len(topic)}", base)
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL,
+                                     f"batch request does not support retry group {topic}", base)
+        try:
+            entries = decode_batch(body)
+        except BodyError as e:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"the batch body is malformed: {e}", base)
+        if not entries:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty", base)
+        tl = len(topic.encode())
+        total = 0
+        for e in entries:
+            size = codec.record_length(len(e.body), tl, len(codec.properties_to_string(e.properties).encode()))
+            total += size
+        if total > self.cfg.max_message_size:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL,
+                                     "the message is illegal, maybe msg body or properties length not matched. "
+                                     "msg body length limit 128k, msg properties length limit 32k.", base)
+        born_ts, born_host = h.long("bornTimestamp"), _host(ch.remote)
+        msgs = [Message(topic=topic, body=e.body, queue_id=qid, flag=e.flag, sys_flag=sys_flag, born_timestamp=born_ts,
+                        born_host=born_host, store_host=self.store_host, reconsume_times=reconsume,
+                        properties=e.properties) for e in entries]
+
+        def done(results: list[PutMessageResult]) -> None:
+            bad = next((r for r in results if r.status not in _SEND_OK), None)
+            if bad is not None:
+                ch.send(self._put_response(req, bad, qid, base))
+                return
+            first = results[0]
+            ids = ",".join(r.append_result.msg_id for r in results)
+            merged = PutMessageResult(first.status, first.append_result.__class__(
+                first.append_result.status, first.append_result.wrote_offset,
+                sum(r.append_result.wrote_bytes for r in results), ids, first.append_result.store_timestamp,
+                first.append_result.logics_offset, len(results)))
+            for r in results:
+                if r.status is not PutMessageStatus.PUT_OK:
+                    merged.status = r.status
+            ch.send(self._put_response(req, merged, qid, base))
+        self._submit_put(msgs, done)
+        return None
+
+    def _put_response(self, req: RemotingCommand, r: PutMessageResult, qid: int, base: dict) -> RemotingCommand:
+        st = r.status
+        code, remark, ok = _PUT_CODES.get(st, (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR DEFAULT", False))
+        if st is PutMessageStatus.SERVICE_NOT_AVAILABLE:
+            remark = f"service not available now, maybe disk full, {self.store.running_flags.why()}"
+        fields = dict(base)
+        if ok:
+            a = r.append_result
+            fields["msgId"] = a.msg_id
+            fields["queueId"] = str(qid)
+            fields["queueOffset"] = str(a.logics_offset)
+            remark = None
+        return req.make_response(code, remark, fields)
+
+    def _half_message(self, msg: Message) -> Message:
+        """TransactionalMessageBridge.parseHalfMessageInner: park a prepared message in the half topic."""
+        if self.transactions is not None and hasattr(self.transactions, "half_message"):
+            return self.transactions.half_message(msg)
+        props = dict(msg.properties)
+        props[PROPERTY_REAL_TOPIC] = msg.topic
+        props[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
+        msg.properties = props
+        msg.sys_flag = msg.sys_flag & ~TRAN_MASK
+        msg.topic = RMQ_SYS_TRANS_HALF_TOPIC
+        msg.queue_id = 0
+        return msg
+
+    # --- the put queue: one store call per loop iteration -------------------------------------------
+    def _submit_put(self, msgs: list[Message], done: Callable[[list[PutMessageResult]], None]) -> None:
+        msgs = [self._prepare_delay(m) for m in msgs]
+        self._puts.append(_PendingPut(msgs, done))
+        if not self._put_scheduled:
+            self._put_scheduled = True
+            self.loop.call_soon(self._flush_puts)
+
+    def _prepare_delay(self, msg: Message) -> Message:
+        """A message with a DELAY level goes through the schedule service when there is one."""
+        if self.schedule is not None and msg.properties.get(PROPERTY_DELAY_TIME_LEVEL) and \
+                msg.sys_flag & TRAN_MASK in (codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_COMMIT_TYPE):
+            return self.schedule.transform(msg)
+        return msg
+
+    def _flush_puts(self) -> None:
+        self._put_scheduled = False
+        puts, self._puts = self._puts, []
+        if not puts:
+            return
+        flat = [m for p in puts for m in p.msgs]
+        if self.sync_flush:
+            fut = self.loop.run_in_executor(None, self._put_all, flat)
+            fut.add_done_callback(lambda f: self._deliver_puts(puts, f.result() if not f.exception() else
+                                                               self._failed(flat, f.exception())))
+        else:
+            try:
+                results = self._put_all(flat)
+            except Exception as e:
+                results = self._failed(flat, e)
+            self._deliver_puts(puts, results)
+
+    def _put_all(self, msgs: list[Message]) -> list[PutMessageResult]:
+        return self.store.put_messages(msgs)
+
+    def _failed(self, msgs, exc) -> list[PutMessageResult]:
+        log.error("put of %d messages failed: %s", len(msgs), exc)
+        return [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR) for _ in msgs]
+
+    def _deliver_puts(self, puts: list[_PendingPut], results: list[PutMessageResult]) -> None:
+        i = 0
+        self.stats["put"] += len(results)
+        for p in puts:
+            n = len(p.msgs)
+            try:
+                p.done(results[i:i + n])
+            except Exception:
+                log.exception("answering a put failed")
+            i += n
+
+    def put_async(self, msgs: list[Message]) -> "asyncio.Future[list[PutMessageResult]]":
+        fut = self.loop.create_future()
+
+        def done(results):
+            if not fut.done():
+                fut.set_result(results)
+        self._submit_put(msgs, done)
+        return fut
+
+    # --- pulling ------------------------------------------------------------------------------------
+    def pull_message(self, ch: Channel, req: RemotingCommand, allow_suspend: bool = True, held: HeldPull | None = None):
+        h = Header(req.ext_fields)
+        group = h.str("consumerGroup")
+        topic = h.str("topic")
+        qid = h.int("queueId")
+        offset = h.long("queueOffset")
+        max_nums = h.int("maxMsgNums")
+        sys_flag = h.int("sysFlag")
+        commit_offset = h.long("commitOffset")
+        suspend_ms = h.long("suspendTimeoutMillis")
+        sub_version = h.long("subVersion")
+        sgc = self.groups.find(group)
+        if sgc is None:
+            return req.make_response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                     f"subscription group [{group}] does not exist, {FAQ}", {})
+        if not sgc.consume_enable:
+            return req.make_response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}", {})
+        has_suspend = bool(sys_flag & PULL_FLAG_SUSPEND)
+        has_commit = bool(sys_flag & PULL_FLAG_COMMIT_OFFSET)
+        has_sub = bool(sys_flag & PULL_FLAG_SUBSCRIPTION)
+        tc = self.topics.select(topic)
+        if tc is None:
+            return req.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please! {FAQ}", {})
+        if not tc.readable:
+            return req.make_response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden", {})
+        if qid < 0 or qid >= tc.read_queue_nums:
+            return req.make_response(ResponseCode.SYSTEM_ERROR,
+                                     f"queueId[{qid}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
+                                     f"[{tc.read_queue_nums}] consumer:[{ch.remote}]", {})
+        if has_sub:
+            sd = SubscriptionData.build(topic, h.str("subscription", required=False), h.str("expressionType", False),
+                                        sub_version)
+        else:
+            gi = self.clients.group_info(group)
+            if gi is None:
+                return req.make_response(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                                         f"the consumer's group info not exist{FAQ}", {})
+            sd = gi.subscriptions.get(topic)
+            if sd is None:
+                return req.make_response(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                                         f"the consumer's subscription not exist{FAQ}", {})
+            if sd.sub_version < sub_version:
+                return req.make_response(ResponseCode.SUBSCRIPTION_NOT_LATEST, "the consumer's subscription not latest", {})
+        if sd.expression_type != "TAG":
+            return req.make_response(ResponseCode.SYSTEM_ERROR,
+                                     f"The broker does not support consumer to filter message by {sd.expression_type}", {})
+        res = self.store.get_message(group, topic, qid, offset, max_nums, TagFilter(sd))
+        fields = {"suggestWhichBrokerId": str(MASTER_ID), "nextBeginOffset": str(res.next_begin_offset),
+                  "maxOffset": str(res.max_offset), "minOffset": str(res.min_offset)}
+        st = res.status
+        if st is GetMessageStatus.FOUND:
+            code = ResponseCode.SUCCESS
+        elif st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+            code = ResponseCode.PULL_OFFSET_MOVED if offset != 0 else ResponseCode.PULL_NOT_FOUND
+        elif st in (GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.NO_MATCHED_MESSAGE):
+            code = ResponseCode.PULL_RETRY_IMMEDIATELY
+        elif st in (GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.OFFSET_OVERFLOW_ONE):
+            code = ResponseCode.PULL_NOT_FOUND
+        else:   # OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL
+            code = ResponseCode.PULL_OFFSET_MOVED
+        if allow_suspend and has_commit:
+            self.offsets.commit(group, topic, qid, commit_offset)
+        if code == ResponseCode.PULL_NOT_FOUND and has_suspend:
+            if held is not None and time.monotonic() < held.deadline:
+                return _KEEP_HELD
+            if allow_suspend:
+                timeout_ms = suspend_ms if self.cfg.long_polling_enable else self.cfg.short_polling_time_mills
+                self._hold(HeldPull(ch, req, topic, qid, offset, time.monotonic() + max(0, timeout_ms) / 1000.0))
+                return None
+        if code == ResponseCode.PULL_OFFSET_MOVED:
+            log.warning("PULL_OFFSET_MOVED: topic=%s group=%s requestOffset=%d newOffset=%d", topic, group, offset,
+                        res.next_begin_offset)
+        body = None
+        if code == ResponseCode.SUCCESS:
+            body = self._raw_messages(res.messages)
+            self.stats["get"] += len(res.messages)
+        return req.make_response(code, st.name, fields, body)
+
+    def _raw_messages(self, messages) -> bytes:
+        read = self.store.commit_log.get_message
+        parts = []
+        for m in messages:
+            raw = read(m.commit_log_offset, m.store_size)
+            if raw is not None:
+                parts.append(raw)
+        return b"".join(parts)
+
+    # long polling (PullRequestHoldService)
+    def _hold(self, hp: HeldPull) -> None:
+        key = (hp.topic, hp.queue_id)
+        self.held.setdefault(key, []).append(hp)
+        hp.timer = self.loop.call_at(self.loop.time() + max(0.0, hp.deadline - time.monotonic()), self._expire, hp)
+        # a message dispatched between the read above and the registration: wake now
+        if self.store.get_max_offset_in_queue(hp.topic, hp.queue_id) > hp.offset:
+            self.loop.call_soon(self._wake, hp.topic, hp.queue_id, LONG_MAX)
+
+    def _unhold(self, hp: HeldPull) -> bool:
+        lst = self.held.get((hp.topic, hp.queue_id))
+        if lst is None or hp not in lst:
+            return False
+        lst.remove(hp)
+        if not lst:
+            del self.held[(hp.topic, hp.queue_id)]
+        if hp.timer is not None:
+            hp.timer.cancel()
+        return True
+
+    def _expire(self, hp: HeldPull) -> None:
+        if self._unhold(hp):
+            self._rerun(hp, final=True)
+
+    def _rerun(self, hp: HeldPull, final: bool) -> bool:
+        """Re-execute a held pull; False when it stays held."""
+        if hp.channel.closed:
+            return True
+        try:
+            r = self.pull_message(hp.channel, hp.request, allow_suspend=False, held=None if final else hp)
+        except HeaderError as e:
+            r = hp.request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
+        except Exception as e:
+            log.exception("held pull failed")
+            r = hp.request.make_response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+        if r is _KEEP_HELD:
+            return False
+        if r is not None:
+            hp.channel.send(r)
+        return True
+
+    def on_message_arriving(self, topic: str, queue_id: int, next_offset: int, store_ts: int) -> None:
+        """Dispatcher listener (dispatcher thread): wake the pulls held on this queue."""
+        if (topic, queue_id) in self.held:
+            loop = self.loop
+            if loop is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(self._wake, topic, queue_id, next_offset)
+                except RuntimeError:
+                    pass
+
+    def _wake(self, topic: str, queue_id: int, next_offset: int) -> None:
+        lst = self.held.get((topic, queue_id))
+        if not lst:
+            return
+        for hp in list(lst):
+            if next_offset > hp.offset:
+                if self._rerun(hp, final=False):
+                    self._unhold(hp)
+
+    def release_all_held(self) -> None:
+        for lst in list(self.held.values()):
+            for hp in list(lst):
+                self._unhold(hp)
+                self._rerun(hp, final=True)
+
+    # --- queries ------------------------------------------------------------------------------------
+    def query_message(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        topic, key = h.str("topic"), h.str("key")
+        max_num = h.int("maxNum")
+        begin, end = h.long("beginTimestamp"), h.long("endTimestamp")
+        if h.f.get(UNIQUE_MSG_QUERY_FLAG) == "true":
+            max_num = self.cfg.default_query_max_num
+        res = self.store.query_message(topic, key, max_num, begin, end)
+        fields = {"indexLastUpdatePhyoffset": str(res.index_last_update_phyoffset),
+                  "indexLastUpdateTimestamp": str(res.index_last_update_timestamp)}
+        body = self._raw_messages(res.messages)
+        if body:
+            return req.make_response(ResponseCode.SUCCESS, None, fields, body)
+        return req.make_response(ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct", fields)
+
+    def _one_message(self, offset: int) -> bytes | None:
+        """selectOneMessageByOffset: the whole record at a commitlog offset, if one is there."""
+        if offset < 0:
+            return None
+        head = self.store.commit_log.get_message(offset, 8)
+        if head is None:
+            return None
+        size, magic = struct.unpack(">iI", head)
+        if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) or size <= 0 or \
+                size > self.cfg.max_message_size + 1024:
+            return None
+        raw = self.store.commit_log.get_message(offset, size)
+        if raw is None:
+            return None
+        try:
+            codec.check_record(raw, 0, len(raw))
+        except codec.RecordError:
+            return None
+        return raw
+
+    def view_message_by_id(self, ch: Channel, req: RemotingCommand):
+        offset = Header(req.ext_fields).long("offset")
+        raw = self._one_message(offset)
+        if raw is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        return req.make_response(ResponseCode.SUCCESS, body=raw)
+
+    # --- clients ------------------------------------------------------------------------------------
+    def heart_beat(self, ch: Channel, req: RemotingCommand):
+        try:
+            data = fastjson.loads(req.body or b"")
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+            client_id = str(data.get("clientID") or "")
+            consumers = list(data.get("consumerDataSet") or [])
+            producers = list(data.get("producerDataSet") or [])
+            info = ClientChannelInfo(ch, client_id, req.language, req.version)
+            parsed = []
+            for cd in consumers:
+                subs = [SubscriptionData.from_json(s) for s in (cd.get("subscriptionDataSet") or [])]
+                parsed.append((str(cd["groupName"]), cd, subs))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"bad heartbeat body: {e}")
+        for group, cd, subs in parsed:
+            sgc = self.groups.find(group)
+            notify = True
+            if sgc is not None:
+                notify = sgc.notify_consumer_ids_changed_enable
+                sys_flag = 2 if cd.get("unitMode") else 0
+                self.topics.create_in_send_back(RETRY_GROUP_TOPIC_PREFIX + group, sgc.retry_queue_nums,
+                                                PERM_WRITE | PERM_READ, sys_flag)
+            changed = self.clients.register_consumer(group, ClientChannelInfo(ch, client_id, req.language, req.version),
+                                                     str(cd.get("consumeType", "CONSUME_PASSIVELY")),
+                                                     str(cd.get("messageModel", "CLUSTERING")),
+                                                     str(cd.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET")),
+                                                     subs, notify)
+            if changed:
+                log.info("consumer %s of %s registered from %s", client_id, group, ch.remote)
+        for pd in producers:
+            if isinstance(pd, dict) and pd.get("groupName"):
+                self.clients.register_producer(str(pd["groupName"]), info)
+        ch.attrs["client_id"] = client_id
+        return req.make_response(ResponseCode.SUCCESS)
+
+    def unregister_client(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        h.str("clientID")
+        pg = h.str("producerGroup", required=False)
+        if pg is not None:
+            self.clients.unregister_producer(pg, ch)
+        cg = h.str("consumerGroup", required=False)
+        if cg is not None:
+            sgc = self.groups.find(cg)
+            self.clients.unregister_consumer(cg, ch, sgc.notify_consumer_ids_changed_enable if sgc else True)
+        return req.make_response(ResponseCode.SUCCESS, None, {})
+
+    def check_client_config(self, ch: Channel, req: RemotingCommand):
+        try:
+            body = fastjson.loads(req.body) if req.body else {}
+            sd = (body or {}).get("subscriptionData") or {}
+        except ValueError as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"bad body: {e}")
+        et = sd.get("expressionType") or "TAG"
+        if et != "TAG":
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"The broker does not support consumer to filter message by {et}")
+        return req.make_response(ResponseCode.SUCCESS)
+
+    def get_consumer_list_by_group(self, ch: Channel, req: RemotingCommand):
+        group = Header(req.ext_fields).str("consumerGroup")
+        gi = self.clients.group_info(group)
+        if gi is not None:
+            ids = gi.all_client_ids()
+            if ids:
+                return req.make_response(ResponseCode.SUCCESS, None, {},
+                                         fastjson.dumps_bytes({"consumerIdList": ids}))
+        return req.make_response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}", {})
+
+    # --- offsets ------------------------------------------------------------------------------------
+    def query_consumer_offset(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        group, topic, qid = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
+        off = self.offsets.query(group, topic, qid)
+        if off >= 0:
+            return req.make_response(ResponseCode.SUCCESS, None, {"offset": str(off)})
+        min_off = self.store.get_min_offset_in_queue(topic, qid)
+        if min_off <= 0 and not self._in_disk(topic, qid, 0):
+            return req.make_response(ResponseCode.SUCCESS, None, {"offset": "0"})
+        return req.make_response(ResponseCode.QUERY_NOT_FOUND,
+                                 "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first", {})
+
+    def _in_disk(self, topic: str, qid: int, offset: int) -> bool:
+        """checkInDiskByConsumeOffset: is the message far behind the commitlog's end (out of memory)?"""
+        try:
+            phy = self.store.get_commit_log_offset_in_queue(topic, qid, offset)
+        except Exception:
+            return False
+        if phy <= 0 and self.store.get_max_offset_in_queue(topic, qid) == 0:
+            return False
+        from ..store import TOTAL_PHYSICAL_MEMORY_SIZE
+        memory = TOTAL_PHYSICAL_MEMORY_SIZE * self.cfg.access_message_in_memory_max_ratio // 100
+        return self.store.get_max_phy_offset() - phy > memory
+
+    def update_consumer_offset(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        self.offsets.commit(h.str("consumerGroup"), h.str("topic"), h.int("queueId"), h.long("commitOffset"))
+        return req.make_response(ResponseCode.SUCCESS, None, {})
+
+    def get_all_consumer_offset(self, ch: Channel, req: RemotingCommand):
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.offsets.to_json()))
+
+    def search_offset_by_timestamp(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        off = self.store.get_offset_in_queue_by_time(h.str("topic"), h.int("queueId"), h.long("timestamp"))
+        return req.make_response(ResponseCode.SUCCESS, None, {"offset": str(off)})
+
+    def get_max_offset(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        return req.make_response(ResponseCode.SUCCESS, None,
+                                 {"offset": str(self.store.get_max_offset_in_queue(h.str("topic"), h.int("queueId")))})
+
+    def get_min_offset(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        return req.make_response(ResponseCode.SUCCESS, None,
+                                 {"offset": str(self.store.get_min_offset_in_queue(h.str("topic"), h.int("queueId")))})
+
+    def get_earliest_msg_storetime(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        ts = self.store.get_earliest_message_time(h.str("topic"), h.int("queueId"))
+        return req.make_response(ResponseCode.SUCCESS, None, {"timestamp": str(ts)})
+
+    def query_broker_offset(self, ch: Channel, req: RemotingCommand):
+        return req.make_response(ResponseCode.SUCCESS, None, {"offset": str(self.store.get_max_phy_offset())})
+
+    def get_broker_runtime_info(self, ch: Channel, req: RemotingCommand):
+        table = {"brokerVersion": "293", "brokerVersionDesc": "V4_4_0",
+                 "commitLogMinOffset": str(self.store.get_min_phy_offset()),
+                 "commitLogMaxOffset": str(self.store.get_max_phy_offset()),
+                 "dispatchBehindBytes": str(self.store.dispatch_behind_bytes()),
+                 "putMessageTimesTotal": str(self.stats["put"]), "getMessageTimesTotal": str(self.stats["get"]),
+                 "runtime": "rmqstore"}
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes({"table": table}))
+
+    # --- topics -------------------------------------------------------------------------------------
+    def update_and_create_topic(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        topic = h.str("topic")
+        if topic == self.cfg.broker_cluster_name:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic}] is conflict with system reserved words.")
+        if not TOPIC_RE.match(topic) or len(topic.encode()) > codec.MAX_TOPIC_LENGTH:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:200]}] is not a valid topic name")
+        h.str("defaultTopic")
+        rq, wq, perm = h.int("readQueueNums"), h.int("writeQueueNums"), h.int("perm")
+        if not (0 <= rq <= 65535 and 0 <= wq <= 65535):
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "queue numbers out of range")
+        from .state import TopicConfig
+        tc = TopicConfig(topic, rq, wq, perm, h.str("topicFilterType"), h.int("topicSysFlag", False, 0),
+                         h.bool("order"))
+        self.topics.update(tc)
+        return req.make_response(ResponseCode.SUCCESS)
+
+    def delete_topic(self, ch: Channel, req: RemotingCommand):
+        topic = Header(req.ext_fields).str("topic")
+        self.topics.delete(topic)
+        return req.make_response(ResponseCode.SUCCESS)
+
+    def get_all_topic_config(self, ch: Channel, req: RemotingCommand):
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.topics.to_json()))
+
+    # --- ordered consumption locks (RebalanceLockManager) ---------------------------------------------
+    def lock_batch_mq(self, ch: Channel, req: RemotingCommand):
+        try:
+            body = fastjson.loads(req.body or b"{}")
+            group, client = str(body["consumerGroup"]), str(body["clientId"])
+            mqs = list(body.get("mqSet") or [])
+        except (ValueError, KeyError, TypeError) as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"bad body: {e}")
+        now = time.monotonic()
+        locked = []
+        for mq in mqs:
+            key = (group, str(mq.get("topic")), str(mq.get("brokerName")), int(mq.get("queueId", 0)))
+            holder = self.locks.get(key)
+            if holder is None or holder[0] == client or now - holder[1] > 60:
+                self.locks[key] = (client, now)
+                locked.append(mq)
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes({"lockOKMQSet": locked}))
+
+    def unlock_batch_mq(self, ch: Channel, req: RemotingCommand):
+        try:
+            body = fastjson.loads(req.body or b"{}")
+            group, client = str(body["consumerGroup"]), str(body["clientId"])
+            for mq in body.get("mqSet") or []:
+                key = (group, str(mq.get("topic")), str(mq.get("brokerName")), int(mq.get("queueId", 0)))
+                if self.locks.get(key, (None,))[0] == client:
+                    del self.locks[key]
+        except (ValueError, KeyError, TypeError) as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"bad body: {e}")
+        return req.make_response(ResponseCode.SUCCESS)
+
+    # --- retry ----------------------------------------------------------------------------------------
+    def consumer_send_msg_back(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        offset = h.long("offset")
+        group = h.str("group")
+        delay_level = h.int("delayLevel")
+        sgc = self.groups.find(group)
+        if sgc is None:
+            return req.make_response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}{FAQ}")
+        if sgc.retry_queue_nums <= 0:
+            return req.make_response(ResponseCode.SUCCESS)
+        new_topic = RETRY_GROUP_TOPIC_PREFIX + group
+        qid = abs(self.rand.randrange(-99999999, 99999999)) % sgc.retry_queue_nums
+        sys_flag = 2 if h.bool("unitMode") else 0
+        tc = self.topics.create_in_send_back(new_topic, sgc.retry_queue_nums, PERM_WRITE | PERM_READ, sys_flag)
+        if not tc.writeable:
+            return req.make_response(ResponseCode.NO_PERMISSION, f"the topic[{new_topic}] sending message is forbidden")
+        msg = self.store.look_message_by_offset(offset) if offset >= 0 else None
+        if msg is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        props = dict(msg.properties)
+        if PROPERTY_RETRY_TOPIC not in props:
+            props[PROPERTY_RETRY_TOPIC] = msg.topic
+        max_times = sgc.retry_max_times
+        if req.version >= V3_4_9:
+            max_times = h.int("maxReconsumeTimes", required=False, default=max_times)
+        if msg.reconsume_times >= max_times or delay_level < 0:
+            new_topic = DLQ_GROUP_TOPIC_PREFIX + group
+            qid = abs(self.rand.randrange(-99999999, 99999999)) % DLQ_NUMS_PER_GROUP
+            self.topics.create_in_send_back(new_topic, DLQ_NUMS_PER_GROUP, PERM_WRITE, 0)
+        else:
+            if delay_level == 0:
+                delay_level = 3 + msg.reconsume_times
+            props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
+        origin = props.get(PROPERTY_ORIGIN_MESSAGE_ID)
+        props[PROPERTY_ORIGIN_MESSAGE_ID] = origin if origin else msg.msg_id
+        if self.schedule is None:
+            # INTERIM: without the schedule service the retry is delivered at once (no delay).
+            props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+        inner = Message(topic=new_topic, body=msg.body or b"", queue_id=qid, flag=msg.flag, sys_flag=msg.sys_flag,
+                        born_timestamp=msg.born_timestamp, born_host=msg.born_host, store_host=self.store_host,
+                        reconsume_times=msg.reconsume_times + 1, properties=props)
+
+        def done(results):
+            r = results[0]
+            if r.status is PutMessageStatus.PUT_OK:
+                ch.send(req.make_response(ResponseCode.SUCCESS))
+            else:
+                ch.send(req.make_response(ResponseCode.SYSTEM_ERROR, r.status.value))
+        self._submit_put([inner], done)
+        return None
+
+    # --- transactions ---------------------------------------------------------------------------------
+    def end_transaction(self, ch: Channel, req: RemotingCommand):
+        h = Header(req.ext_fields)
+        pgroup = h.str("producerGroup")
+        tran_offset = h.long("tranStateTableOffset")
+        cl_offset = h.long("commitLogOffset")
+        kind = h.int("commitOrRollback")
+        from_check = h.bool("fromTransactionCheck")
+        if self.transactions is not None and hasattr(self.transactions, "end_transaction"):
+            return self.transactions.end_transaction(self, ch, req)
+        if kind not in (codec.TRANSACTION_COMMIT_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+            log.warning("producer %s ended a transaction with state %d (pending): %s", ch.remote, kind,
+                        "from check" if from_check else "in sending")
+            return None
+        half = self.store.look_message_by_offset(cl_offset) if cl_offset >= 0 else None
+        if half is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
+        if half.properties.get(PROPERTY_PRODUCER_GROUP) != pgroup:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
+        if half.queue_offset != tran_offset:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
+        if half.commit_log_offset != cl_offset:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "The commit log offset wrong")
+        op = Message(topic=RMQ_SYS_TRANS_OP_HALF_TOPIC, body=str(half.queue_offset).encode(), queue_id=half.queue_id,
+                     born_timestamp=int(time.time() * 1000), born_host=self.store_host, store_host=self.store_host,
+                     properties={codec.PROPERTY_TAGS: "d"})
+        if kind == codec.TRANSACTION_ROLLBACK_TYPE:
+            def done_rb(results):
+                ch.send(req.make_response(ResponseCode.SUCCESS))
+            self._submit_put([op], done_rb)
+            return None
+        props = dict(half.properties)
+        real_topic = props.pop(PROPERTY_REAL_TOPIC, None)
+        real_qid = props.pop(PROPERTY_REAL_QUEUE_ID, None)
+        if real_topic is None or real_qid is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "the prepared message has no real topic")
+        final = Message(topic=real_topic, body=half.body or b"", queue_id=int(real_qid), flag=half.flag,
+                        sys_flag=(half.sys_flag & ~TRAN_MASK) | codec.TRANSACTION_COMMIT_TYPE,
+                        born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
+                        reconsume_times=half.reconsume_times, prepared_transaction_offset=cl_offset, properties=props)
+
+        def done(results):
+            r0 = results[0]
+            if r0.status in _SEND_OK:
+                ch.send(req.make_response(ResponseCode.SUCCESS))
+            else:
+                code, remark, _ = _PUT_CODES.get(r0.status, (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR", False))
+                ch.send(req.make_response(code, remark))
+        self._submit_put([final, op], done)
+        return None
+
+
+_KEEP_HELD = object()
+_SEND_OK = (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT, PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+            PutMessageStatus.SLAVE_NOT_AVAILABLE)
+_ILLEGAL = ("the message is illegal, maybe msg body or properties length not matched. msg body length limit 128k, "
+            "msg properties length limit 32k.")
+_PUT_CODES = {
+    PutMessageStatus.PUT_OK: (ResponseCode.SUCCESS, None, True),
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: (ResponseCode.FLUSH_DISK_TIMEOUT, None, True),
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: (ResponseCode.FLUSH_SLAVE_TIMEOUT, None, True),
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: (ResponseCode.SLAVE_NOT_AVAILABLE, None, True),
+    PutMessageStatus.CREATE_MAPEDFILE_FAILED: (ResponseCode.SYSTEM_ERROR,
+                                               "create mapped file failed, server is busy or broken.", False),
+    PutMessageStatus.MESSAGE_ILLEGAL: (ResponseCode.MESSAGE_ILLEGAL, _ILLEGAL, False),
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: (ResponseCode.MESSAGE_ILLEGAL, _ILLEGAL, False),
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: (ResponseCode.SERVICE_NOT_AVAILABLE, "service not available now", False),
+    PutMessageStatus.OS_PAGECACHE_BUSY: (ResponseCode.SYSTEM_ERROR,
+                                         "[PC_SYNCHRONIZED]broker busy, start flow control for a while", False),
+    PutMessageStatus.UNKNOWN_ERROR: (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR", False),
+}
+
+
+def _host(remote: str) -> str:
+    return remote if ":" in remote else "127.0.0.1:0"
