@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -22,17 +23,25 @@ class StoreLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        """Take the lock or raise StoreLockedError at once (never waits); touches no byte of the store."""
         key = str(self.store_dir.resolve())
         with _held_lock:
             if key in _held:
-                raise StoreLockedError(str(self.store_dir))
+                err = StoreLockedError(str(self.store_dir))
+                err.args = (f"store {self.store_dir} is already open in this process (pid {os.getpid()}); "
+                            "close it before opening it again",)
+                raise err
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
             except OSError as e:
+                holder = _lock_holder(fd)
                 os.close(fd)
                 if e.errno in (errno.EACCES, errno.EAGAIN):
-                    raise StoreLockedError(str(self.store_dir)) from None
+                    err = StoreLockedError(str(self.store_dir))
+                    if holder:
+                        err.args = (err.args[0].replace("by another process", f"by another process (pid {holder})", 1),)
+                    raise err from None
                 raise
             _held.add(key)
             self._key = key
@@ -47,6 +56,19 @@ class StoreLock:
                     os.close(self._fd)
                     self._fd = None
                     _held.discard(self._key)
+
+
+_FLOCK = "@hhqqi4x"   # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid holding the lock on byte 0 of fd's file (fcntl F_GETLK), if the platform tells."""
+    try:
+        req = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+        l_type, _, _, _, pid = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, req))
+        return pid if l_type != fcntl.F_UNLCK and pid > 0 else None
+    except (OSError, struct.error, AttributeError):
+        return None
 
 
 class AbortFile:

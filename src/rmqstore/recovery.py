@@ -124,7 +124,7 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
         report.dropped.append(Dropped("file", path, size, "cut short: extended with zeros"))
     idx.load(clean, store.checkpoint.index_msg_timestamp)
     end = recover_commit_log(cl, store.checkpoint, clean, report)
-    recover_consume_queues(cqs, end, report)
+    recover_consume_queues(cqs, end, report, cl)
     cl_min = max(cl.get_min_offset(), 0)
     for cq in cqs:
         cq.correct_min_offset(cl_min)
@@ -245,11 +245,67 @@ def _last_unit(cq: ConsumeQueue) -> tuple[int, int] | None:
     return (u[0], u[1]) if u else None
 
 
-def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: RecoveryReport) -> None:
-    """Keep each queue's units up to the first invalid one; remove units past the commitlog's end."""
+_REC_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+                      ("queue_offset", ">i8"), ("phys", ">i8")])
+_MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
+
+
+def first_unit_not_matching(cq: ConsumeQueue, commit_log: CommitLog, start_index: int) -> int | None:
+    """The first unit from start_index whose commitlog record does not say the same: its size, magic code,
+    queue id, queue offset (= the unit's number) and physical offset (= the unit's offset). Units pointing
+    below the commitlog's min offset (cleaned) are not checked. None when every unit matches."""
+    hi = cq.get_max_offset_in_queue()
+    start_index = max(start_index, cq.get_min_offset_in_queue())
+    if start_index >= hi:
+        return None
+    units = cq.units(start_index, hi)
+    off = units["offset"].astype(np.int64)
+    size = units["size"].astype(np.int64)
+    filler = (size == codec.CQ_BLANK_SIZE) & (off == 0)
+    cl_min = commit_log.get_min_offset()
+    width = _REC_HEAD.itemsize
+    bad = np.zeros(len(units), dtype=bool)
+    for mf in list(commit_log.queue.files):
+        lo, hi_f = mf.file_from_offset, mf.file_from_offset + mf.file_size
+        sel = np.flatnonzero((off >= lo) & (off < hi_f) & ~filler)
+        if not len(sel):
+            continue
+        pos = off[sel] - lo
+        inside = pos + width <= mf.file_size
+        bad[sel[~inside]] = True
+        sel, pos = sel[inside], pos[inside]
+        raw = np.frombuffer(mf.mm, dtype=np.uint8)
+        rows = raw[pos[:, None] + np.arange(width)]
+        del raw
+        head = rows.view(_REC_HEAD).reshape(-1)
+        ok = ((head["total"] == size[sel]) & np.isin(head["magic"], _MAGICS) & (head["queue_id"] == cq.queue_id)
+              & (head["queue_offset"] == start_index + sel) & (head["phys"] == off[sel]))
+        bad[sel[~ok]] = True
+    bad &= ~filler & (off >= max(cl_min, 0))
+    first = np.flatnonzero(bad)
+    return start_index + int(first[0]) if len(first) else None
+
+
+def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: RecoveryReport,
+                           commit_log: CommitLog | None = None) -> None:
+    """Keep each queue's units up to the first invalid one; remove units past the commitlog's end. With the
+    commitlog, the units of each queue's last file must also match the records they point at (a torn or
+    damaged unit there is cut with everything after it, and rebuilt)."""
     for cq in cqs:
         before = cq.get_max_offset_in_queue()
         dropped = cq.recover(commitlog_end)
+        files = cq.queue.files
+        if commit_log is not None and files:
+            check_from = files[-1].file_from_offset // UNIT
+            bad = first_unit_not_matching(cq, commit_log, check_from)
+            if bad is not None:
+                log.warning("%s: unit %d does not match the commitlog record it points at: it and later units are "
+                            "dropped and rebuilt", cq.queue.store_path, bad)
+                n = cq.get_max_offset_in_queue()
+                with cq.lock:
+                    cq.queue.truncate_dirty_files(bad * UNIT)
+                    cq.queue.set_positions_from(bad * UNIT)
+                dropped += n - cq.get_max_offset_in_queue()
         last = _last_unit(cq)
         if last is not None and last[0] + last[1] > commitlog_end:
             # units older than the files recover() checks still point past the end: cut them as well

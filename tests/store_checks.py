@@ -1,0 +1,274 @@
+"""Helpers shared by the durability, crash, cleanup and RocketMQ-issue tests (not a test module).
+
+- small_config(): a geometry where every kind of file rolls over often.
+- make_message(): deterministic messages (body derived from the key, so a reader can check it).
+- walk_commitlog(): every record of the commitlog as the bytes say, independent of the store's queues.
+- verify_store(): the consistency checks every durability test runs (see its docstring).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmqstore import codec
+from rmqstore.config import StoreConfig
+from rmqstore.message import Message
+
+CHILD = Path(__file__).with_name("crash_child.py")
+TOPICS = ("TopicA", "TopicB", "TopicC")
+QUEUES = 4
+PREPARED = codec.TRANSACTION_PREPARED_TYPE
+
+
+def small_config(flush: str = "ASYNC_FLUSH", **extra) -> StoreConfig:
+    values = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600, "maxHashSlotNum": 64,
+              "maxIndexNum": 256, "flushDiskType": flush, "flushIntervalConsumeQueue": 100,
+              "flushIntervalCommitLog": 50, "syncFlushTimeout": 5000}
+    values.update(extra)
+    return StoreConfig.from_dict(values)
+
+
+def body_for(key: str, n: int) -> bytes:
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (n // len(seed) + 1))[:n]
+
+
+def make_message(key: str, rng: random.Random, prepared: bool = False) -> Message:
+    topic = rng.choice(TOPICS)
+    n = rng.choice((10, 100, 300, 1000, 2500))
+    return Message(topic, body_for(key, n), queue_id=rng.randrange(QUEUES),
+                   sys_flag=PREPARED if prepared else 0, born_timestamp=1700000000000,
+                   properties={"KEYS": key, "TAGS": f"tag{rng.randrange(3)}"})
+
+
+@dataclass
+class Acked:
+    """One acknowledged put, as a client saw it."""
+    offset: int
+    queue_offset: int
+    msg_id: str
+    topic: str
+    queue_id: int
+    key: str
+    body_len: int
+    sys_flag: int
+
+    def line(self) -> str:
+        return (f"PUT_OK {self.offset} {self.queue_offset} {self.msg_id} {self.topic} {self.queue_id} {self.key} "
+                f"{self.body_len} {self.sys_flag}")
+
+    @classmethod
+    def parse(cls, line: str) -> "Acked | None":
+        p = line.split()
+        if len(p) != 9 or p[0] != "PUT_OK":
+            return None
+        return cls(int(p[1]), int(p[2]), p[3], p[4], int(p[5]), p[6], int(p[7]), int(p[8]))
+
+    @property
+    def dispatchable(self) -> bool:
+        t = self.sys_flag & codec.TRANSACTION_TYPE_MASK
+        return t not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
+
+
+@dataclass
+class Rec:
+    offset: int
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    sys_flag: int
+    keys: str | None
+
+    @property
+    def dispatchable(self) -> bool:
+        t = self.sys_flag & codec.TRANSACTION_TYPE_MASK
+        return t not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
+
+
+def records_in_dir(commitlog_dir: Path) -> list[Rec]:
+    """walk_commitlog without a store: the records of a commitlog directory's files as they are on disk
+    (up to the first zero bytes, blank record or invalid record of each file)."""
+    out: list[Rec] = []
+    for p in sorted(Path(commitlog_dir).iterdir()):
+        data = p.read_bytes()
+        base, pos = int(p.name), 0
+        while pos < len(data):
+            try:
+                kind, size = codec.check_record(data, pos, len(data), True)
+            except codec.RecordError:
+                break
+            if kind != codec.KIND_MESSAGE:
+                break
+            r = codec.decode_record(data, pos, len(data), read_body=False)
+            out.append(Rec(base + pos, size, r.topic, r.queue_id, r.queue_offset, r.sys_flag,
+                           r.properties.get("KEYS")))
+            pos += size
+    return out
+
+
+def walk_commitlog(store) -> list[Rec]:
+    """Every message record from the commitlog's min offset to its max offset, in order. Fails on
+    anything that is not a record or a blank END_OF_FILE record inside the written part."""
+    q = store.commit_log.queue
+    out: list[Rec] = []
+    end = q.get_max_offset()
+    for mf in list(q.files):
+        limit = min(mf.file_size, end - mf.file_from_offset)
+        pos = 0
+        mm = mf.mm
+        while pos < limit:
+            kind, size = codec.check_record(mm, pos, limit, True)
+            if kind == codec.KIND_BLANK:
+                break
+            assert kind == codec.KIND_MESSAGE, f"{mf.path}: no record at {pos} inside the written part (< {limit})"
+            r = codec.decode_record(mm, pos, limit, read_body=False)
+            assert r.physical_offset == mf.file_from_offset + pos, f"{mf.path}@{pos}: record says {r.physical_offset}"
+            out.append(Rec(r.physical_offset, size, r.topic, r.queue_id, r.queue_offset, r.sys_flag,
+                           r.properties.get("KEYS")))
+            pos += size
+    return out
+
+
+def verify_store(store, acked: list[Acked] = (), *, check_index: bool = True, index_sample: int | None = None,
+                 rng: random.Random | None = None) -> list[Rec]:
+    """Assert what every durable store must satisfy; returns the commitlog's records.
+
+    1. every acknowledged put is there: look_message_by_offset gives its topic, queue, queue offset, body, msgId;
+    2. no duplicates: each (topic, queue, queueOffset) of a dispatchable record once in the commitlog;
+    3. each consume queue is gap-free from min to max, its units point at strictly increasing offsets, each at
+       a record of that topic/queue/queue offset and size; 4. every dispatchable record has its unit;
+    5. the index finds every acknowledged key (find_messages_by_key); all of them or a sample.
+    """
+    store.wait_dispatched(timeout=20)
+    records = walk_commitlog(store)
+    by_offset = {r.offset: r for r in records}
+    # 1. acknowledged => present, same content
+    for a in acked:
+        m = store.look_message_by_offset(a.offset)
+        assert m is not None, f"acknowledged put {a} is missing"
+        assert (m.topic, m.queue_id, m.queue_offset, m.msg_id) == (a.topic, a.queue_id, a.queue_offset, a.msg_id), \
+            f"acknowledged put {a} reads back as {m.topic}/{m.queue_id}/{m.queue_offset}/{m.msg_id}"
+        assert m.body == body_for(a.key, a.body_len), f"body of {a} differs"
+    # 2. no duplicates
+    seen: dict[tuple[str, int, int], int] = {}
+    for r in records:
+        if not r.dispatchable:
+            continue
+        k = (r.topic, r.queue_id, r.queue_offset)
+        assert k not in seen, f"queue offset {k} twice in the commitlog: at {seen[k]} and {r.offset}"
+        seen[k] = r.offset
+    # 3. consume queues agree with the commitlog
+    for cq in store.consume_queues:
+        lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+        units = cq.units(lo, hi)
+        assert len(units) == hi - lo, f"{cq.topic}/{cq.queue_id}: {len(units)} units readable in [{lo}, {hi})"
+        prev = -1
+        for i, u in enumerate(units):
+            off, size = int(u["offset"]), int(u["size"])
+            assert off > prev, f"{cq.topic}/{cq.queue_id} unit {lo + i}: offset {off} not above {prev}"
+            prev = off
+            r = by_offset.get(off)
+            if r is None and off < store.get_min_phy_offset():
+                continue            # cleaned from the commitlog
+            assert r is not None, f"{cq.topic}/{cq.queue_id} unit {lo + i} points at {off}: no record starts there"
+            assert (r.topic, r.queue_id, r.queue_offset, r.size) == (cq.topic, cq.queue_id, lo + i, size), \
+                f"{cq.topic}/{cq.queue_id} unit {lo + i} -> {off}: record is {r}"
+    # 4. every dispatchable record has its unit
+    for r in records:
+        if not r.dispatchable:
+            continue
+        cq = store.consume_queues.find(r.topic, r.queue_id)
+        assert cq is not None, f"no consume queue for {r}"
+        u = cq.get_unit(r.queue_offset)
+        assert u is not None and u[0] == r.offset and u[1] == r.size, \
+            f"record {r} has no unit (unit {r.queue_offset} of {r.topic}/{r.queue_id} is {u})"
+    # 5. the index finds the keys
+    if check_index and store.config.message_index_enable:
+        todo = list(acked)
+        if index_sample is not None and len(todo) > index_sample:
+            rng = rng or random.Random(0)
+            todo = todo[-index_sample // 2:] + rng.sample(todo[:-index_sample // 2], index_sample // 2)
+        for a in todo:
+            found = {m.commit_log_offset for m in store.find_messages_by_key(a.topic, a.key)}
+            assert a.offset in found, f"key {a.key} of {a} not found by the index ({sorted(found)})"
+    return records
+
+
+def file_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under root and its bytes (to prove that something changed nothing)."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = Path(dirpath) / n
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+class Child:
+    """crash_child.py running on a store; its stdout collected by a thread (so the pipe never fills)."""
+
+    def __init__(self, store: Path, flush: str, run_id: str, seed: int, max_seconds: float = 30):
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), str(store), flush, run_id, str(seed),
+                                      str(max_seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.raw: list[bytes] = []
+        self.err = b""
+        self.ready = threading.Event()
+        self._t_out = threading.Thread(target=self._read_out, daemon=True)
+        self._t_err = threading.Thread(target=self._read_err, daemon=True)
+        self._t_out.start()
+        self._t_err.start()
+
+    def _read_out(self) -> None:
+        for line in self.proc.stdout:
+            self.raw.append(line)
+            if line.startswith(b"READY"):
+                self.ready.set()
+        self.ready.set()
+
+    def _read_err(self) -> None:
+        self.err = self.proc.stderr.read()
+
+    def puts_seen(self) -> int:
+        return sum(1 for r in self.raw if r.startswith(b"PUT_OK"))
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        self._t_out.join(timeout=10)
+        self._t_err.join(timeout=10)
+
+    def acked(self) -> list[Acked]:
+        """PUT_OK lines written whole before the kill (a torn last line was never seen by the 'client')."""
+        out = []
+        for line in self.raw:
+            if line.endswith(b"\n"):
+                a = Acked.parse(line.decode())
+                if a is not None:
+                    out.append(a)
+        return out
+
+    def failures(self) -> list[str]:
+        return [r.decode().strip() for r in self.raw if r.startswith(b"PUT_FAIL")]
+
+    def wait_puts(self, n: int, timeout: float = 30) -> bool:
+        """Wait until the child reported n acknowledged puts (False on timeout or if it died)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.puts_seen() >= n:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.01)
+        return False
