@@ -272,3 +272,59 @@ class Child:
                 return False
             time.sleep(0.01)
         return False
+
+
+# --- a small real filesystem for disk-full tests -------------------------------------------------------------
+import contextlib  # noqa: E402
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size_mb: int = 8):
+    """Mount a size-limited tmpfs at path (else an ext4 image on a loop device); skip if neither works."""
+    import pytest
+    path.mkdir(parents=True, exist_ok=True)
+    how = None
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode == 0:
+        how = "tmpfs"
+    else:
+        img = path.with_suffix(".img")
+        with open(img, "wb") as f:
+            f.truncate(size_mb << 20)
+        mk = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(img)], capture_output=True, text=True,
+                            timeout=60)
+        lo = subprocess.run(["mount", "-o", "loop", str(img), str(path)], capture_output=True, text=True,
+                            timeout=30) if mk.returncode == 0 else mk
+        if lo.returncode != 0:
+            pytest.skip(f"cannot mount a small filesystem here: tmpfs: {r.stderr.strip()}; "
+                        f"loop ext4: {lo.stderr.strip()}")
+        how = "ext4"
+    try:
+        yield how
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def fill_to(ballast: Path, ratio: float) -> float:
+    """Grow or shrink the ballast file so that its filesystem is `ratio` used; returns the ratio reached."""
+    from rmqstore.cleanup import disk_used_ratio
+    st = os.statvfs(ballast.parent)
+    total = st.f_blocks * st.f_frsize
+    used = total - st.f_bfree * st.f_frsize
+    have = ballast.stat().st_size if ballast.exists() else 0
+    want = max(0, have + int(ratio * total) - used)
+    want = (want + 4095) // 4096 * 4096
+    if want < have:
+        os.truncate(ballast, want)
+    elif want > have:
+        with open(ballast, "ab") as f:
+            left = want - have
+            chunk = b"\xa5" * (1 << 16)
+            while left > 0:
+                f.write(chunk[:min(left, len(chunk))])
+                left -= min(left, len(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+    return disk_used_ratio(ballast.parent)

@@ -160,14 +160,20 @@ class MappedFile:
         """Bytes [pos, pos + size) if they are all readable, else None."""
         if pos < 0 or size < 0 or pos + size > self.read_position:
             return None
-        return self._mm[pos:pos + size]
+        try:
+            return self._mm[pos:pos + size]
+        except ValueError:      # unmapped under us: cleanup deleted the file while it was being read
+            return None
 
     def read_from(self, pos: int, limit: int | None = None) -> bytes:
         """Readable bytes from pos to the read position (at most limit of them)."""
         end = self.read_position
         if limit is not None:
             end = min(end, pos + limit)
-        return self._mm[pos:end] if pos < end else b""
+        try:
+            return self._mm[pos:end] if pos < end else b""
+        except ValueError:      # unmapped under us: cleanup deleted the file while it was being read
+            return b""
 
     # --- lifecycle ------------------------------------------------------------------------------
     def last_modified(self) -> float:

@@ -90,6 +90,8 @@ class MessageStore:
                 self.dispatcher.start()
                 from .flush import install_flush_services
                 install_flush_services(self)
+                from .cleanup import install_cleanup_services
+                install_cleanup_services(self)
                 for s in self.services:
                     s.start()
                 from .schedule import ScheduleMessageService
@@ -382,6 +384,7 @@ class RunningFlags:
     def __init__(self):
         self._lock = threading.Lock()
         self.disk_full = False
+        self.disk_full_reason: str | None = None    # set with disk_full by the cleanup service
         self.write_error: str | None = None
 
     @property
@@ -394,5 +397,5 @@ class RunningFlags:
 
     def why(self) -> str:
         if self.disk_full:
-            return "disk full"
+            return self.disk_full_reason or "disk full"
         return self.write_error or "ok"
