@@ -1,0 +1,242 @@
+"""Topics and their queues: RocketMQ's TopicConfigManager, persisted to `{store}/config/topics.json`.
+
+    {"dataVersion": {"counter": 3, "timestamp": 1700000000000},
+     "topicConfigTable": {"T": {"order": false, "perm": 6, "readQueueNums": 4, "topicFilterType": "SINGLE_TAG",
+                                "topicName": "T", "topicSysFlag": 0, "writeQueueNums": 4}, ...}}
+
+As the broker does, the table starts with the system topics (SELF_TEST_TOPIC, TBW102 when
+autoCreateTopicEnable, BenchmarkTest, the cluster and broker names, OFFSET_MOVED_EVENT), then the file's
+entries. A producer sending to an unknown topic creates it (createTopicInSendMessageMethod) with
+min(the producer's defaultTopicQueueNums, the store's defaultTopicQueueNums) queues, perm 6, when
+autoCreateTopicEnable; retry and dead-letter topics are created as consumerSendMsgBack does.
+Producers write to queues [0, writeQueueNums); consumers read [0, readQueueNums).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .config import StoreConfig
+from .config_file import PeriodicPersister, config_dir, dumps_pretty, load_json_file, string_to_file
+
+log = logging.getLogger(__name__)
+
+PERM_PRIORITY = 0x1 << 3
+PERM_READ = 0x1 << 2
+PERM_WRITE = 0x1 << 1
+PERM_INHERIT = 0x1 << 0
+
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+BENCHMARK_TOPIC = "BenchmarkTest"
+SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
+OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+DEFAULT_READ_QUEUE_NUMS = 16
+DEFAULT_WRITE_QUEUE_NUMS = 16
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+@dataclass(frozen=True, order=True)
+class MessageQueue:
+    """RocketMQ's MessageQueue: (topic, brokerName, queueId), ordered as RocketMQ sorts them."""
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"MessageQueue [topic={self.topic}, brokerName={self.broker_name}, queueId={self.queue_id}]"
+
+
+@dataclass
+class TopicConfig:
+    topic_name: str
+    read_queue_nums: int = DEFAULT_READ_QUEUE_NUMS
+    write_queue_nums: int = DEFAULT_WRITE_QUEUE_NUMS
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writeable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    def to_json(self) -> dict:
+        # fastjson writes a bean's fields sorted by name
+        return {"order": self.order, "perm": self.perm, "readQueueNums": self.read_queue_nums,
+                "topicFilterType": self.topic_filter_type, "topicName": self.topic_name,
+                "topicSysFlag": self.topic_sys_flag, "writeQueueNums": self.write_queue_nums}
+
+    @classmethod
+    def from_json(cls, name: str, d: dict) -> "TopicConfig":
+        return cls(topic_name=d.get("topicName", name),
+                   read_queue_nums=int(d.get("readQueueNums", DEFAULT_READ_QUEUE_NUMS)),
+                   write_queue_nums=int(d.get("writeQueueNums", DEFAULT_WRITE_QUEUE_NUMS)),
+                   perm=int(d.get("perm", PERM_READ | PERM_WRITE)),
+                   topic_filter_type=str(d.get("topicFilterType", "SINGLE_TAG")),
+                   topic_sys_flag=int(d.get("topicSysFlag", 0)), order=bool(d.get("order", False)))
+
+
+class TopicNotExistError(LookupError):
+    """No route for the topic (RocketMQ's "No route info of this topic")."""
+
+
+class TopicConfigManager:
+    FILE_NAME = "topics.json"
+
+    def __init__(self, store_path: str | Path, config: StoreConfig | None = None):
+        self.config = config or StoreConfig()
+        self.path = config_dir(store_path) / self.FILE_NAME
+        self.table: dict[str, TopicConfig] = {}
+        self.system_topics: set[str] = set()
+        self.data_version = {"counter": 0, "timestamp": int(time.time() * 1000)}
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[str], None]] = []
+        self._dirty = False
+        self._persister: PeriodicPersister | None = None
+        self._add_system_topics()
+
+    def _add_system_topics(self) -> None:
+        cfg = self.config
+        sys_topics = [TopicConfig(SELF_TEST_TOPIC, 1, 1)]
+        if cfg.auto_create_topic_enable:
+            sys_topics.append(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, cfg.default_topic_queue_nums,
+                                          cfg.default_topic_queue_nums, PERM_INHERIT | PERM_READ | PERM_WRITE))
+        sys_topics.append(TopicConfig(BENCHMARK_TOPIC, 1024, 1024))
+        sys_topics.append(TopicConfig(cfg.broker_cluster_name, perm=PERM_INHERIT | PERM_READ | PERM_WRITE))
+        sys_topics.append(TopicConfig(cfg.broker_name, 1, 1, PERM_INHERIT | PERM_READ | PERM_WRITE))
+        sys_topics.append(TopicConfig(OFFSET_MOVED_EVENT, 1, 1))
+        for tc in sys_topics:
+            self.system_topics.add(tc.topic_name)
+            self.table[tc.topic_name] = tc
+
+    # --- persistence ----------------------------------------------------------------------------
+    def load(self) -> "TopicConfigManager":
+        data = load_json_file(self.path)
+        if isinstance(data, dict):
+            with self._lock:
+                for name, d in (data.get("topicConfigTable") or {}).items():
+                    self.table[name] = TopicConfig.from_json(name, d)
+                dv = data.get("dataVersion")
+                if isinstance(dv, dict):
+                    self.data_version = {"counter": int(dv.get("counter", 0)),
+                                         "timestamp": int(dv.get("timestamp", 0))}
+        return self
+
+    def encode(self) -> dict:
+        with self._lock:
+            return {"dataVersion": dict(self.data_version),
+                    "topicConfigTable": {n: tc.to_json() for n, tc in self.table.items()}}
+
+    def persist(self) -> None:
+        with self._lock:
+            text = dumps_pretty(self.encode())
+            self._dirty = False
+        string_to_file(text, self.path)
+
+    def start(self, interval_ms: int = 10_000) -> None:
+        self._persister = PeriodicPersister("TopicConfigPersist", interval_ms, self.persist, lambda: self._dirty)
+        self._persister.start()
+
+    def shutdown(self) -> None:
+        if self._persister is not None:
+            self._persister.stop()
+            self._persister = None
+        elif self._dirty:
+            self.persist()
+
+    # --- lookups --------------------------------------------------------------------------------
+    def select(self, topic: str) -> TopicConfig | None:
+        return self.table.get(topic)
+
+    def add_listener(self, fn: Callable[[str], None]) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[str], None]) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    def _changed(self, topic: str) -> None:
+        self.data_version = {"counter": self.data_version["counter"] + 1, "timestamp": int(time.time() * 1000)}
+        self._dirty = True
+        try:
+            self.persist()      # the broker persists at once after creating or updating a topic
+        except OSError as e:
+            log.error("cannot persist %s: %s", self.path, e)
+        for fn in list(self._listeners):
+            try:
+                fn(topic)
+            except Exception:
+                log.exception("topic listener failed")
+
+    # --- creation -------------------------------------------------------------------------------
+    def create_topic(self, topic: str, queue_nums: int = 4, perm: int = PERM_READ | PERM_WRITE,
+                     read_queue_nums: int | None = None, order: bool = False, topic_sys_flag: int = 0) -> TopicConfig:
+        """Create or update a topic (the admin's updateTopic): queue_nums write queues (and read queues)."""
+        if not topic or len(topic.encode("utf-8")) > 127:
+            raise ValueError(f"topic {topic!r}: must be 1 to 127 bytes")
+        if queue_nums < 1:
+            raise ValueError("queue_nums must be at least 1")
+        tc = TopicConfig(topic, read_queue_nums if read_queue_nums is not None else queue_nums, queue_nums, perm,
+                         topic_sys_flag=topic_sys_flag, order=order)
+        with self._lock:
+            old = self.table.get(topic)
+            self.table[topic] = tc
+            if old != tc:
+                self._changed(topic)
+        return tc
+
+    def create_topic_in_send_message_method(self, topic: str, client_default_queue_nums: int,
+                                            topic_sys_flag: int = 0) -> TopicConfig | None:
+        """Auto-create from TBW102 (None when autoCreateTopicEnable is off)."""
+        with self._lock:
+            tc = self.table.get(topic)
+            if tc is not None:
+                return tc
+            default = self.table.get(AUTO_CREATE_TOPIC_KEY_TOPIC)
+            if default is None or not self.config.auto_create_topic_enable:
+                log.warning("create topic %s failed: autoCreateTopicEnable is off", topic)
+                return None
+            if not default.perm & PERM_INHERIT:
+                log.warning("create topic %s failed: %s has no inherit permission", topic, AUTO_CREATE_TOPIC_KEY_TOPIC)
+                return None
+            n = max(0, min(client_default_queue_nums, default.write_queue_nums))
+            tc = TopicConfig(topic, n, n, default.perm & ~PERM_INHERIT, default.topic_filter_type, topic_sys_flag)
+            self.table[topic] = tc
+            log.info("create new topic %s by default topic %s", tc, AUTO_CREATE_TOPIC_KEY_TOPIC)
+            self._changed(topic)
+            return tc
+
+    def create_topic_in_send_message_back_method(self, topic: str, queue_nums: int, perm: int,
+                                                 topic_sys_flag: int = 0) -> TopicConfig:
+        with self._lock:
+            tc = self.table.get(topic)
+            if tc is not None:
+                return tc
+            tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
+            self.table[topic] = tc
+            self._changed(topic)
+            return tc
+
+    def delete_topic(self, topic: str) -> None:
+        with self._lock:
+            if self.table.pop(topic, None) is not None:
+                self._changed(topic)
