@@ -8,10 +8,15 @@ END_OF_FILE blank record there and goes to the next file.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
+import zlib
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Callable, Iterable
+
+import numpy as np
 
 from . import codec
 from .config import StoreConfig
@@ -23,54 +28,110 @@ from .message import (AppendMessageResult, AppendMessageStatus, Message, Message
 log = logging.getLogger(__name__)
 
 _HS = codec.HEADER_STRUCTS
+_HEADER_V4 = codec.HEADER_V4
 _MAGIC = codec.MESSAGE_MAGIC_CODE
-_TRAN_MASK = codec.TRANSACTION_TYPE_MASK
-_PREPARED = codec.TRANSACTION_PREPARED_TYPE
-_ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
-_crc = codec.body_crc
-_parse_host = codec.parse_host
+_BLANK_MIN = codec.END_FILE_MIN_BLANK_LENGTH
+_MAX_PROPS = codec.MAX_PROPERTIES_LENGTH
+_MAX_TOPIC = codec.MAX_TOPIC_LENGTH
+_PUT_OK = PutMessageStatus.PUT_OK
+_APPEND_OK = AppendMessageStatus.PUT_OK
+_ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+_PROPS_EXCEEDED = PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+_CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
+_FLUSH_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT
+_crc32 = zlib.crc32
+_props_bytes = codec.encode_properties
+_pack_len = struct.Struct(">h").pack
+_CACHE_LIMIT = 4096     # entries of the topic and host caches before they start over
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+# --- the columnar batch path ---------------------------------------------------------------------------
+# Batches of at least this many messages that share topic and hosts (IPv4) are encoded column by column:
+# numpy for the fixed header fields, one C-level pass per field for the rest. Others take the general path.
+_COLUMNAR_MIN = 16
+_COLUMNAR_MAX_QUEUES = 64           # distinct queue ids in one batch
+# The IPv4 record header (codec.HEADER_V4) as a numpy record: the same 88 bytes, big-endian.
+_HDR_V4 = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+                    ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
+                    ("born_addr", "S4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "S4"),
+                    ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")])
+assert _HDR_V4.itemsize == _HEADER_V4.size
+_ID_V4 = np.dtype([("addr", "S4"), ("port", ">i4"), ("offset", ">i8")])   # a v4 msgId's 16 bytes
+_chop_cache: dict[tuple[int, int], struct.Struct] = {}
 
 
-class _Encoded:
-    """A message with everything encoded that does not depend on its place in the log."""
-    __slots__ = ("msg", "key", "tran", "sys_flag", "hs", "crc", "tail", "size", "born", "store", "error")
+def _chop(data: bytes, size: int, n: int) -> tuple[bytes, ...]:
+    """data (n pieces of size bytes, back to back) as n bytes objects, in one C call."""
+    s = _chop_cache.get((size, n))
+    if s is None:
+        if len(_chop_cache) > 64:
+            _chop_cache.clear()
+        s = _chop_cache[(size, n)] = struct.Struct(f"{size}s" * n)
+    return s.unpack(data)
 
-    def __init__(self, msg: Message, default_store_host: str, max_message_size: int):
-        self.msg = msg
-        self.error = None
-        try:
-            topic = msg.topic.encode("utf-8")
-            props = codec.properties_to_string(msg.properties).encode("utf-8") if msg.properties else b""
-            born_addr, born_port, born_v6 = _parse_host(msg.born_host)
-            store_addr, store_port, store_v6 = _parse_host(msg.store_host or default_store_host)
-        except (ValueError, TypeError, AttributeError) as e:
-            log.warning("illegal message: %s", e)
-            self.error = PutMessageStatus.MESSAGE_ILLEGAL
-            return
-        if len(topic) > codec.MAX_TOPIC_LENGTH or not topic:
-            log.warning("topic %r is %d bytes, RocketMQ allows 1 to 127", msg.topic[:40], len(topic))
-            self.error = PutMessageStatus.MESSAGE_ILLEGAL
-            return
-        if len(props) > codec.MAX_PROPERTIES_LENGTH:
-            log.warning("properties of %d bytes exceed %d", len(props), codec.MAX_PROPERTIES_LENGTH)
-            self.error = PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
-            return
-        sys_flag = (msg.sys_flag & ~0x30) | (0x10 if born_v6 else 0) | (0x20 if store_v6 else 0)
-        self.sys_flag = sys_flag
-        self.hs = _HS[sys_flag >> 4 & 3]
-        body = msg.body if msg.body is not None else b""
-        self.crc = _crc(body)
-        self.tail = codec.encode_tail(topic, props)
-        self.size = self.hs.size + len(body) + len(self.tail)
-        if self.size > max_message_size:
-            log.warning("message of %d bytes (body %d) exceeds maxMessageSize %d", self.size, len(body),
-                        max_message_size)
-            self.error = PutMessageStatus.MESSAGE_ILLEGAL
-            return
-        self.key = f"{msg.topic}-{msg.queue_id}"
-        self.tran = sys_flag & _TRAN_MASK
-        self.born = (born_addr, born_port)
-        self.store = (store_addr, store_port)
+
+class _NotColumnar(Exception):
+    """This batch is for the general path (raised before anything was written or counted)."""
+
+
+def _int_column(values: list, n: int, bounds: tuple[int, int]):
+    """A message field of the batch: a plain int if it is the same for all, else an int64 array."""
+    v0 = values[0]
+    if type(v0) is int and values.count(v0) == n:
+        if bounds[0] <= v0 <= bounds[1]:
+            return v0
+        raise _NotColumnar
+    try:
+        a = np.fromiter(values, np.int64, n)
+    except (TypeError, ValueError, OverflowError):
+        raise _NotColumnar from None
+    if a.tolist() != values or a.min() < bounds[0] or a.max() > bounds[1]:
+        raise _NotColumnar      # floats, out of range: the general path refuses them one by one
+    return a
+
+
+def _props_columns(dicts: list, n: int):
+    """The PROPERTIES fields of a batch: (buffer, stride_pad, lengths, pieces).
+
+    buffer holds them back to back, each followed by stride_pad separator bytes; pieces() gives them as
+    a list of bytes. When every message has the same property names in the same order (a producer's
+    messages do), they are built with one str.join over the whole batch instead of one per message.
+    """
+    d0 = dicts[0]
+    try:
+        if d0:
+            names = list(d0)
+            k = len(names)
+            flat = list(chain.from_iterable(dicts))
+            if len(flat) == k * n and flat == names * n:
+                values = list(chain.from_iterable(map(dict.values, dicts)))
+                stride = 2 * k + 1
+                parts: list = [None] * (stride * n)
+                for j, name in enumerate(names):
+                    parts[2 * j::stride] = [("\x02" + name if j else name) + "\x01"] * n
+                    parts[2 * j + 1::stride] = values[j::k]
+                parts[2 * k::stride] = ["\x02\x00"] * n
+                raw = "".join(parts).encode()
+                buf = np.frombuffer(raw, np.uint8)
+                ends = np.flatnonzero(buf == 0)
+                if len(ends) == n:          # no NUL of its own in a name or value
+                    lens = np.diff(ends, prepend=-1) - 1
+                    return buf, 1, lens, lambda: raw.split(b"\x00")[:n]
+        elif not any(dicts):
+            return np.zeros(0, np.uint8), 0, np.zeros(n, np.int64), lambda: [b""] * n
+    except TypeError:
+        pass            # not all dicts, or names / values that are not str: encoded one by one
+    pieces = [_props_bytes(d) if d else b"" for d in dicts]
+    buf = np.frombuffer(b"".join(pieces), np.uint8)
+    return buf, 0, np.fromiter(map(len, pieces), np.int64, n), lambda: pieces
+
+
+class _Batch:
+    """A columnar batch, encoded except for what the lock assigns (queue offset, physical offset, store
+    timestamp). The records are either rows of one 2-D array (every record the same size) or pieces."""
+    __slots__ = ("n", "sizes", "ends", "hdr", "rows", "bodies", "mids", "props", "keys", "codes", "rank",
+                 "counts", "store_addr", "store_port", "id_prefix")
 
 
 class CommitLog:
@@ -87,89 +148,424 @@ class CommitLog:
         self.put_lock = threading.Lock()
         self.begin_time_in_lock = 0
         self.default_store_host = config.store_host
-        # Called with (next_offset, results) after each append, outside the lock: flush policy hook.
+        # Called with the max wrote offset after each append, outside the lock: the flush policy hook.
+        # False turns the appended messages' results into FLUSH_DISK_TIMEOUT.
         self.on_appended: Callable[[int], bool] | None = None
+        # Encodings that do not depend on the message: topic -> (TOPICLENGTH + TOPIC, {queueId: key}),
+        # host -> (address, port, sysFlag bit as born host, as store host, msgId prefix).
+        self._topics: dict = {}
+        self._hosts: dict = {}
 
     def load(self) -> None:
         self.queue.load()
 
     # --- put path -------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
-        return self.put_messages([msg])[0]
-
-    def put_messages(self, msgs: Iterable[Message]) -> list[PutMessageResult]:
-        """Append messages in order, under one lock hold; one result per message."""
-        store_host, max_size = self.default_store_host, self.config.max_message_size
-        encoded = [_Encoded(m, store_host, max_size) for m in msgs]
-        results: list[PutMessageResult | None] = [None] * len(encoded)
+        e = self._encode(msg)
+        if type(e) is not tuple:
+            return PutMessageResult(e)
+        (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
+         reconsume, prepared, body, tail, key, id_prefix) = e
+        q = self.queue
         with self.put_lock:
             now = int(time.time() * 1000)
             self.begin_time_in_lock = now
             try:
-                self._append_locked(encoded, results, now)
+                files = q.files
+                mf = files[-1] if files else None
+                if mf is None or mf.wrote_position >= mf.file_size:
+                    mf = q.get_last_mapped_file(0)
+                    if mf is None:
+                        return PutMessageResult(_CREATE_FAILED)
+                pos = mf.wrote_position
+                if pos + size + _BLANK_MIN > mf.file_size:
+                    mf = self._roll(mf, pos)
+                    if mf is None:
+                        return PutMessageResult(_CREATE_FAILED)
+                    pos = mf.wrote_position
+                phys = mf.file_from_offset + pos
+                table = self.topic_queue_table
+                qoff = 0 if key is None else table.get(key, 0)
+                try:
+                    header = hs.pack(size, _MAGIC, crc, queue_id, flag, qoff, phys, sys_flag, born_ts, born_addr,
+                                     born_port, now, store_addr, store_port, reconsume, prepared, len(body))
+                except struct.error as err:
+                    log.warning("illegal message: %s", err)
+                    return PutMessageResult(_ILLEGAL)
+                mf.write_at(pos, b"".join((header, body, tail)))
+                if key is not None:
+                    table[key] = qoff + 1
+                mf.store_timestamp = now
+                q.store_timestamp = now
             finally:
                 self.begin_time_in_lock = 0
-        if self.on_appended is not None and any(r.ok for r in results):
-            if not self.on_appended(self.queue.get_max_wrote_position()):
+        result = PutMessageResult(_PUT_OK, AppendMessageResult(_APPEND_OK, phys, size, id_prefix + "%016X" % phys,
+                                                               now, qoff))
+        hook = self.on_appended
+        if hook is not None and not hook(q.get_max_wrote_position()):
+            return PutMessageResult(_FLUSH_TIMEOUT, result.append_result)
+        return result
+
+    def put_messages(self, msgs: Iterable[Message]) -> list[PutMessageResult]:
+        """Append messages in order, under one lock hold; one result per message."""
+        if not isinstance(msgs, list):
+            msgs = list(msgs)
+        n = len(msgs)
+        if n <= 1:
+            return [self.put_message(msgs[0])] if n else []
+        results = None
+        if n >= _COLUMNAR_MIN:
+            try:
+                batch = self._encode_columnar(msgs)
+            except _NotColumnar:
+                batch = None
+            if batch is not None:
+                results = self._put_columnar(batch)
+        if results is None:
+            encoded = [self._encode(m) for m in msgs]
+            results = [None] * n
+            with self.put_lock:
+                now = int(time.time() * 1000)
+                self.begin_time_in_lock = now
+                try:
+                    self._append_locked(encoded, results, now)
+                finally:
+                    self.begin_time_in_lock = 0
+            for i, r in enumerate(results):
+                if type(r) is tuple:
+                    phys, size, qoff, id_prefix = r
+                    results[i] = PutMessageResult(_PUT_OK, AppendMessageResult(
+                        _APPEND_OK, phys, size, id_prefix + "%016X" % phys, now, qoff))
+        hook = self.on_appended
+        if hook is not None and any(r.status is _PUT_OK for r in results):
+            if not hook(self.queue.get_max_wrote_position()):
                 for i, r in enumerate(results):
-                    if r.ok:
-                        results[i] = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append_result)
+                    if r.status is _PUT_OK:
+                        results[i] = PutMessageResult(_FLUSH_TIMEOUT, r.append_result)
         return results  # type: ignore[return-value]
 
-    def _append_locked(self, encoded: list[_Encoded], results: list, now: int) -> None:
+    # --- encoding (outside the lock) ---------------------------------------------------------------
+    def _topic(self, topic):
+        """(TOPICLENGTH + TOPIC bytes, {queueId: "topic-queueId"}) of a topic; None if it is not 1 to 127
+        bytes of UTF-8. Raises for a topic that is not a str (or not encodable)."""
+        info = self._topics.get(topic)
+        if info is not None:
+            return info
+        raw = topic.encode("utf-8")
+        if len(raw) > _MAX_TOPIC or not raw:
+            log.warning("topic %r is %d bytes, RocketMQ allows 1 to 127", topic[:40], len(raw))
+            return None
+        if len(self._topics) >= _CACHE_LIMIT:
+            self._topics.clear()
+        info = self._topics[topic] = (bytes((len(raw),)) + raw, {})
+        return info
+
+    def _host(self, host):
+        """(address, port, born-host sysFlag bit, store-host sysFlag bit, msgId prefix) of 'ip:port'."""
+        h = self._hosts.get(host)
+        if h is None:
+            addr, port, v6 = codec.parse_host(host)
+            if len(self._hosts) >= _CACHE_LIMIT:
+                self._hosts.clear()
+            h = self._hosts[host] = (addr, port, codec.SYSFLAG_BORNHOST_V6 if v6 else 0,
+                                     codec.SYSFLAG_STOREHOST_V6 if v6 else 0, codec.message_id_prefix(addr, port))
+        return h
+
+    def _encode(self, msg: Message):
+        """Everything of a record that does not depend on its place in the log, as a tuple; or the
+        PutMessageStatus that refuses the message."""
+        try:
+            topic = msg.topic
+            ti = self._topics.get(topic)
+            if ti is None:
+                ti = self._topic(topic)
+            props = msg.properties
+            p = _props_bytes(props) if props else b""
+            born = self._hosts.get(msg.born_host)
+            if born is None:
+                born = self._host(msg.born_host)
+            store = self._host(msg.store_host or self.default_store_host)
+        except (ValueError, TypeError, AttributeError) as e:
+            log.warning("illegal message: %s", e)
+            return _ILLEGAL
+        if ti is None:
+            return _ILLEGAL
+        if len(p) > _MAX_PROPS:
+            log.warning("properties of %d bytes exceed %d", len(p), _MAX_PROPS)
+            return _PROPS_EXCEEDED
+        sys_flag = (msg.sys_flag & ~0x30) | born[2] | store[3]
+        hs = _HS[sys_flag >> 4 & 3]
+        body = msg.body
+        if body is None:
+            body = b""
+        tail = b"".join((ti[0], _pack_len(len(p)), p))
+        size = hs.size + len(body) + len(tail)
+        if size > self.config.max_message_size or size + _BLANK_MIN > self.file_size:
+            log.warning("message of %d bytes (body %d) exceeds maxMessageSize %d or the file size %d", size,
+                        len(body), self.config.max_message_size, self.file_size)
+            return _ILLEGAL
+        if sys_flag & codec.TRANSACTION_PREPARED_TYPE:     # prepared (0x4) and rolled back (0xc)
+            key = None                                      # take no queue offset
+        else:
+            queue_id = msg.queue_id
+            key = ti[1].get(queue_id)
+            if key is None:
+                key = ti[1][queue_id] = f"{topic}-{queue_id}"
+        return (hs, size, _crc32(body) & 0x7FFFFFFF, msg.queue_id, msg.flag, sys_flag, msg.born_timestamp,
+                born[0], born[1], store[0], store[1], msg.reconsume_times, msg.prepared_transaction_offset, body,
+                tail, key, store[4])
+
+    def _encode_columnar(self, msgs: list[Message]) -> _Batch | None:
+        """Encode a batch column by column; None (or _NotColumnar) if it is one for the general path."""
+        n = len(msgs)
+        topics = [m.topic for m in msgs]
+        topic = topics[0]
+        if topics.count(topic) != n:
+            return None
+        born_hosts = [m.born_host for m in msgs]
+        store_hosts = [m.store_host for m in msgs]
+        if born_hosts.count(born_hosts[0]) != n or store_hosts.count(store_hosts[0]) != n:
+            return None
+        try:
+            ti = self._topic(topic)
+            born = self._host(born_hosts[0])
+            store = self._host(store_hosts[0] or self.default_store_host)
+        except (ValueError, TypeError, AttributeError):
+            return None
+        if ti is None or born[2] or store[3]:
+            return None     # an illegal topic, or IPv6 hosts (another header layout)
+        queue_ids = _int_column([m.queue_id for m in msgs], n, _INT32)
+        sys_flags = _int_column([m.sys_flag for m in msgs], n, _INT32)
+        flags = _int_column([m.flag for m in msgs], n, _INT32)
+        born_ts = _int_column([m.born_timestamp for m in msgs], n, _INT64)
+        reconsume = _int_column([m.reconsume_times for m in msgs], n, _INT32)
+        prepared = _int_column([m.prepared_transaction_offset for m in msgs], n, _INT64)
+        try:
+            props, pad, plens, pieces = _props_columns([m.properties for m in msgs], n)
+        except (ValueError, TypeError, AttributeError):
+            return None     # properties that cannot be encoded: the general path refuses the message
+        bodies = [m.body for m in msgs]
+        if None in bodies:
+            bodies = [b"" if b is None else b for b in bodies]
+        blens = np.fromiter(map(len, bodies), np.int64, n)
+        crcs = np.fromiter(map(_crc32, bodies), np.int64, n)
+        crcs &= 0x7FFFFFFF
+        piece = ti[0]
+        hsz = _HEADER_V4.size
+        sizes = blens + plens + (hsz + len(piece) + 2)
+        big = int(sizes.max())
+        if big > self.config.max_message_size or big + _BLANK_MIN > self.file_size or int(plens.max()) > _MAX_PROPS:
+            return None     # some message is refused: the general path says which
+
+        # queue offsets: each message's rank among the earlier ones of its queue that take an offset
+        # (prepared and rolled-back messages take none); the lock adds each queue's next offset
+        take = (sys_flags & codec.TRANSACTION_PREPARED_TYPE) == 0
+        keys_of = ti[1]
+        if isinstance(queue_ids, int):
+            keys = [keys_of.get(queue_ids) or keys_of.setdefault(queue_ids, f"{topic}-{queue_ids}")]
+            codes = None if isinstance(take, bool) else np.where(take, 0, 1).astype(np.int16)
+        else:
+            lo, hi = int(queue_ids.min()), int(queue_ids.max())
+            if 0 <= lo and hi < _COLUMNAR_MAX_QUEUES:      # the usual queue ids: they are the codes
+                uniq, codes = range(hi + 1), queue_ids.astype(np.int16)
+            else:
+                uniq, codes = np.unique(queue_ids, return_inverse=True)
+                if len(uniq) > _COLUMNAR_MAX_QUEUES:
+                    return None
+                uniq, codes = uniq.tolist(), codes.astype(np.int16)
+            keys = [keys_of.get(q) or keys_of.setdefault(q, f"{topic}-{q}") for q in uniq]
+            if take is False:
+                codes[:] = len(keys)
+            elif take is not True:
+                codes[~take] = len(keys)        # a pseudo-queue whose offsets are all 0
+        if codes is None:
+            rank = np.arange(n) if take else np.zeros(n, np.int64)
+            counts = [n if take else 0]
+        else:
+            order = np.argsort(codes, kind="stable")
+            grouped = codes[order]
+            rank = np.empty(n, np.int64)
+            rank[order] = np.arange(n) - np.searchsorted(grouped, grouped)
+            counts = np.bincount(codes, minlength=len(keys) + 1).tolist()
+            if counts[len(keys)]:
+                rank[codes == len(keys)] = 0
+
+        b = _Batch()
+        b.n, b.sizes, b.ends = n, sizes, np.cumsum(sizes)
+        b.keys, b.codes, b.rank, b.counts = keys, codes, rank, counts
+        b.store_addr, b.store_port, b.id_prefix = store[0], store[1], store[4]
+        blen0, plen0 = int(blens[0]), int(plens[0])
+        if int(blens.min()) == int(blens.max()) and int(plens.min()) == plen0 == int(plens.max()):
+            # every record the same size: rows of one array, the header written in place
+            rs = int(sizes[0])
+            rows = np.empty((n, rs), np.uint8)
+            p = hsz
+            if blen0:
+                rows[:, p:p + blen0] = np.frombuffer(b"".join(bodies), np.uint8).reshape(n, blen0)
+            p += blen0
+            tl = np.frombuffer(piece + _pack_len(plen0), np.uint8)
+            rows[:, p:p + len(tl)] = tl
+            p += len(tl)
+            if plen0:
+                rows[:, p:] = props.reshape(n, plen0 + pad)[:, :plen0]
+            hdr = np.ndarray((n,), _HDR_V4, rows, 0, (rs,))
+            b.rows, b.bodies, b.mids, b.props = rows, None, None, None
+        else:
+            # pieces for one b"".join: header, body, TOPICLENGTH TOPIC PROPERTIESLENGTH, properties
+            hdr = np.empty(n, _HDR_V4)
+            mids = np.empty(n, [("topic", f"S{len(piece)}"), ("plen", ">i2")])
+            mids["topic"] = piece
+            mids["plen"] = plens
+            b.rows, b.bodies, b.props = None, bodies, pieces()
+            b.mids = _chop(mids.tobytes(), len(piece) + 2, n)
+        hdr["total"] = sizes
+        hdr["magic"] = _MAGIC
+        hdr["crc"] = crcs
+        hdr["queue_id"] = queue_ids
+        hdr["flag"] = flags
+        hdr["sys_flag"] = sys_flags & ~0x30
+        hdr["born_ts"] = born_ts
+        hdr["born_addr"] = born[0]
+        hdr["born_port"] = born[1]
+        hdr["store_addr"] = store[0]
+        hdr["store_port"] = store[1]
+        hdr["reconsume"] = reconsume
+        hdr["prepared"] = prepared
+        hdr["body_len"] = blens
+        b.hdr = hdr
+        return b
+
+    # --- appending (under the lock) ----------------------------------------------------------------
+    def _roll(self, mf: MappedFile, pos: int) -> MappedFile | None:
+        """END_OF_FILE: a blank record fills the rest of mf; the next file (None if it cannot be had)."""
+        mf.write_at(pos, codec.encode_blank(mf.file_size - pos))
+        mf.wrote_position = mf.file_size  # the blank record spans the rest of the file
+        return self.queue.get_last_mapped_file(0)
+
+    def _append_locked(self, encoded: list, results: list, now: int) -> None:
+        """The general path: append encoded messages (tuples of _encode; a PutMessageStatus for a refused
+        one). Fills results: a PutMessageResult for a refused message, (offset, size, queue offset, msgId
+        prefix) for an appended one."""
         table = self.topic_queue_table
-        mf = self.queue.get_last_mapped_file(0)
-        if mf is None:
-            for i in range(len(encoded)):
-                results[i] = PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-            return
+        mf = None
         parts: list[bytes] = []
-        start = pos = mf.wrote_position
-        base = mf.file_from_offset
-        fsize = mf.file_size
+        start = pos = base = fsize = 0
         for i, e in enumerate(encoded):
-            if e.error is not None:
-                results[i] = PutMessageResult(e.error)
+            if type(e) is not tuple:
+                results[i] = PutMessageResult(e)
                 continue
-            size = e.size
-            if pos + size + codec.END_FILE_MIN_BLANK_LENGTH > fsize:
-                # END_OF_FILE: a blank record fills the rest, the message goes to the next file.
-                parts.append(codec.encode_blank(fsize - pos))
-                pos = fsize
-                mf.write_at(start, b"".join(parts))
-                mf.wrote_position = fsize  # the blank record spans the rest of the file
-                parts = []
-                mf = self.queue.get_last_mapped_file(0)
-                if mf is None or size + codec.END_FILE_MIN_BLANK_LENGTH > mf.file_size:
+            (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
+             reconsume, prepared, body, tail, key, id_prefix) = e
+            if mf is None or pos + size + _BLANK_MIN > fsize:
+                if mf is None:
+                    mf = self.queue.get_last_mapped_file(0)
+                    if mf is not None and mf.wrote_position + size + _BLANK_MIN > mf.file_size:
+                        mf = self._roll(mf, mf.wrote_position)
+                else:
+                    if parts:
+                        mf.write_at(start, b"".join(parts))
+                        parts = []
+                    mf = self._roll(mf, pos)
+                if mf is None:
                     for j in range(i, len(encoded)):
-                        results[j] = PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED if mf is None
-                                                      else PutMessageStatus.MESSAGE_ILLEGAL)
+                        e = encoded[j]
+                        results[j] = PutMessageResult(e if type(e) is not tuple else _CREATE_FAILED)
                     return
                 start = pos = mf.wrote_position
                 base = mf.file_from_offset
                 fsize = mf.file_size
-            msg = e.msg
             phys = base + pos
-            key = e.key
-            if e.tran == _PREPARED or e.tran == _ROLLBACK:
-                qoff = 0
-            else:
-                qoff = table.get(key, 0)
+            qoff = 0 if key is None else table.get(key, 0)
+            try:
+                header = hs.pack(size, _MAGIC, crc, queue_id, flag, qoff, phys, sys_flag, born_ts, born_addr,
+                                 born_port, now, store_addr, store_port, reconsume, prepared, len(body))
+            except struct.error as err:
+                log.warning("illegal message: %s", err)
+                results[i] = PutMessageResult(_ILLEGAL)
+                continue
+            if key is not None:
                 table[key] = qoff + 1
-            body = msg.body if msg.body is not None else b""
-            parts.append(e.hs.pack(size, _MAGIC, e.crc, msg.queue_id, msg.flag, qoff, phys, e.sys_flag,
-                                   msg.born_timestamp, e.born[0], e.born[1], now, e.store[0], e.store[1],
-                                   msg.reconsume_times, msg.prepared_transaction_offset, len(body)))
-            parts.append(body)
-            parts.append(e.tail)
+            parts += (header, body, tail)
             pos += size
-            msg_id = (e.store[0] + codec.struct.pack(">iq", e.store[1], phys)).hex().upper()
-            results[i] = PutMessageResult(PutMessageStatus.PUT_OK,
-                                          AppendMessageResult(AppendMessageStatus.PUT_OK, phys, size, msg_id, now, qoff))
+            results[i] = (phys, size, qoff, id_prefix)
         if parts:
             mf.write_at(start, b"".join(parts))
-        mf.store_timestamp = now
-        self.queue.store_timestamp = now
+        if mf is not None:
+            mf.store_timestamp = now
+            self.queue.store_timestamp = now
+
+    def _put_columnar(self, b: _Batch) -> list[PutMessageResult]:
+        n, hdr, ends, sizes = b.n, b.hdr, b.ends, b.sizes
+        phys = np.empty(n, np.int64)
+        q = self.queue
+        with self.put_lock:
+            now = int(time.time() * 1000)
+            self.begin_time_in_lock = now
+            try:
+                table = self.topic_queue_table
+                # queue offsets: the next ones of each queue, in batch order
+                keys, codes = b.keys, b.codes
+                bases = [table.get(key, 0) for key in keys]
+                if codes is None:
+                    qoff = b.rank + bases[0] if b.counts[0] else b.rank
+                else:
+                    qoff = np.array(bases + [0])[codes] + b.rank
+                hdr["queue_offset"] = qoff
+                hdr["store_ts"] = now
+                # place the records file by file; a record that does not fit goes behind a blank record
+                i = 0
+                mf = q.get_last_mapped_file(0)
+                while mf is not None:
+                    pos = mf.wrote_position
+                    done = int(ends[i - 1]) if i else 0
+                    k = int(np.searchsorted(ends, done + mf.file_size - pos - _BLANK_MIN, side="right"))
+                    if k > i:
+                        phys[i:k] = ends[i:k] - sizes[i:k] + (mf.file_from_offset + pos - done)
+                        hdr["phys"][i:k] = phys[i:k]
+                        if b.rows is not None:
+                            data = memoryview(b.rows[i:k].reshape(-1))
+                        else:
+                            m = k - i
+                            parts: list = [None] * (4 * m)
+                            parts[0::4] = _chop(hdr[i:k].tobytes(), _HEADER_V4.size, m)
+                            parts[1::4] = b.bodies[i:k]
+                            parts[2::4] = b.mids[i:k]
+                            parts[3::4] = b.props[i:k]
+                            data = b"".join(parts)
+                        mf.write_at(pos, data)
+                        pos += int(ends[k - 1]) - done
+                        i = k
+                    if i == n or (k == i and pos == 0):     # done, or it fits no file (cannot happen:
+                        break                               # sizes were checked against the file size)
+                    mf = self._roll(mf, pos)
+                # what was appended counts in the queues
+                if i:
+                    counts = b.counts
+                    if i < n:
+                        counts = ([i if counts[0] else 0] if codes is None
+                                  else np.bincount(codes[:i], minlength=len(keys) + 1).tolist())
+                    for key, base, c in zip(keys, bases, counts):
+                        if c:
+                            table[key] = base + c
+                    q.store_timestamp = now
+                    last = q.last
+                    if last is not None:
+                        last.store_timestamp = now
+            finally:
+                self.begin_time_in_lock = 0
+        if i < n:
+            log.error("%s: cannot create the next commitlog file", q.store_path)
+        ids_raw = np.empty(i, _ID_V4)
+        ids_raw["addr"] = b.store_addr
+        ids_raw["port"] = b.store_port
+        ids_raw["offset"] = phys[:i]
+        ids = ids_raw.tobytes().hex(" ", 16).upper().split(" ") if i else []
+        results = list(map(PutMessageResult, repeat(_PUT_OK, i), map(
+            AppendMessageResult, repeat(_APPEND_OK, i), phys[:i].tolist(), sizes[:i].tolist(), ids,
+            repeat(now, i), qoff[:i].tolist())))
+        if i < n:
+            results.extend(PutMessageResult(_CREATE_FAILED) for _ in range(n - i))
+        return results
 
     # --- read path ------------------------------------------------------------------------------
     def get_min_offset(self) -> int:

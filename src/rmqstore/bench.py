@@ -1,0 +1,383 @@
+"""rmqstore bench: throughput of the store, as JSON.
+
+    python -m rmqstore.bench [--workload put,put_batch] [--messages N | --scale small|full] ...
+
+Each workload runs in a fresh store directory and reports what it measured under its name in the
+"workloads" object of the JSON printed to stdout (and returned by `run`), next to the machine it ran on
+and the parameters. The messages are generated before any clock starts (generation is not the store's
+cost) and shared by the workloads: the store never modifies a Message.
+
+Workloads are registered with `@workload("name", "help")`; a workload is a function taking a
+`BenchContext` and returning a dict. Workloads of the commitlog alone:
+
+- `put`        one `CommitLog.put_message` call per message (from --threads producer threads);
+- `put_batch`  `CommitLog.put_messages` with batches of --batch messages.
+
+MB are 10**6 bytes of commitlog written (records and END_OF_FILE blanks).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from .message import Message
+
+SCALES = {"small": 100_000, "full": 1_000_000}
+DEFAULT_WORKLOADS = "put,put_batch"
+TOPIC = "BenchTopic"
+TAG = "TagA"
+BORN_HOST = "10.0.0.1:50000"
+
+
+# --- workload registry ---------------------------------------------------------------------------
+@dataclass
+class Workload:
+    name: str
+    help: str
+    fn: Callable[["BenchContext"], dict]
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def workload(name: str, help: str):
+    """Register a workload function under a name (`--workload name`)."""
+    def deco(fn: Callable[["BenchContext"], dict]):
+        WORKLOADS[name] = Workload(name, help, fn)
+        return fn
+    return deco
+
+
+@dataclass
+class BenchContext:
+    """What a workload gets: the parsed arguments, the store config and the pre-generated messages."""
+    args: argparse.Namespace
+    config: StoreConfig
+    base_dir: Path
+    _messages: list[Message] | None = field(default=None, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.args.messages
+
+    def messages(self) -> list[Message]:
+        if self._messages is None:
+            self._messages = generate_messages(self.n, self.args.body_size, self.args.queues)
+        return self._messages
+
+    run: int = 0
+    _dirs: list = field(default_factory=list, repr=False)
+
+    def store_dir(self, name: str) -> Path:
+        """A fresh, empty store directory for one run of a workload (`name`, or `name-R` with --repeat)."""
+        d = self.base_dir / (name if self.args.repeat == 1 else f"{name}-{self.run + 1}")
+        if d.exists() and any(d.iterdir()):
+            raise SystemExit(f"bench: store directory {d} is not empty")
+        d.mkdir(parents=True, exist_ok=True)
+        self._dirs.append(d)
+        return d
+
+
+# --- messages ------------------------------------------------------------------------------------
+def generate_messages(n: int, body_size: int, queues: int, topic: str = TOPIC) -> list[Message]:
+    """n messages as a RocketMQ producer sends them: a tag, a key and a client UNIQ_KEY each."""
+    blob = os.urandom(body_size + 4096)
+    # RocketMQ's MessageClientIDSetter: ip (4 bytes), pid (2), class loader hash (4), then a time
+    # difference (4) and a counter (2) per message: 32 uppercase hex digits.
+    prefix = (bytes([10, 0, 0, 1]) + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)).hex().upper()
+    born = int(time.time() * 1000)
+    out = []
+    append = out.append
+    for i in range(n):
+        j = i & 4095
+        append(Message(topic=topic, body=blob[j:j + body_size], queue_id=i % queues, born_timestamp=born + (i >> 10),
+                       born_host=BORN_HOST,
+                       properties={"TAGS": TAG, "KEYS": f"key-{i}", "UNIQ_KEY": f"{prefix}{i:012X}"}))
+    return out
+
+
+# --- machine -------------------------------------------------------------------------------------
+def machine_info() -> dict:
+    info: dict = {"cores": os.cpu_count(), "python": platform.python_version(),
+                  "implementation": platform.python_implementation(), "platform": platform.platform()}
+    try:
+        info["cores_usable"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        info["cpu"] = platform.processor() or None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    kib = int(line.split()[1])
+                    info["memory_bytes"] = kib * 1024
+                    info["memory_gib"] = round(kib / (1 << 20), 1)
+                    break
+    except OSError:
+        pass
+    return info
+
+
+# --- helpers -------------------------------------------------------------------------------------
+class SyncFlusher:
+    """An on_appended hook for --flush sync: flush up to the offset before answering (group commit:
+    one msync covers every append that finished before it started)."""
+
+    def __init__(self, commit_log):
+        self.cl = commit_log
+        self.lock = threading.Lock()
+        self.flushes = 0
+
+    def __call__(self, offset: int) -> bool:
+        q = self.cl.queue
+        if q.flushed_where >= offset:
+            return True
+        with self.lock:
+            while q.flushed_where < offset:
+                before = q.flushed_where
+                self.cl.flush(0)
+                self.flushes += 1
+                if q.flushed_where == before:
+                    return False
+        return True
+
+
+def open_commit_log(ctx: BenchContext, name: str):
+    from .commit_log import CommitLog
+    cl = CommitLog(ctx.store_dir(name), ctx.config)
+    cl.load()
+    flusher = None
+    if ctx.config.flush_disk_type == SYNC_FLUSH:
+        flusher = SyncFlusher(cl)
+        cl.on_appended = flusher
+    return cl, flusher
+
+
+def _split(items: list, parts: int) -> list[list]:
+    """items in `parts` contiguous slices (each thread sends its own run of messages)."""
+    k, r = divmod(len(items), parts)
+    out, s = [], 0
+    for t in range(parts):
+        e = s + k + (1 if t < r else 0)
+        out.append(items[s:e])
+        s = e
+    return out
+
+
+def _timed_threads(jobs: list[Callable[[], None]]) -> float:
+    """Run jobs, one thread each (inline for one), and return the wall-clock seconds they took."""
+    if len(jobs) == 1:
+        t0 = time.perf_counter()
+        jobs[0]()
+        return time.perf_counter() - t0
+    barrier = threading.Barrier(len(jobs) + 1)
+    errors: list[BaseException] = []
+
+    def wrap(job):
+        barrier.wait()
+        try:
+            job()
+        except BaseException as e:  # noqa: BLE001 - reported after the join
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(j,), name=f"producer-{i}") for i, j in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _figures(n: int, ok: int, nbytes: int, seconds: float) -> dict:
+    return {"messages": n, "ok": ok, "seconds": round(seconds, 4),
+            "msgs_per_s": round(n / seconds) if seconds > 0 else None,
+            "bytes": nbytes, "mb_per_s": round(nbytes / seconds / 1e6, 2) if seconds > 0 else None,
+            "us_per_msg": round(seconds / n * 1e6, 3) if n else None}
+
+
+def _quiet_gc():
+    """Collect now and move everything alive (the pre-generated messages) out of the collector's way."""
+    gc.collect()
+    gc.freeze()
+
+
+# --- workloads -----------------------------------------------------------------------------------
+@workload("put", "CommitLog.put_message, one message per call (--threads producers)")
+def _wl_put(ctx: BenchContext) -> dict:
+    msgs = ctx.messages()
+    cl, flusher = open_commit_log(ctx, "put")
+    try:
+        parts = _split(msgs, max(1, ctx.args.threads))
+        counts = [0] * len(parts)
+
+        def job(t: int, part: list[Message]):
+            put = cl.put_message
+            ok = 0
+            for m in part:
+                if put(m).ok:
+                    ok += 1
+            counts[t] = ok
+
+        _quiet_gc()
+        try:
+            seconds = _timed_threads([lambda t=t, p=p: job(t, p) for t, p in enumerate(parts)])
+        finally:
+            gc.unfreeze()
+        out = _figures(len(msgs), sum(counts), cl.get_max_offset() - cl.get_min_offset(), seconds)
+        out["threads"] = len(parts)
+        if flusher is not None:
+            out["flushes"] = flusher.flushes
+        return out
+    finally:
+        cl.shutdown()
+
+
+@workload("put_batch", "CommitLog.put_messages, batches of --batch messages (--threads producers)")
+def _wl_put_batch(ctx: BenchContext) -> dict:
+    msgs = ctx.messages()
+    size = max(1, ctx.args.batch)
+    cl, flusher = open_commit_log(ctx, "put_batch")
+    try:
+        parts = _split(msgs, max(1, ctx.args.threads))
+        batches = [[p[i:i + size] for i in range(0, len(p), size)] for p in parts]
+        counts = [0] * len(parts)
+
+        def job(t: int, bs: list[list[Message]]):
+            put = cl.put_messages
+            ok = 0
+            for b in bs:
+                for r in put(b):
+                    if r.ok:
+                        ok += 1
+            counts[t] = ok
+
+        _quiet_gc()
+        try:
+            seconds = _timed_threads([lambda t=t, b=b: job(t, b) for t, b in enumerate(batches)])
+        finally:
+            gc.unfreeze()
+        out = _figures(len(msgs), sum(counts), cl.get_max_offset() - cl.get_min_offset(), seconds)
+        out.update(threads=len(parts), batch=size)
+        if flusher is not None:
+            out["flushes"] = flusher.flushes
+        return out
+    finally:
+        cl.shutdown()
+
+
+# --- command line --------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default=DEFAULT_WORKLOADS, metavar="W[,W...]",
+                        help="comma-separated workloads to run, in order: "
+                             + "; ".join(f"{w.name}: {w.help}" for w in WORKLOADS.values())
+                             + f" (default {DEFAULT_WORKLOADS})")
+    parser.add_argument("--messages", "-n", type=int, default=None, metavar="N",
+                        help="messages per workload (default: the --scale's)")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full",
+                        help="small = 100,000 messages, full = 1,000,000 (default full)")
+    parser.add_argument("--body-size", type=int, default=100, metavar="BYTES", help="body bytes (default 100)")
+    parser.add_argument("--queues", type=int, default=4, help="queues of the one topic (default 4)")
+    parser.add_argument("--batch", type=int, default=1000, help="messages per put_messages call (default 1000)")
+    parser.add_argument("--flush", choices=("async", "sync"), default="async",
+                        help="flushDiskType: async (no msync on the put path) or sync (msync before answering)")
+    parser.add_argument("--threads", type=int, default=1, help="producer threads (default 1)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="R",
+                        help="runs of each workload, each in a fresh store; the figures are the median run's, "
+                             "every run is listed under 'runs' (default 1)")
+    parser.add_argument("--store", metavar="DIR", default=None,
+                        help="where the stores go (DIR/<workload>, kept); default a temporary directory, removed")
+    parser.add_argument("-c", "--config", dest="config", metavar="CONF", default=None,
+                        help="store config (broker.conf properties); default commitlog files of 1 GiB")
+
+
+def run(args: argparse.Namespace) -> dict:
+    names = [w.strip() for w in (args.workload or DEFAULT_WORKLOADS).split(",") if w.strip()]
+    unknown = [w for w in names if w not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"bench: unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    if args.messages is None:
+        args.messages = SCALES[args.scale]
+    if min(args.messages, args.queues, args.batch, args.threads, args.repeat) <= 0 or args.body_size < 0:
+        raise SystemExit("bench: --messages, --queues, --batch, --threads and --repeat must be positive, "
+                         "--body-size >= 0")
+    config = StoreConfig.load(args.config)
+    config.flush_disk_type = SYNC_FLUSH if args.flush == "sync" else ASYNC_FLUSH
+
+    tmp = None
+    if args.store is None:
+        tmp = tempfile.mkdtemp(prefix="rmqstore-bench-")
+        base = Path(tmp)
+    else:
+        base = Path(args.store)
+        base.mkdir(parents=True, exist_ok=True)
+    ctx = BenchContext(args, config, base)
+    result: dict = {
+        "machine": machine_info(),
+        "params": {"messages": args.messages, "body_size": args.body_size, "queues": args.queues,
+                   "topics": 1, "batch": args.batch, "flush": config.flush_disk_type, "threads": args.threads,
+                   "repeat": args.repeat,
+                   "mapped_file_size_commit_log": config.mapped_file_size_commit_log,
+                   "config": args.config, "store": None if tmp else str(base)},
+        "workloads": {},
+    }
+    try:
+        t0 = time.perf_counter()
+        ctx.messages()
+        result["params"]["generate_seconds"] = round(time.perf_counter() - t0, 3)
+        for name in names:
+            runs = []
+            for r in range(args.repeat):
+                ctx.run = r
+                runs.append(WORKLOADS[name].fn(ctx))
+                if tmp is not None:         # free the page cache of a temporary store before the next run
+                    for d in ctx._dirs:
+                        shutil.rmtree(d, ignore_errors=True)
+                ctx._dirs.clear()
+                gc.collect()
+            if len(runs) == 1:
+                result["workloads"][name] = runs[0]
+            else:
+                ranked = sorted(runs, key=lambda x: x.get("msgs_per_s") or 0)
+                result["workloads"][name] = {**ranked[(len(ranked) - 1) // 2], "runs": runs}
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rmqstore.bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
