@@ -19,7 +19,7 @@ from ..config import StoreConfig
 from .core import Broker
 from .namesrv import NameServer
 from .net import RemotingServer
-from .state import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
+from .state import SubscriptionGroupManager
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,16 @@ class BrokerServer:
         self.started = True
 
     async def _start_services(self) -> None:
+        from ..local_broker import LocalBroker
         cfg = self.cfg
         root = self.store_path
-        topics = TopicConfigManager(root, cfg)
-        topics.load()
-        offsets = ConsumerOffsetManager(root)
-        offsets.load()
+        local = LocalBroker.of(self.store)      # topics.json, consumerOffset.json, retry / DLQ send-back
         groups = SubscriptionGroupManager(root, auto_create=str(cfg.extra.get("autoCreateSubscriptionGroup", "true"))
                                           .lower() != "false")
         groups.load()
-        self.broker = broker = Broker(self.store, cfg, topics, offsets, groups)
+        self.broker = broker = Broker(self.store, cfg, local, groups)
         broker.loop = self.loop
-        topics.on_change = self._register_broker
+        local.topics.add_listener(self._on_topic_changed)
         host = cfg.broker_ip1 or "127.0.0.1"
         if self.embedded_namesrv:
             self.namesrv = NameServer()
@@ -105,12 +103,25 @@ class BrokerServer:
         log.info("broker %s (%s) serving store %s at %s; name server %s", cfg.broker_name, cfg.broker_cluster_name,
                  self.store_path, broker.broker_addr, self.namesrv_addr if self.embedded_namesrv else "external")
 
+    def _on_topic_changed(self, topic: str) -> None:
+        # TopicConfigManager listeners run in whatever thread changed the topic
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if asyncio.get_running_loop() is loop:
+                self._register_broker()
+                return
+        except RuntimeError:
+            pass
+        loop.call_soon_threadsafe(self._register_broker)
+
     def _register_broker(self) -> None:
         """registerBrokerAll: publish the topic configs to the (embedded) name server."""
         if self.namesrv is None or self.broker is None:
             return
         cfg = self.cfg
-        wrapper = self.broker.topics.to_json()
+        wrapper = self.broker.topics.encode()
         self.namesrv.route.register_broker(cfg.broker_cluster_name, self.broker.broker_addr, cfg.broker_name,
                                            cfg.broker_id, f"{cfg.broker_ip1}:{cfg.listen_port + 1}", wrapper, None)
 
@@ -121,8 +132,6 @@ class BrokerServer:
             now = time.monotonic()
             b = self.broker
             try:
-                if b.offsets.dirty:
-                    await self.loop.run_in_executor(None, b.offsets.persist)
                 if getattr(b.groups, "dirty", False):
                     await self.loop.run_in_executor(None, b.groups.persist)
                 if now - last_scan >= SCAN_INTERVAL:
@@ -160,6 +169,7 @@ class BrokerServer:
         self.servers.clear()
         if self.store is not None and self.broker is not None:
             self.store.dispatcher.remove_listener(self.broker.on_message_arriving)
+            self.broker.topics.remove_listener(self._on_topic_changed)
         if self.broker is not None:
             b = self.broker
             for name, fn in (("consumer offsets", b.offsets.persist), ("topics", b.topics.persist),

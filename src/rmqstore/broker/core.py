@@ -15,7 +15,7 @@ import random
 import re
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import codec
@@ -23,12 +23,10 @@ from ..message import GetMessageStatus, Message, PutMessageResult, PutMessageSta
 from ..remoting import fastjson
 from ..remoting.body import BodyError, decode_batch
 from ..remoting.codes import (DEFAULT_TOPIC, DLQ_GROUP_TOPIC_PREFIX, MASTER_ID, PERM_READ, PERM_WRITE,
-                              PROPERTY_DELAY_TIME_LEVEL, PROPERTY_MSG_REGION, PROPERTY_ORIGIN_MESSAGE_ID,
-                              PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
-                              PROPERTY_RETRY_TOPIC, PROPERTY_TRACE_SWITCH, PROPERTY_TRANSACTION_PREPARED,
-                              PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION,
-                              PULL_FLAG_SUSPEND, RETRY_GROUP_TOPIC_PREFIX, RMQ_SYS_TRANS_HALF_TOPIC,
-                              RMQ_SYS_TRANS_OP_HALF_TOPIC, UNIQUE_MSG_QUERY_FLAG, V3_4_9, RequestCode, ResponseCode)
+                              PROPERTY_MSG_REGION, PROPERTY_PRODUCER_GROUP, PROPERTY_TRACE_SWITCH,
+                              PROPERTY_TRANSACTION_PREPARED, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION,
+                              PULL_FLAG_SUSPEND, RETRY_GROUP_TOPIC_PREFIX, UNIQUE_MSG_QUERY_FLAG, V3_4_9, RequestCode,
+                              ResponseCode)
 from ..remoting.command import RemotingCommand
 from .clients import ClientChannelInfo, ClientManager, SubscriptionData, TagFilter
 from .namesrv import not_supported
@@ -110,12 +108,13 @@ class _PendingPut:
 class Broker:
     """Request handling of one broker; `handle` is the RemotingServer handler of both ports."""
 
-    def __init__(self, store, cfg, topics, offsets, groups, *, region_id: str = "DefaultRegion",
+    def __init__(self, store, cfg, local, groups, *, region_id: str = "DefaultRegion",
                  trace_on: bool = True, reject_transaction: bool = False):
         self.store = store
         self.cfg = cfg
-        self.topics = topics
-        self.offsets = offsets
+        self.local = local               # rmqstore.local_broker.LocalBroker: topics, offsets, send-back
+        self.topics = local.topics
+        self.offsets = local.offsets
         self.groups = groups
         self.clients = ClientManager()
         self.region_id = region_id
@@ -128,8 +127,6 @@ class Broker:
         self._puts: list[_PendingPut] = []
         self._put_scheduled = False
         self.held: dict[tuple[str, int], list[HeldPull]] = {}
-        self.transactions = None       # rmqstore.transaction service when present (see app)
-        self.schedule = None           # rmqstore.schedule service when present (see app)
         self.rand = random.Random()
         self.stats = {"put": 0, "get": 0}
         self.handlers: dict[int, Callable] = {
@@ -193,7 +190,7 @@ class Broker:
 
     def _topic_for_send(self, ch: Channel, req: RemotingCommand, h: Header, topic: str, resp_fields: dict):
         """AbstractSendMessageProcessor.msgCheck: (topic config, None) or (None, error response)."""
-        if not self.topics.is_topic_can_send(topic):
+        if topic == DEFAULT_TOPIC:
             return None, req.make_response(ResponseCode.SYSTEM_ERROR,
                                            f"the topic[{topic}] is conflict with system reserved words.", resp_fields)
         if not TOPIC_RE.match(topic) or len(topic.encode()) > codec.MAX_TOPIC_LENGTH:
@@ -206,9 +203,11 @@ class Broker:
             if unit:
                 sys_flag = 2 if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) else 1
             log.warning("the topic %s does not exist, producer %s", topic, ch.remote)
-            tc = self.topics.create_in_send(topic, h.str("defaultTopic"), h.int("defaultTopicQueueNums"), sys_flag)
+            tc = None
+            if h.str("defaultTopic") == DEFAULT_TOPIC:
+                tc = self.topics.create_topic_in_send_message_method(topic, h.int("defaultTopicQueueNums"), sys_flag)
             if tc is None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                tc = self.topics.create_in_send_back(topic, 1, PERM_WRITE | PERM_READ, sys_flag)
+                tc = self.topics.create_topic_in_send_message_back_method(topic, 1, PERM_WRITE | PERM_READ, sys_flag)
             if tc is None:
                 return None, req.make_response(ResponseCode.TOPIC_NOT_EXIST,
                                                f"topic[{topic}] not exist, apply first please!{FAQ}", resp_fields)
@@ -258,7 +257,7 @@ class Broker:
             if reconsume >= max_times:
                 msg_topic = DLQ_GROUP_TOPIC_PREFIX + group
                 qid = abs(self.rand.randrange(-99999999, 99999999)) % DLQ_NUMS_PER_GROUP
-                self.topics.create_in_send_back(msg_topic, DLQ_NUMS_PER_GROUP, PERM_WRITE, 0)
+                self.topics.create_topic_in_send_message_back_method(msg_topic, DLQ_NUMS_PER_GROUP, PERM_WRITE, 0)
         props_str = h.str("properties", required=False) or ""
         props = codec.string_to_properties(props_str)
         msg = Message(topic=msg_topic, body=body, queue_id=qid, flag=h.int("flag"), sys_flag=sys_flag,
@@ -268,7 +267,7 @@ class Broker:
             if self.reject_transaction:
                 return req.make_response(ResponseCode.NO_PERMISSION,
                                          f"the broker[{self.cfg.broker_ip1}] sending transaction message is forbidden", base)
-            msg = self._half_message(msg)
+            msg.sys_flag = (msg.sys_flag & ~TRAN_MASK) | codec.TRANSACTION_PREPARED_TYPE
 
         def done(results: list[PutMessageResult]) -> None:
             ch.send(self._put_response(req, results[0], qid, base))
@@ -333,33 +332,12 @@ class Broker:
             remark = None
         return req.make_response(code, remark, fields)
 
-    def _half_message(self, msg: Message) -> Message:
-        """TransactionalMessageBridge.parseHalfMessageInner: park a prepared message in the half topic."""
-        if self.transactions is not None and hasattr(self.transactions, "half_message"):
-            return self.transactions.half_message(msg)
-        props = dict(msg.properties)
-        props[PROPERTY_REAL_TOPIC] = msg.topic
-        props[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
-        msg.properties = props
-        msg.sys_flag = msg.sys_flag & ~TRAN_MASK
-        msg.topic = RMQ_SYS_TRANS_HALF_TOPIC
-        msg.queue_id = 0
-        return msg
-
     # --- the put queue: one store call per loop iteration -------------------------------------------
     def _submit_put(self, msgs: list[Message], done: Callable[[list[PutMessageResult]], None]) -> None:
-        msgs = [self._prepare_delay(m) for m in msgs]
         self._puts.append(_PendingPut(msgs, done))
         if not self._put_scheduled:
             self._put_scheduled = True
             self.loop.call_soon(self._flush_puts)
-
-    def _prepare_delay(self, msg: Message) -> Message:
-        """A message with a DELAY level goes through the schedule service when there is one."""
-        if self.schedule is not None and msg.properties.get(PROPERTY_DELAY_TIME_LEVEL) and \
-                msg.sys_flag & TRAN_MASK in (codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_COMMIT_TYPE):
-            return self.schedule.transform(msg)
-        return msg
 
     def _flush_puts(self) -> None:
         self._put_scheduled = False
@@ -467,7 +445,7 @@ class Broker:
         else:   # OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL
             code = ResponseCode.PULL_OFFSET_MOVED
         if allow_suspend and has_commit:
-            self.offsets.commit(group, topic, qid, commit_offset)
+            self.offsets.commit_offset(group, topic, qid, commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and has_suspend:
             if held is not None and time.monotonic() < held.deadline:
                 return _KEEP_HELD
@@ -624,8 +602,8 @@ class Broker:
             if sgc is not None:
                 notify = sgc.notify_consumer_ids_changed_enable
                 sys_flag = 2 if cd.get("unitMode") else 0
-                self.topics.create_in_send_back(RETRY_GROUP_TOPIC_PREFIX + group, sgc.retry_queue_nums,
-                                                PERM_WRITE | PERM_READ, sys_flag)
+                self.topics.create_topic_in_send_message_back_method(RETRY_GROUP_TOPIC_PREFIX + group,
+                                                                     sgc.retry_queue_nums, PERM_WRITE | PERM_READ, sys_flag)
             changed = self.clients.register_consumer(group, ClientChannelInfo(ch, client_id, req.language, req.version),
                                                      str(cd.get("consumeType", "CONSUME_PASSIVELY")),
                                                      str(cd.get("messageModel", "CLUSTERING")),
@@ -676,7 +654,7 @@ class Broker:
     def query_consumer_offset(self, ch: Channel, req: RemotingCommand):
         h = Header(req.ext_fields)
         group, topic, qid = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
-        off = self.offsets.query(group, topic, qid)
+        off = self.offsets.query_offset(group, topic, qid)
         if off >= 0:
             return req.make_response(ResponseCode.SUCCESS, None, {"offset": str(off)})
         min_off = self.store.get_min_offset_in_queue(topic, qid)
@@ -699,11 +677,11 @@ class Broker:
 
     def update_consumer_offset(self, ch: Channel, req: RemotingCommand):
         h = Header(req.ext_fields)
-        self.offsets.commit(h.str("consumerGroup"), h.str("topic"), h.int("queueId"), h.long("commitOffset"))
+        self.offsets.commit_offset(h.str("consumerGroup"), h.str("topic"), h.int("queueId"), h.long("commitOffset"))
         return req.make_response(ResponseCode.SUCCESS, None, {})
 
     def get_all_consumer_offset(self, ch: Channel, req: RemotingCommand):
-        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.offsets.to_json()))
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.offsets.encode()))
 
     def search_offset_by_timestamp(self, ch: Channel, req: RemotingCommand):
         h = Header(req.ext_fields)
@@ -749,19 +727,21 @@ class Broker:
         rq, wq, perm = h.int("readQueueNums"), h.int("writeQueueNums"), h.int("perm")
         if not (0 <= rq <= 65535 and 0 <= wq <= 65535):
             return req.make_response(ResponseCode.SYSTEM_ERROR, "queue numbers out of range")
-        from .state import TopicConfig
-        tc = TopicConfig(topic, rq, wq, perm, h.str("topicFilterType"), h.int("topicSysFlag", False, 0),
-                         h.bool("order"))
-        self.topics.update(tc)
+        h.str("topicFilterType")
+        try:
+            self.topics.create_topic(topic, wq, perm, read_queue_nums=rq, order=h.bool("order"),
+                                     topic_sys_flag=h.int("topicSysFlag", False, 0))
+        except ValueError as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, str(e))
         return req.make_response(ResponseCode.SUCCESS)
 
     def delete_topic(self, ch: Channel, req: RemotingCommand):
         topic = Header(req.ext_fields).str("topic")
-        self.topics.delete(topic)
+        self.topics.delete_topic(topic)
         return req.make_response(ResponseCode.SUCCESS)
 
     def get_all_topic_config(self, ch: Channel, req: RemotingCommand):
-        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.topics.to_json()))
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.topics.encode()))
 
     # --- ordered consumption locks (RebalanceLockManager) ---------------------------------------------
     def lock_batch_mq(self, ch: Channel, req: RemotingCommand):
@@ -795,6 +775,8 @@ class Broker:
 
     # --- retry ----------------------------------------------------------------------------------------
     def consumer_send_msg_back(self, ch: Channel, req: RemotingCommand):
+        """SendMessageProcessor.consumerSendMsgBack, done by LocalBroker.send_message_back (the retry /
+        dead-letter semantics of the in-process messaging layer)."""
         h = Header(req.ext_fields)
         offset = h.long("offset")
         group = h.str("group")
@@ -804,96 +786,74 @@ class Broker:
             return req.make_response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}{FAQ}")
         if sgc.retry_queue_nums <= 0:
             return req.make_response(ResponseCode.SUCCESS)
-        new_topic = RETRY_GROUP_TOPIC_PREFIX + group
-        qid = abs(self.rand.randrange(-99999999, 99999999)) % sgc.retry_queue_nums
-        sys_flag = 2 if h.bool("unitMode") else 0
-        tc = self.topics.create_in_send_back(new_topic, sgc.retry_queue_nums, PERM_WRITE | PERM_READ, sys_flag)
-        if not tc.writeable:
-            return req.make_response(ResponseCode.NO_PERMISSION, f"the topic[{new_topic}] sending message is forbidden")
-        msg = self.store.look_message_by_offset(offset) if offset >= 0 else None
-        if msg is None:
-            return req.make_response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
-        props = dict(msg.properties)
-        if PROPERTY_RETRY_TOPIC not in props:
-            props[PROPERTY_RETRY_TOPIC] = msg.topic
         max_times = sgc.retry_max_times
         if req.version >= V3_4_9:
             max_times = h.int("maxReconsumeTimes", required=False, default=max_times)
-        if msg.reconsume_times >= max_times or delay_level < 0:
-            new_topic = DLQ_GROUP_TOPIC_PREFIX + group
-            qid = abs(self.rand.randrange(-99999999, 99999999)) % DLQ_NUMS_PER_GROUP
-            self.topics.create_in_send_back(new_topic, DLQ_NUMS_PER_GROUP, PERM_WRITE, 0)
-        else:
-            if delay_level == 0:
-                delay_level = 3 + msg.reconsume_times
-            props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
-        origin = props.get(PROPERTY_ORIGIN_MESSAGE_ID)
-        props[PROPERTY_ORIGIN_MESSAGE_ID] = origin if origin else msg.msg_id
-        if self.schedule is None:
-            # INTERIM: without the schedule service the retry is delivered at once (no delay).
-            props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-        inner = Message(topic=new_topic, body=msg.body or b"", queue_id=qid, flag=msg.flag, sys_flag=msg.sys_flag,
-                        born_timestamp=msg.born_timestamp, born_host=msg.born_host, store_host=self.store_host,
-                        reconsume_times=msg.reconsume_times + 1, properties=props)
+        if offset < 0 or self.store.look_message_by_offset(offset) is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
 
-        def done(results):
-            r = results[0]
+        def run():
+            return self.local.send_message_back(group, offset, delay_level, max_times)
+
+        def answer(r):
             if r.status is PutMessageStatus.PUT_OK:
-                ch.send(req.make_response(ResponseCode.SUCCESS))
-            else:
-                ch.send(req.make_response(ResponseCode.SYSTEM_ERROR, r.status.value))
-        self._submit_put([inner], done)
-        return None
+                return req.make_response(ResponseCode.SUCCESS)
+            return req.make_response(ResponseCode.SYSTEM_ERROR, r.status.value)
+        if self.sync_flush:
+            return self._in_executor(run, answer)
+        return answer(run())
+
+    async def _in_executor(self, fn, then):
+        return then(await self.loop.run_in_executor(None, fn))
 
     # --- transactions ---------------------------------------------------------------------------------
     def end_transaction(self, ch: Channel, req: RemotingCommand):
+        """EndTransactionProcessor over the store-level transaction model of rmqstore.transaction: the half
+        message sits in its real topic and queue with sysFlag PREPARED; commit appends a copy with sysFlag
+        COMMIT (preparedTransactionOffset = the half's offset), rollback one with ROLLBACK and no body."""
         h = Header(req.ext_fields)
         pgroup = h.str("producerGroup")
         tran_offset = h.long("tranStateTableOffset")
         cl_offset = h.long("commitLogOffset")
         kind = h.int("commitOrRollback")
         from_check = h.bool("fromTransactionCheck")
-        if self.transactions is not None and hasattr(self.transactions, "end_transaction"):
-            return self.transactions.end_transaction(self, ch, req)
         if kind not in (codec.TRANSACTION_COMMIT_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
-            log.warning("producer %s ended a transaction with state %d (pending): %s", ch.remote, kind,
+            log.warning("producer %s ended a transaction with state %d (pending) %s", ch.remote, kind,
                         "from check" if from_check else "in sending")
             return None
         half = self.store.look_message_by_offset(cl_offset) if cl_offset >= 0 else None
-        if half is None:
+        if half is None or (half.sys_flag & TRAN_MASK) != codec.TRANSACTION_PREPARED_TYPE:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
         if half.properties.get(PROPERTY_PRODUCER_GROUP) != pgroup:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
         if half.queue_offset != tran_offset:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        if half.commit_log_offset != cl_offset:
-            return req.make_response(ResponseCode.SYSTEM_ERROR, "The commit log offset wrong")
-        op = Message(topic=RMQ_SYS_TRANS_OP_HALF_TOPIC, body=str(half.queue_offset).encode(), queue_id=half.queue_id,
-                     born_timestamp=int(time.time() * 1000), born_host=self.store_host, store_host=self.store_host,
-                     properties={codec.PROPERTY_TAGS: "d"})
-        if kind == codec.TRANSACTION_ROLLBACK_TYPE:
-            def done_rb(results):
-                ch.send(req.make_response(ResponseCode.SUCCESS))
-            self._submit_put([op], done_rb)
-            return None
-        props = dict(half.properties)
-        real_topic = props.pop(PROPERTY_REAL_TOPIC, None)
-        real_qid = props.pop(PROPERTY_REAL_QUEUE_ID, None)
-        if real_topic is None or real_qid is None:
-            return req.make_response(ResponseCode.SYSTEM_ERROR, "the prepared message has no real topic")
-        final = Message(topic=real_topic, body=half.body or b"", queue_id=int(real_qid), flag=half.flag,
-                        sys_flag=(half.sys_flag & ~TRAN_MASK) | codec.TRANSACTION_COMMIT_TYPE,
-                        born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
-                        reconsume_times=half.reconsume_times, prepared_transaction_offset=cl_offset, properties=props)
+        tx = self._transactions()
+        if tx is not None:
+            def run():
+                return tx.end(half, kind == codec.TRANSACTION_COMMIT_TYPE)
+        else:
+            final = Message(topic=half.topic, body=(half.body or b"") if kind == codec.TRANSACTION_COMMIT_TYPE else b"",
+                            queue_id=half.queue_id, flag=half.flag, sys_flag=(half.sys_flag & ~TRAN_MASK) | kind,
+                            born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
+                            reconsume_times=half.reconsume_times, prepared_transaction_offset=cl_offset,
+                            properties=dict(half.properties))
 
-        def done(results):
-            r0 = results[0]
-            if r0.status in _SEND_OK:
-                ch.send(req.make_response(ResponseCode.SUCCESS))
-            else:
-                code, remark, _ = _PUT_CODES.get(r0.status, (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR", False))
-                ch.send(req.make_response(code, remark))
-        self._submit_put([final, op], done)
+            def run():
+                return self.store.put_messages([final])[0]
+
+        def answer(r):
+            status = getattr(r, "status", r)
+            if status in _SEND_OK or status is True:
+                return req.make_response(ResponseCode.SUCCESS)
+            code, remark, _ = _PUT_CODES.get(status, (ResponseCode.SYSTEM_ERROR, str(status), False))
+            return req.make_response(code, remark)
+        if self.sync_flush:
+            return self._in_executor(run, answer)
+        return answer(run())
+
+    def _transactions(self):
+        """The in-process transaction service's ending call, when it offers one."""
         return None
 
 

@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..remoting import fastjson
-from ..remoting.codes import PERM_WRITE, RequestCode, ResponseCode
+from ..remoting.codes import RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand
 from .net import Channel
 

@@ -1,0 +1,460 @@
+"""Producer: RocketMQ's DefaultMQProducer (and TransactionMQProducer) in Python.
+
+    p = Producer("my_group", "127.0.0.1:9876")
+    p.start()
+    r = p.send(Message("TopicA", b"hello", tags="TagA", keys="order-1"))       # blocking -> SendResult
+    f = p.send_async(Message("TopicA", b"hi"))                                  # concurrent.futures.Future
+    p.send_oneway(Message("TopicA", b"fire and forget"))
+    p.send_batch([Message("TopicA", b"a"), Message("TopicA", b"b")])           # SEND_BATCH_MESSAGE
+    await p.send_coro(msg)                                                      # from asyncio code
+    p.shutdown()
+
+On the wire it is the Java 4.4.0 client: SEND_MESSAGE_V2 (310) with the one-letter header to the broker's
+VIP port (listenPort - 2), a UNIQ_KEY property per message, GET_ROUTEINTO_BY_TOPIC with the TBW102
+fallback for a topic the name server does not know yet, heartbeats with the producer group.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+import zlib
+from typing import Callable
+
+from .. import codec
+from ..remoting.body import UniqIdGenerator, encode_batch_entry
+from ..remoting.codes import (DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
+                              PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX, RequestCode,
+                              ResponseCode)
+from ..remoting.command import RemotingCommand
+from .instance import MQClientInstance, TopicPublishInfo, TopicRoute, publish_info
+from .message import (LocalTransactionState, Message, MessageQueue, MQBrokerError, MQClientError, SendResult,
+                      SendStatus, TransactionSendResult)
+from .remoting import RemotingSendError, RemotingTimeoutError
+
+log = logging.getLogger(__name__)
+
+_SEND_OK = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+            ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+            ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
+# Broker codes after which the Java producer tries another queue.
+_RETRY_CODES = {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.SYSTEM_ERROR,
+                ResponseCode.NO_PERMISSION, ResponseCode.NO_BUYER_ID, ResponseCode.NOT_IN_CURRENT_UNIT}
+_UNIQ = UniqIdGenerator()
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+
+class Producer:
+    def __init__(self, group: str, namesrv_addr: str = "127.0.0.1:9876", *, instance_name: str | None = None,
+                 send_msg_timeout: float = 3.0, retry_times_when_send_failed: int = 2,
+                 retry_times_when_send_async_failed: int = 2, default_topic_queue_nums: int = 4,
+                 create_topic_key: str = DEFAULT_TOPIC, compress_msg_body_over: int = 4096,
+                 max_message_size: int = MAX_MESSAGE_SIZE, vip_channel_enabled: bool = True,
+                 max_async_in_flight: int = 65535, language: str = "JAVA", client_ip: str | None = None):
+        self.group = group
+        self.namesrv_addr = namesrv_addr
+        self.instance_name = instance_name
+        self.send_msg_timeout = send_msg_timeout
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self.retry_times_when_send_async_failed = retry_times_when_send_async_failed
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self.create_topic_key = create_topic_key
+        self.compress_msg_body_over = compress_msg_body_over
+        self.max_message_size = max_message_size
+        self.vip_channel_enabled = vip_channel_enabled
+        self.language = language
+        self.client_ip = client_ip
+        self._async_slots = threading.BoundedSemaphore(max_async_in_flight)
+        self.publish: dict[str, TopicPublishInfo] = {}
+        self.mq: MQClientInstance | None = None
+        self.transaction_listener = None     # for CHECK_TRANSACTION_STATE: fn(MessageExt) -> LocalTransactionState
+
+    # --- life ---------------------------------------------------------------------------------------
+    def start(self) -> "Producer":
+        if self.mq is not None:
+            return self
+        self.mq = MQClientInstance.get(self.namesrv_addr, self.instance_name, self.client_ip, language=self.language,
+                                       vip_channel_enabled=self.vip_channel_enabled)
+        try:
+            self.mq.register_producer(self.group, self)
+        except MQClientError:
+            self.mq.release()
+            self.mq = None
+            raise
+        self.mq.scheduler.call_later(0, self.mq.send_heartbeat_to_all_brokers)
+        return self
+
+    def shutdown(self) -> None:
+        mq, self.mq = self.mq, None
+        if mq is None:
+            return
+        try:
+            mq.unregister(producer_group=self.group)
+        finally:
+            mq.release()
+
+    def __enter__(self) -> "Producer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def _check(self) -> MQClientInstance:
+        if self.mq is None:
+            raise MQClientError("the producer is not started")
+        return self.mq
+
+    # --- routes -------------------------------------------------------------------------------------
+    def published_topics(self) -> list[str]:
+        return list(self.publish)
+
+    def _route_changed(self, topic: str, route: TopicRoute, changed: bool = True) -> None:
+        if changed and topic in self.publish:
+            self.publish[topic] = publish_info(topic, route)
+
+    def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
+        return list(self._publish_info(topic).queues)
+
+    def _publish_info(self, topic: str) -> TopicPublishInfo:
+        info = self.publish.get(topic)
+        if info is not None and info.ok:
+            return info
+        mq = self._check()
+        route = mq.update_route(topic)
+        if route is not None:
+            info = publish_info(topic, route)
+        else:
+            droute = mq.update_route(topic, default=True, default_queue_nums=self.default_topic_queue_nums)
+            if droute is None:
+                raise MQClientError(f"No route info of this topic, {topic}\nSee http://rocketmq.apache.org/docs/faq/ "
+                                    "for further details.")
+            info = publish_info(topic, droute)
+        if not info.ok:
+            raise MQClientError(f"No route info of this topic, {topic}")
+        self.publish[topic] = info
+        return info
+
+    # --- building requests ----------------------------------------------------------------------------
+    def _check_message(self, msg: Message) -> None:
+        if not isinstance(msg, Message):
+            raise MQClientError("the message is not a Message")
+        if not msg.topic or len(msg.topic) > 255:
+            raise MQClientError(f"the specified topic {msg.topic!r} is invalid")
+        if not msg.body:
+            raise MQClientError("the message body is empty")
+        if len(msg.body) > self.max_message_size:
+            raise MQClientError(f"the message body size over max value, MAX: {self.max_message_size}")
+
+    def _request(self, msg: Message, mq: MessageQueue, *, sys_flag_extra: int = 0, code: int = RequestCode.SEND_MESSAGE_V2,
+                 body: bytes | None = None, batch: bool = False) -> RemotingCommand:
+        body = msg.body if body is None else body
+        sys_flag = sys_flag_extra
+        if not batch and len(body) >= self.compress_msg_body_over:
+            body = zlib.compress(body, 5)
+            sys_flag |= codec.SYSFLAG_COMPRESSED
+        props = msg.properties
+        if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
+            sys_flag |= codec.TRANSACTION_PREPARED_TYPE
+        fields = {"a": self.group, "b": msg.topic, "c": self.create_topic_key, "d": str(self.default_topic_queue_nums),
+                  "e": str(mq.queue_id), "f": str(sys_flag), "g": str(int(time.time() * 1000)), "h": str(msg.flag),
+                  "i": codec.properties_to_string(props), "j": "0", "k": "false", "m": "true" if batch else "false"}
+        if msg.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            rt = props.get("RECONSUME_TIME")
+            if rt is not None:
+                fields["j"] = rt
+            mrt = props.get("MAX_RECONSUME_TIMES")
+            if mrt is not None:
+                fields["l"] = mrt
+        return RemotingCommand(code, ext_fields=fields, body=body, language=self.language)
+
+    @staticmethod
+    def _result(resp: RemotingCommand, msg_id: str, mq: MessageQueue, addr: str) -> SendResult:
+        status = _SEND_OK.get(resp.code)
+        if status is None:
+            raise MQBrokerError(resp.code, resp.remark, addr)
+        f = resp.ext_fields or {}
+        try:
+            queue_id = int(f.get("queueId", mq.queue_id))
+            offset = int(f.get("queueOffset", -1))
+        except ValueError:
+            raise MQClientError(f"bad send response from {addr}: {f}") from None
+        return SendResult(status, msg_id, f.get("msgId", ""), MessageQueue(mq.topic, mq.broker_name, queue_id), offset,
+                          None, f.get("MSG_REGION"), f.get("TRACE_ON", "true") != "false")
+
+    def _broker_addr(self, mq: MessageQueue) -> str:
+        m = self._check()
+        addr = m.find_broker_addr(mq.broker_name)
+        if addr is None:
+            m.update_route(mq.topic)
+            addr = m.find_broker_addr(mq.broker_name)
+        if addr is None:
+            raise MQClientError(f"The broker[{mq.broker_name}] not exist")
+        return m.broker_channel(addr)
+
+    @staticmethod
+    def _prepare(msg: Message) -> str:
+        uid = msg.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        if uid is None:
+            uid = _UNIQ.new_id()
+            msg.properties[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uid
+        return uid
+
+    # --- sync ---------------------------------------------------------------------------------------
+    def send(self, msg: Message, timeout: float | None = None, *, queue: MessageQueue | None = None,
+             selector: Callable[[list[MessageQueue], Message, object], MessageQueue] | None = None,
+             arg=None) -> SendResult:
+        """Send and wait for the broker's answer; on a failure another queue is tried
+        (retryTimesWhenSendFailed times) unless a queue was given."""
+        self._check_message(msg)
+        timeout = self.send_msg_timeout if timeout is None else timeout
+        uid = self._prepare(msg)
+        deadline = time.monotonic() + timeout
+        info = None if queue is not None else self._publish_info(msg.topic)
+        if selector is not None:
+            queue = selector(list(info.queues), msg, arg)
+            info = None
+        attempts = 1 if info is None else 1 + self.retry_times_when_send_failed
+        last_broker = None
+        last_exc: Exception | None = None
+        for _ in range(attempts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            mq = queue if info is None else info.select(last_broker)
+            try:
+                addr = self._broker_addr(mq)
+                resp = self._check().invoke(addr, self._request(msg, mq), left)
+                return self._result(resp, uid, mq, addr)
+            except MQBrokerError as e:
+                last_exc = e
+                if e.code not in _RETRY_CODES:
+                    raise
+            except (RemotingSendError, RemotingTimeoutError, OSError, MQClientError) as e:
+                last_exc = e
+            last_broker = mq.broker_name
+        if last_exc is None:
+            raise MQClientError(f"send of {msg!r} timed out after {timeout} s")
+        if isinstance(last_exc, MQBrokerError):
+            raise last_exc
+        raise MQClientError(f"send failed: {last_exc}") from last_exc
+
+    # --- async --------------------------------------------------------------------------------------
+    def send_async(self, msg: Message, callback: Callable[[SendResult | None, BaseException | None], None] | None = None,
+                   timeout: float | None = None, *, queue: MessageQueue | None = None) -> concurrent.futures.Future:
+        """Send without waiting: a Future of the SendResult (callback(result, error) too, in the client's
+        reader thread). A failure is retried on another queue retryTimesWhenSendAsyncFailed times."""
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        if callback is not None:
+            out.add_done_callback(lambda f: callback(None if f.exception() else f.result(), f.exception()))
+        try:
+            self._check_message(msg)
+            uid = self._prepare(msg)
+            info = None if queue is not None else self._publish_info(msg.topic)
+        except Exception as e:
+            out.set_exception(e)
+            return out
+        timeout = self.send_msg_timeout if timeout is None else timeout
+        if not self._async_slots.acquire(timeout=timeout):
+            out.set_exception(MQClientError("too many asynchronous sends in flight"))
+            return out
+        out.add_done_callback(lambda f: self._async_slots.release())
+        self._send_async_attempt(msg, uid, info, queue, out, time.monotonic() + timeout,
+                                 self.retry_times_when_send_async_failed, None)
+        return out
+
+    def _send_async_attempt(self, msg, uid, info, queue, out, deadline, retries_left, last_broker) -> None:
+        mq = queue if info is None else info.select(last_broker)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            out.set_exception(MQClientError(f"send of {msg!r} timed out"))
+            return
+
+        def retry_or_fail(exc: BaseException) -> None:
+            if retries_left > 0 and info is not None and not (isinstance(exc, MQBrokerError) and exc.code not in _RETRY_CODES):
+                self._send_async_attempt(msg, uid, info, queue, out, deadline, retries_left - 1, mq.broker_name)
+            elif not out.done():
+                out.set_exception(exc)
+
+        try:
+            addr = self._broker_addr(mq)
+            cmd = self._request(msg, mq)
+        except Exception as e:
+            retry_or_fail(e)
+            return
+
+        def on_response(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                retry_or_fail(exc)
+                return
+            try:
+                res = self._result(f.result(), uid, mq, addr)
+            except Exception as e:
+                retry_or_fail(e)
+                return
+            if not out.done():
+                out.set_result(res)
+        try:
+            self._check().remoting.invoke_async(addr, cmd, left, on_response)
+        except Exception as e:
+            retry_or_fail(e)
+
+    async def send_coro(self, msg: Message, timeout: float | None = None) -> SendResult:
+        """`await producer.send_coro(msg)` from asyncio code (wraps send_async)."""
+        return await asyncio.wrap_future(self.send_async(msg, timeout=timeout))
+
+    # --- oneway -------------------------------------------------------------------------------------
+    def send_oneway(self, msg: Message, *, queue: MessageQueue | None = None) -> None:
+        self._check_message(msg)
+        self._prepare(msg)
+        mq = queue or self._publish_info(msg.topic).select()
+        cmd = self._request(msg, mq)
+        self._check().remoting.invoke_oneway(self._broker_addr(mq), cmd)
+
+    # --- batch --------------------------------------------------------------------------------------
+    def _batch_request(self, msgs: list[Message], mq: MessageQueue) -> tuple[RemotingCommand, str]:
+        if not msgs:
+            raise MQClientError("the batch is empty")
+        topic = msgs[0].topic
+        parts, ids = [], []
+        for m in msgs:
+            if m.topic != topic:
+                raise MQClientError("the topic of the messages in one batch should be the same")
+            if m.delay_level > 0:
+                raise MQClientError("TimeDelayLevel in not supported for batching")
+            if m.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                raise MQClientError("Retry Group is not supported for batching")
+            self._check_message(m)
+            ids.append(self._prepare(m))
+            parts.append(encode_batch_entry(m.flag, m.body, m.properties))
+        body = b"".join(parts)
+        if len(body) > self.max_message_size:
+            raise MQClientError(f"the batch body size {len(body)} over max value, MAX: {self.max_message_size}")
+        head = Message(topic, body, wait_store_msg_ok=msgs[0].properties.get("WAIT", "true") == "true")
+        head.properties[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = _UNIQ.new_id()
+        return self._request(head, mq, code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True), ",".join(ids)
+
+    def send_batch(self, msgs: list[Message], timeout: float | None = None, *,
+                   queue: MessageQueue | None = None) -> SendResult:
+        """All messages to one queue in one request (SEND_BATCH_MESSAGE); msg_id is the comma-joined ids."""
+        timeout = self.send_msg_timeout if timeout is None else timeout
+        info = None if queue is not None else self._publish_info(msgs[0].topic if msgs else "")
+        deadline = time.monotonic() + timeout
+        attempts = 1 if info is None else 1 + self.retry_times_when_send_failed
+        last_exc, last_broker = None, None
+        for _ in range(attempts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            mq = queue if info is None else info.select(last_broker)
+            cmd, ids = self._batch_request(msgs, mq)
+            try:
+                addr = self._broker_addr(mq)
+                return self._result(self._check().invoke(addr, cmd, left), ids, mq, addr)
+            except MQBrokerError as e:
+                last_exc = e
+                if e.code not in _RETRY_CODES:
+                    raise
+            except (RemotingSendError, RemotingTimeoutError, OSError, MQClientError) as e:
+                last_exc = e
+            last_broker = mq.broker_name
+        if isinstance(last_exc, MQBrokerError):
+            raise last_exc
+        raise MQClientError(f"batch send failed: {last_exc}")
+
+    def send_batch_async(self, msgs: list[Message], timeout: float | None = None) -> concurrent.futures.Future:
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            mq = self._publish_info(msgs[0].topic if msgs else "").select()
+            cmd, ids = self._batch_request(msgs, mq)
+            addr = self._broker_addr(mq)
+        except Exception as e:
+            out.set_exception(e)
+            return out
+
+        def on_response(f):
+            try:
+                out.set_result(self._result(f.result(), ids, mq, addr))
+            except Exception as e:
+                out.set_exception(e)
+        try:
+            self._check().remoting.invoke_async(addr, cmd, self.send_msg_timeout if timeout is None else timeout,
+                                                on_response)
+        except Exception as e:
+            if not out.done():
+                out.set_exception(e)
+        return out
+
+    # --- transactions -------------------------------------------------------------------------------
+    def send_message_in_transaction(self, msg: Message,
+                                    execute_local: Callable[[Message, object], LocalTransactionState],
+                                    arg=None) -> TransactionSendResult:
+        """Half message, local transaction, then END_TRANSACTION (oneway) with its outcome.
+        `transaction_listener` (fn(MessageExt) -> LocalTransactionState) answers the broker's checks."""
+        msg.properties[PROPERTY_TRANSACTION_PREPARED] = "true"
+        msg.properties[PROPERTY_PRODUCER_GROUP] = self.group
+        r = self.send(msg)
+        state = LocalTransactionState.UNKNOW
+        if r.send_status is SendStatus.SEND_OK:
+            msg.transaction_id = r.msg_id
+            try:
+                state = execute_local(msg, arg) or LocalTransactionState.UNKNOW
+            except Exception:
+                log.exception("local transaction of %s failed", r.msg_id)
+                state = LocalTransactionState.UNKNOW
+        else:
+            state = LocalTransactionState.ROLLBACK_MESSAGE
+        self._end_transaction(r, state)
+        out = TransactionSendResult(r.send_status, r.msg_id, r.offset_msg_id, r.message_queue, r.queue_offset,
+                                    r.msg_id, r.region_id, r.trace_on)
+        out.local_transaction_state = state
+        return out
+
+    def _end_transaction(self, r: SendResult, state: LocalTransactionState, from_check: bool = False,
+                         addr: str | None = None) -> None:
+        _, offset = codec.decode_message_id(r.offset_msg_id)
+        kind = {LocalTransactionState.COMMIT_MESSAGE: codec.TRANSACTION_COMMIT_TYPE,
+                LocalTransactionState.ROLLBACK_MESSAGE: codec.TRANSACTION_ROLLBACK_TYPE}.get(state,
+                                                                                              codec.TRANSACTION_NOT_TYPE)
+        fields = {"producerGroup": self.group, "tranStateTableOffset": str(r.queue_offset), "commitLogOffset": str(offset),
+                  "commitOrRollback": str(kind), "fromTransactionCheck": "true" if from_check else "false",
+                  "msgId": r.msg_id, "transactionId": r.transaction_id or r.msg_id}
+        mq = self._check()
+        if addr is None:
+            addr = self._broker_addr_plain(r.message_queue)     # END_TRANSACTION goes to the main port
+        cmd = RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=fields, language=self.language)
+        mq.remoting.invoke_oneway(addr, cmd)
+
+    def _broker_addr_plain(self, mqq: MessageQueue) -> str:
+        addr = self._check().find_broker_addr(mqq.broker_name)
+        if addr is None:
+            raise MQClientError(f"The broker[{mqq.broker_name}] not exist")
+        return addr
+
+    def _check_transaction_state(self, addr: str, cmd: RemotingCommand) -> None:
+        """CHECK_TRANSACTION_STATE from a broker: ask transaction_listener, answer with END_TRANSACTION."""
+        from .message import decode_messages
+        if self.transaction_listener is None or not cmd.body:
+            return
+        try:
+            msg = decode_messages(cmd.body)[0]
+        except Exception as e:
+            log.warning("bad CHECK_TRANSACTION_STATE body from %s: %s", addr, e)
+            return
+        try:
+            state = self.transaction_listener(msg) or LocalTransactionState.UNKNOW
+        except Exception:
+            log.exception("transaction check of %s failed", msg.msg_id)
+            state = LocalTransactionState.UNKNOW
+        f = cmd.ext_fields or {}
+        kind = {LocalTransactionState.COMMIT_MESSAGE: codec.TRANSACTION_COMMIT_TYPE,
+                LocalTransactionState.ROLLBACK_MESSAGE: codec.TRANSACTION_ROLLBACK_TYPE}.get(state,
+                                                                                              codec.TRANSACTION_NOT_TYPE)
+        fields = {"producerGroup": self.group, "tranStateTableOffset": f.get("tranStateTableOffset", str(msg.queue_offset)),
+                  "commitLogOffset": f.get("commitLogOffset", str(msg.commit_log_offset)), "commitOrRollback": str(kind),
+                  "fromTransactionCheck": "true", "msgId": f.get("msgId") or msg.msg_id,
+                  "transactionId": f.get("transactionId") or msg.msg_id}
+        self._check().remoting.invoke_oneway(addr, RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=fields,
+                                                                   language=self.language))
