@@ -328,3 +328,50 @@ def fill_to(ballast: Path, ratio: float) -> float:
             f.flush()
             os.fsync(f.fileno())
     return disk_used_ratio(ballast.parent)
+
+
+@contextlib.contextmanager
+def failing_filesystem(mountpoint: Path, work: Path, backing_mb: int = 16):
+    """A real disk that fails: ext4 on a loop device whose backing image sits on a small tmpfs. Once the
+    tmpfs is filled (write the yielded ballast path until ENOSPC), writeback of blocks never written before
+    fails and msync/fsync answer EIO, as a dying disk does. Skips when mounting is not permitted."""
+    import pytest
+    backing = work / "backing"
+    backing.mkdir(parents=True, exist_ok=True)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={backing_mb}m", "tmpfs", str(backing)],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for the failing disk: {r.stderr.strip()}")
+    try:
+        img = backing / "disk.img"
+        with open(img, "wb") as f:
+            f.truncate(64 << 20)
+        for cmd in (["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(img)],
+                    ["mount", "-o", "loop", str(img), str(mountpoint)]):
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                pytest.skip(f"cannot build the failing disk ({' '.join(cmd[:2])}): {r.stderr.strip()}")
+        try:
+            yield backing / "ballast"
+        finally:
+            if subprocess.run(["umount", str(mountpoint)], capture_output=True, timeout=30).returncode != 0:
+                subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=30)
+    finally:
+        if subprocess.run(["umount", str(backing)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(backing)], capture_output=True, timeout=30)
+
+
+def fill_up(ballast: Path) -> None:
+    """Write the ballast file until its filesystem answers ENOSPC."""
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for size in (1 << 16, 4096, 512):
+            chunk = b"\x5a" * size
+            try:
+                while True:
+                    os.write(fd, chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)

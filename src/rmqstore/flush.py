@@ -9,7 +9,14 @@
   them into the mapped file every commitIntervalCommitLog ms; readers see committed bytes only.
 - FlushConsumeQueueService: consume queues every flushIntervalConsumeQueue ms (least 2 pages, all every
   flushConsumeQueueThoroughInterval), then the index's last file, then the checkpoint, each timestamp
-  taken before its flush so the checkpoint never vouches for unflushed data.
+  taken before its flush so the checkpoint never vouches for unflushed data (RocketMQ #678).
+
+A failed flush is final for the process (RocketMQ #2706 answered SEND_OK after a failed msync): Linux
+reports a writeback error once and marks the pages clean, so the NEXT msync "succeeds" although the data
+never reached the disk. After a failure a service therefore never flushes again: flushed positions and
+checkpoint timestamps stay where the last good flush left them, waiting and later sync puts answer
+FLUSH_DISK_TIMEOUT at once, the store refuses puts (RunningFlags.write_error) and keeps its abort file at
+close, so the next open recovers as after a crash.
 """
 from __future__ import annotations
 
@@ -87,6 +94,14 @@ def flush_commit_log(store: "MessageStore", least_pages: int) -> None:
         store.checkpoint.physic_msg_timestamp = ts
 
 
+def flush_failed(store: "MessageStore", what: str, e: OSError) -> str:
+    """Record a failed flush: the store refuses puts from now on; returns the reason."""
+    why = f"{what} flush failed ({e.strerror or e}): nothing written since the last good flush is claimed durable"
+    store.running_flags.write_failed(why)
+    log.error("%s: %s; puts are refused and the abort file is kept", store.path, why)
+    return why
+
+
 class FlushRealTimeService(ServiceThread):
     name = "FlushRealTimeService"
 
@@ -95,14 +110,22 @@ class FlushRealTimeService(ServiceThread):
         self.store = store
         self._last_thorough = time.monotonic()
 
-    def run_once(self) -> None:
+    failed: str | None = None
+
+    def run_once(self, least: int | None = None) -> None:
+        if self.failed:
+            return
         cfg = self.store.config
-        least = cfg.flush_commit_log_least_pages
-        now = time.monotonic()
-        if (now - self._last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval:
-            self._last_thorough = now
-            least = 0
-        flush_commit_log(self.store, least)
+        if least is None:
+            least = cfg.flush_commit_log_least_pages
+            now = time.monotonic()
+            if (now - self._last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval:
+                self._last_thorough = now
+                least = 0
+        try:
+            flush_commit_log(self.store, least)
+        except OSError as e:
+            self.failed = flush_failed(self.store, "commitlog", e)
 
     def on_appended(self, next_offset: int) -> bool:
         if not self.store.config.flush_commit_log_timed:
@@ -110,7 +133,7 @@ class FlushRealTimeService(ServiceThread):
         return True
 
     def on_stop(self) -> None:
-        flush_commit_log(self.store, 0)
+        self.run_once(0)
 
 
 class GroupCommitService(ServiceThread):
@@ -123,9 +146,11 @@ class GroupCommitService(ServiceThread):
         self._cond = threading.Condition()
         self._waiting = 0
         self.failures = 0
+        self.failed: str | None = None      # set by the first failed flush, never cleared (module docstring)
 
     def on_appended(self, next_offset: int) -> bool:
-        """Called by the put path after appending: block until flushed past next_offset (or timeout)."""
+        """Called by the put path after appending: block until flushed past next_offset (or timeout).
+        False (the put answers FLUSH_DISK_TIMEOUT) on timeout and, at once, after a failed flush."""
         q = self.store.commit_log.queue
         deadline = time.monotonic() + self.store.config.sync_flush_timeout / 1000.0
         with self._cond:
@@ -133,6 +158,10 @@ class GroupCommitService(ServiceThread):
             try:
                 self._wake.set()
                 while q.flushed_where < next_offset:
+                    if self.failed:
+                        log.warning("sync flush of offset %d failed (flushed to %d): %s", next_offset,
+                                    q.flushed_where, self.failed)
+                        return False
                     left = deadline - time.monotonic()
                     if left <= 0 or self.stopped:
                         log.warning("sync flush of offset %d timed out (flushed to %d)", next_offset, q.flushed_where)
@@ -151,14 +180,14 @@ class GroupCommitService(ServiceThread):
 
     def run_once(self) -> None:
         store = self.store
-        try:
-            if store.config.transient_store_pool_enable:
-                store.commit_log.queue.commit(0)
-            flush_commit_log(store, 0)
-        except OSError as e:
-            self.failures += 1
-            store.running_flags.write_failed(f"commitlog flush failed: {e}")
-            log.error("commitlog flush failed: %s (waiting puts will answer FLUSH_DISK_TIMEOUT)", e)
+        if not self.failed:
+            try:
+                if store.config.transient_store_pool_enable:
+                    store.commit_log.queue.commit(0)
+                flush_commit_log(store, 0)
+            except OSError as e:
+                self.failures += 1
+                self.failed = flush_failed(store, "commitlog", e)
         with self._cond:
             self._cond.notify_all()
 
@@ -199,7 +228,13 @@ class FlushConsumeQueueService(ServiceThread):
         self.store = store
         self._last_thorough = time.monotonic()
 
+    failed: str | None = None
+
     def run_once(self, force: bool = False) -> None:
+        """One flush; the checkpoint's logics timestamp moves only when every consume queue flush succeeded
+        (RocketMQ #678), its index timestamp only when the index flush did, and neither after a failure."""
+        if self.failed:
+            return
         store, cfg = self.store, self.store.config
         least = cfg.flush_consume_queue_least_pages
         now = time.monotonic()
@@ -207,15 +242,18 @@ class FlushConsumeQueueService(ServiceThread):
             self._last_thorough = now
             least = 0
         logics_ts = store.dispatcher.last_dispatched_timestamp   # taken before the flush it vouches for
-        store.consume_queues.flush(least)
-        if least == 0:
-            ck = store.checkpoint
-            if logics_ts:
-                ck.logics_msg_timestamp = logics_ts
-            index_ts = store.index_service.flush()
-            if index_ts:
-                ck.index_msg_timestamp = index_ts
-            ck.flush()
+        try:
+            store.consume_queues.flush(least)
+            if least == 0:
+                ck = store.checkpoint
+                index_ts = store.index_service.flush()
+                if logics_ts:
+                    ck.logics_msg_timestamp = logics_ts
+                if index_ts:
+                    ck.index_msg_timestamp = index_ts
+                ck.flush()
+        except OSError as e:
+            self.failed = flush_failed(store, "consume queue / index / checkpoint", e)
 
     def on_stop(self) -> None:
         self.run_once(force=True)

@@ -424,7 +424,17 @@ def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int
                                           f"entries for messages at or past the commitlog's end {commitlog_end}", n))
         idx.files = keep
     report.index_files_dropped = gone
-    return keep[-1].end_phy_offset if keep else 0
+    if not keep or (len(keep) == 1 and keep[0].index_count <= 1 and keep[0].end_phy_offset == 0):
+        return 0
+    # endPhyOffset is where the last indexed message STARTS: the index needs what comes after it (RocketMQ
+    # re-dispatches from the consume queues' end; starting at endPhyOffset would index that message twice)
+    last = keep[-1].end_phy_offset
+    raw = commit_log.get_message(last, 8)
+    if raw is not None:
+        size, magic = codec._II.unpack(raw)
+        if magic in _MAGICS and size > 0:
+            return last + size
+    return last
 
 
 def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:

@@ -118,12 +118,16 @@ class MessageStore:
         for s in reversed(self.services):
             s.shutdown()
         self.services.clear()
-        ok = True
-        try:
-            self.flush_all()
-        except OSError as e:
-            ok = False
-            log.error("%s: final flush failed (%s): keeping the abort file so the next open recovers", self.path, e)
+        ok = self.running_flags.write_error is None
+        if not ok:   # a failed write or flush: claim nothing more durable (see flush), recover at next open
+            log.error("%s: %s: no final flush, the abort file stays", self.path, self.running_flags.write_error)
+        else:
+            try:
+                self.flush_all()
+            except OSError as e:
+                ok = False
+                log.error("%s: final flush failed (%s): keeping the abort file so the next open recovers",
+                          self.path, e)
         self._release_files()
         if ok and self.dispatcher.error is None:
             self.abort_file.remove()
