@@ -1,0 +1,100 @@
+"""rmqstore on Apache Spark (PySpark >= 4.0, Python Data Source API): read, stream and write RocketMQ stores,
+rebuild their consume queues and index in parallel, and compute per-queue statistics.
+
+    from rmqstore.spark import register
+    register(spark)
+    df = (spark.read.format("rocketmq")
+          .option("config", "broker.conf")          # a store.conf / broker.conf (StoreConfig.load)
+          .option("topics", "TopicA,TopicB")
+          .load("/data/broker-a/store"))            # or a glob, or load([path, path]): one DataFrame
+
+Columns: topic, queueId, queueOffset, commitLogOffset, storeSize, bodyCRC, flag, sysFlag, bornTimestamp,
+storeTimestamp, bornHost, storeHost, reconsumeTimes, preparedTransactionOffset, msgId, body (the fields
+of RocketMQ's MessageExt), tags, keys (KEYS split on spaces), properties, broker (the store directory's
+name; its parent's when it is called `store`).
+
+Read options (batch and stream):
+
+=====================  ==========================================================================
+mode                   queue (default): the messages of the consume queues, as a consumer gets them
+                       (for a store nobody has open: as MessageStore.open serves them after recovery);
+                       commitlog: every record of the commitlog files, transaction halves included
+topics                 comma list of topics (unknown topic: error)
+subscribePattern       a regular expression topics must match entirely
+queueIds               comma list of queue ids
+startingOffsets        earliest (batch default), latest (stream default), or JSON {"topic": {"0": 23}}
+                       (-2 earliest, -1 latest; unlisted queues start at earliest); with several stores
+                       also {"broker": {"topic": {"0": 23}}}
+endingOffsets          latest (default) or JSON, exclusive (batch only)
+startingTimestamp      epoch ms or ISO-8601: each queue starts at the offset RocketMQ's lookup by time
+endingTimestamp        gives (ConsumeQueue.get_offset_in_queue_by_time); the end is exclusive
+includeBody            true (default) / false: body is null (saves the copy)
+config                 path of a store.conf / broker.conf (geometry; needed for key lookups)
+key                    only the messages the store finds for this key: the index (read-only) answers,
+                       then topic and key are checked, as MessageStore.find_messages_by_key does
+                       (without its result cap; indexed prepared messages included; batch only)
+maxOffsetsPerTrigger   stream: at most this many messages per micro-batch (ReadMaxRows)
+rowsPerPartition       queue mode: units per partition (default 200000)
+=====================  ==========================================================================
+
+Pushed filters (spark.sql.python.filterPushdown.enabled=true): topic, broker and tags (= / IN), every
+numeric header column and bornTimestamp/storeTimestamp (=, IN, <, <=, >, >=), IsNotNull. They prune queues,
+files and offset ranges (storeTimestamp bounds by binary search over each queue, assuming store times do
+not decrease along a queue) and are then applied to every row exactly.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["register", "spark_session", "rebuild_spark", "stats", "demo_pipeline", "bench_spark"]
+
+
+def register(spark) -> None:
+    """Register the `rocketmq` data source with this SparkSession."""
+    from .datasource import RocketMQDataSource
+    spark.dataSource.register(RocketMQDataSource)
+
+
+def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):
+    """The active SparkSession, or a new one (master default local[*]) set up for rmqstore: executors run
+    this Python (PYSPARK_PYTHON), Python filter pushdown on, UI off, few shuffle partitions. The data
+    source is registered."""
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        register(active)
+        return active
+    b = (SparkSession.builder.appName(app_name).master(master or "local[*]")
+         .config("spark.sql.python.filterPushdown.enabled", "true")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.sql.session.timeZone", "UTC"))
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    register(spark)
+    return spark
+
+
+def rebuild_spark(store_path, config=None, master: str | None = None, spark=None) -> dict:
+    from .rebuild import rebuild_spark as _r
+    return _r(store_path, config, master=master, spark=spark)
+
+
+def stats(store_path, engine: str = "local", plot=None, config=None, spark=None) -> list[dict]:
+    from .stats import stats as _s
+    return _s(store_path, engine=engine, plot=plot, config=config, spark=spark)
+
+
+def demo_pipeline(store_path, config=None, spark=None) -> dict:
+    from .demo import demo_pipeline as _d
+    return _d(store_path, config=config, spark=spark)
+
+
+def bench_spark(scale: int = 200_000, **kw) -> dict:
+    from .bench import bench_spark as _b
+    return _b(scale, **kw)

@@ -1,0 +1,117 @@
+"""The `rocketmq` Python data source: spark.read / readStream / write .format("rocketmq").
+
+    from rmqstore.spark import register
+    register(spark)
+    df = spark.read.format("rocketmq").option("config", "store.conf").load("/data/broker-a/store")
+
+Reading never takes the store's lock and never writes (see storeview). Options: see options.py and the
+package docstring.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+
+from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualNullSafe, EqualTo, GreaterThan,
+                                    GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual)
+
+from . import options as O
+from .records import COLUMNS, NEVER_NULL, SPARK_DDL, ms_from_datetime
+from .scan import NUMERIC, STRINGS, TIMESTAMPS, Cond, read_partition
+
+log = logging.getLogger(__name__)
+
+_OPS = {EqualTo: "eq", EqualNullSafe: "eq", GreaterThan: "gt", GreaterThanOrEqual: "ge", LessThan: "lt",
+        LessThanOrEqual: "le", In: "in"}
+
+
+def _value(col: str, v):
+    """A filter value for col in the rows' units, or raise ValueError (the filter is not pushed)."""
+    if v is None:
+        raise ValueError("null")
+    if col in TIMESTAMPS:
+        if isinstance(v, (_dt.datetime, _dt.date)):
+            return int(round(ms_from_datetime(v) * 1000))    # microseconds, exact for datetimes
+        raise ValueError("not a timestamp")
+    if col in NUMERIC:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError("not a number")
+        return v
+    if col in STRINGS:
+        if not isinstance(v, str):
+            raise ValueError("not a string")
+        return v
+    raise ValueError("column not pushed")
+
+
+def to_cond(f) -> Cond | None | bool:
+    """A pushed Spark filter as a Cond; True for a filter that always holds here (IsNotNull on a column
+    that is never null); None when it is not handled."""
+    attr = getattr(f, "attribute", None)
+    if not attr or len(attr) != 1 or attr[0] not in COLUMNS:
+        return None
+    col = attr[0]
+    if isinstance(f, IsNotNull):
+        return True if col in NEVER_NULL else None
+    op = _OPS.get(type(f))
+    if op is None:
+        return None
+    if col in STRINGS and op not in ("eq", "in"):
+        return None
+    try:
+        if op == "in":
+            vals = tuple(_value(col, v) for v in f.value)
+            return Cond(col, "in", frozenset(vals) if col in STRINGS else vals)
+        return Cond(col, op, _value(col, f.value))
+    except (ValueError, TypeError):
+        return None
+
+
+class RocketMQDataSource(DataSource):
+    """Messages of RocketMQ store directories (see the package docstring for the options)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketmq"
+
+    def schema(self) -> str:
+        O.parse(self.options)          # bad options fail here, when the DataFrame is created
+        return SPARK_DDL
+
+    def reader(self, schema) -> "RocketMQReader":
+        return RocketMQReader(self.options)
+
+    def streamReader(self, schema):
+        from .stream import RocketMQStreamReader
+        return RocketMQStreamReader(self.options)
+
+    def writer(self, schema, overwrite: bool):
+        from .writer import RocketMQWriter
+        return RocketMQWriter(self.options, schema, overwrite)
+
+
+class RocketMQReader(DataSourceReader):
+    def __init__(self, options: dict):
+        self.ro = O.parse(options)
+        self.conds: list[Cond] = []
+
+    def pushFilters(self, filters):
+        # Fresh for every planning: nothing pushed survives into another query.
+        self.conds = []
+        for f in filters:
+            c = to_cond(f)
+            if c is None:
+                yield f
+            elif c is not True:
+                self.conds.append(c)
+
+    def partitions(self):
+        from .plan import plan_batch
+        from .storeview import StoreError
+        try:
+            return plan_batch(self.ro, list(self.conds))
+        except StoreError as e:
+            raise O.OptionError(str(e)) from None
+
+    def read(self, partition):
+        yield from read_partition(partition)

@@ -1,0 +1,228 @@
+"""The `rocketmq` data source's options: parsed and checked when the DataFrame is created, so that a bad
+option fails at planning with a message naming it."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from ..config import StoreConfig
+from ..errors import ConfigError
+from . import storeview as SV
+from .records import ms_from_datetime
+
+KNOWN = {
+    "path", "paths", "topics", "subscribepattern", "queueids", "startingoffsets", "endingoffsets",
+    "startingtimestamp", "endingtimestamp", "includebody", "config", "mode", "key", "maxoffsetspertrigger",
+    "rowsperpartition",
+}
+# Names as the user spells them (options arrive lower-cased).
+SPELLING = {k.lower(): k for k in (
+    "path", "paths", "topics", "subscribePattern", "queueIds", "startingOffsets", "endingOffsets",
+    "startingTimestamp", "endingTimestamp", "includeBody", "config", "mode", "key", "maxOffsetsPerTrigger",
+    "rowsPerPartition")}
+
+
+class OptionError(ValueError):
+    """A bad option of the rocketmq data source (the message names it)."""
+
+
+def _opt(name: str) -> str:
+    return SPELLING.get(name, name)
+
+
+@dataclass
+class ReadOptions:
+    paths: list[str]
+    brokers: list[str]
+    config: StoreConfig
+    mode: str = "queue"
+    topics: set[str] | None = None
+    pattern: re.Pattern | None = None
+    queue_ids: set[int] | None = None
+    starting: object = None          # "earliest" | "latest" | {broker|None: {topic: {qid: offset}}}
+    ending: object = None
+    starting_ts: int | None = None
+    ending_ts: int | None = None
+    include_body: bool = True
+    key: str | None = None
+    max_offsets_per_trigger: int | None = None
+    rows_per_partition: int = 200_000
+    config_path: str | None = None
+    raw: dict = field(default_factory=dict)
+
+    def topic_selected(self, topic: str) -> bool:
+        if self.topics is not None:
+            return topic in self.topics
+        if self.pattern is not None:
+            return self.pattern.fullmatch(topic) is not None
+        return True
+
+    def queue_selected(self, topic: str, qid: int) -> bool:
+        return self.topic_selected(topic) and (self.queue_ids is None or qid in self.queue_ids)
+
+
+def _bool(name: str, v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes"):
+        return True
+    if s in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {_opt(name)!r} must be true or false, got {v!r}")
+
+
+def _int(name: str, v: str, minimum: int | None = None) -> int:
+    try:
+        n = int(str(v).strip())
+    except ValueError:
+        raise OptionError(f"option {_opt(name)!r} must be an integer, got {v!r}") from None
+    if minimum is not None and n < minimum:
+        raise OptionError(f"option {_opt(name)!r} must be at least {minimum}, got {n}")
+    return n
+
+
+def _timestamp(name: str, v: str) -> int:
+    """Epoch milliseconds, or an ISO-8601 date-time (UTC unless it says otherwise)."""
+    s = str(v).strip()
+    if re.fullmatch(r"-?\d+", s):
+        return int(s)
+    import datetime as dt
+    try:
+        d = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(f"option {_opt(name)!r} must be epoch milliseconds or an ISO-8601 time, got {v!r}") from None
+    return int(ms_from_datetime(d) // 1)
+
+
+def parse_offsets(name: str, v: str, brokers: list[str]):
+    """Kafka's spelling: earliest, latest, or JSON {"topic": {"0": 23}} (-2 earliest, -1 latest), also
+    {"broker": {"topic": {"0": 23}}} for one of several stores. Returns "earliest", "latest" or
+    {broker or None: {topic: {qid: offset}}}."""
+    s = str(v).strip()
+    if s.lower() in ("earliest", "latest"):
+        return s.lower()
+    try:
+        got = json.loads(s)
+    except ValueError as e:
+        raise OptionError(f"option {_opt(name)!r} is not earliest, latest or JSON like "
+                          f"{{\"topic\": {{\"0\": 23}}}}: {e} in {s!r}") from None
+    if not isinstance(got, dict) or not got:
+        raise OptionError(f"option {_opt(name)!r} must be a JSON object {{\"topic\": {{\"0\": 23}}}}, got {s!r}")
+
+    def queue_map(where: str, m) -> dict[int, int]:
+        if not isinstance(m, dict):
+            raise OptionError(f"option {_opt(name)!r}: {where} must map queue ids to offsets, got {m!r}")
+        out = {}
+        for q, off in m.items():
+            if not str(q).lstrip("-").isdigit() or not isinstance(off, int) or isinstance(off, bool) or off < -2:
+                raise OptionError(f"option {_opt(name)!r}: {where}: queue {q!r} -> {off!r} is not "
+                                  "queueId -> offset (an integer, -2 earliest, -1 latest)")
+            out[int(q)] = off
+        return out
+    depth3 = all(isinstance(x, dict) and x and all(isinstance(y, dict) for y in x.values()) for x in got.values())
+    if depth3:
+        unknown = [b for b in got if b not in brokers]
+        if unknown:
+            raise OptionError(f"option {_opt(name)!r}: unknown broker {unknown[0]!r} (brokers: {brokers})")
+        return {b: {t: queue_map(f"{b}/{t}", m) for t, m in tm.items()} for b, tm in got.items()}
+    return {None: {t: queue_map(f"topic {t!r}", m) for t, m in got.items()}}
+
+
+def offsets_topics(spec) -> set[str]:
+    if not isinstance(spec, dict):
+        return set()
+    return {t for tm in spec.values() for t in tm}
+
+
+def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
+    opts = {str(k).lower(): v for k, v in dict(options).items()}
+    unknown = sorted(set(opts) - KNOWN)
+    if unknown:
+        raise OptionError(f"unknown option {unknown[0]!r} of the rocketmq data source "
+                          f"(known: {', '.join(sorted(SPELLING.values()))})")
+    try:
+        paths = SV.resolve_paths(opts.get("path"), opts.get("paths"))
+    except SV.StoreError as e:
+        raise OptionError(str(e)) from None
+    brokers = [SV.broker_name(p) for p in paths]
+    dup = {b for b in brokers if brokers.count(b) > 1}
+    if dup:
+        raise OptionError(f"option 'path': two stores have the broker name {sorted(dup)[0]!r} (the broker column "
+                          "is the store directory's name, or its parent's when it is called store)")
+    config_path = opts.get("config")
+    try:
+        config = StoreConfig.load(config_path) if config_path else StoreConfig()
+    except (ConfigError, OSError) as e:
+        raise OptionError(f"option 'config': {e}") from None
+    ro = ReadOptions(paths, brokers, config, config_path=config_path, raw=opts)
+    mode = str(opts.get("mode", "queue")).strip().lower()
+    if mode not in ("queue", "commitlog"):
+        raise OptionError(f"option 'mode' must be queue or commitlog, got {opts['mode']!r}")
+    ro.mode = mode
+    if "topics" in opts and "subscribepattern" in opts:
+        raise OptionError("options 'topics' and 'subscribePattern' exclude each other: give one")
+    all_topics: set[str] = set()
+    have_cq = True
+    for p in paths:
+        tq = SV.list_topics(p)
+        if not os.path.isdir(os.path.join(p, "consumequeue")):
+            have_cq = False
+        all_topics.update(tq)
+    if "topics" in opts:
+        ts = [t.strip() for t in str(opts["topics"]).split(",") if t.strip()]
+        if not ts:
+            raise OptionError(f"option 'topics' names no topic: {opts['topics']!r}")
+        missing = [t for t in ts if t not in all_topics]
+        if missing and have_cq:
+            raise OptionError(f"option 'topics': unknown topic {missing[0]!r} (the store has "
+                              f"{', '.join(sorted(all_topics)) or 'no topic'})")
+        ro.topics = set(ts)
+    if "subscribepattern" in opts:
+        try:
+            ro.pattern = re.compile(str(opts["subscribepattern"]))
+        except re.error as e:
+            raise OptionError(f"option 'subscribePattern' is not a regular expression: {e}") from None
+    if "queueids" in opts:
+        try:
+            ro.queue_ids = {int(x) for x in str(opts["queueids"]).split(",") if x.strip()}
+        except ValueError:
+            raise OptionError(f"option 'queueIds' must be a comma list of integers, got {opts['queueids']!r}") from None
+    for name, attr in (("startingoffsets", "starting"), ("endingoffsets", "ending")):
+        if name in opts:
+            spec = parse_offsets(name, opts[name], brokers)
+            missing = [t for t in offsets_topics(spec) if t not in all_topics]
+            if missing and have_cq:
+                raise OptionError(f"option {_opt(name)!r}: unknown topic {missing[0]!r}")
+            setattr(ro, attr, spec)
+    if ro.ending == "earliest":
+        raise OptionError("option 'endingOffsets' cannot be earliest")
+    if streaming and "endingoffsets" in opts:
+        raise OptionError("option 'endingOffsets' is for batch reads only (a stream has no end)")
+    for name, attr in (("startingtimestamp", "starting_ts"), ("endingtimestamp", "ending_ts")):
+        if name in opts:
+            setattr(ro, attr, _timestamp(name, opts[name]))
+    if ro.starting_ts is not None and "startingoffsets" in opts:
+        raise OptionError("options 'startingTimestamp' and 'startingOffsets' exclude each other: give one")
+    if ro.ending_ts is not None and "endingoffsets" in opts:
+        raise OptionError("options 'endingTimestamp' and 'endingOffsets' exclude each other: give one")
+    if "includebody" in opts:
+        ro.include_body = _bool("includebody", opts["includebody"])
+    if "key" in opts:
+        ro.key = str(opts["key"])
+        if not ro.key:
+            raise OptionError("option 'key' is empty")
+    if "maxoffsetspertrigger" in opts:
+        ro.max_offsets_per_trigger = _int("maxoffsetspertrigger", opts["maxoffsetspertrigger"], 1)
+    if "rowsperpartition" in opts:
+        ro.rows_per_partition = _int("rowsperpartition", opts["rowsperpartition"], 1)
+    if ro.mode == "commitlog":
+        for name in ("startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp"):
+            if name in opts:
+                raise OptionError(f"option {_opt(name)!r} is for mode=queue (queue offsets); in mode=commitlog "
+                                  "filter on commitLogOffset or storeTimestamp")
+        if streaming:
+            raise OptionError("option 'mode': streams read mode=queue (offsets per topic and queue)")
+    if ro.key is not None and streaming:
+        raise OptionError("option 'key' is for batch reads only")
+    return ro

@@ -1,0 +1,389 @@
+"""Partitions of a read and how a task reads one (no Spark needed: `read_partition` yields Arrow batches).
+
+Three kinds of partition:
+
+* queue: slices (topic, queue, [a, b)) of consume queues: the units are read from the consume queue files
+  (numpy over the 20-byte units) or from the view's tail, the records they point at are parsed in batch;
+* commitlog: a range of one commitlog file, walked record by record (the walk reads only TOTALSIZE;
+  everything else is parsed in batch);
+* offsets: records at given commitlog offsets (key lookups answered by the index).
+
+Pushed filters travel with the partition as plain conditions and are applied exactly to the rows (Spark
+does not re-check the filters a source claims).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import codec
+from . import records as R
+from . import storeview as SV
+
+log = logging.getLogger(__name__)
+
+try:  # Spark is optional for the local engine
+    from pyspark.sql.datasource import InputPartition as _Base
+except ImportError:  # pragma: no cover
+    class _Base:  # type: ignore[no-redef]
+        def __init__(self, value=None):
+            self.value = value
+
+BATCH_ROWS = 8192
+BATCH_BYTES = 32 << 20
+ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
+
+# Columns whose values are fixed header fields: name -> Records attribute (timestamps in ms).
+NUMERIC = {
+    "queueId": "queue_id", "queueOffset": "queue_offset", "commitLogOffset": "phys", "storeSize": "total",
+    "bodyCRC": "body_crc", "flag": "flag", "sysFlag": "sys_flag", "reconsumeTimes": "reconsume",
+    "preparedTransactionOffset": "prepared", "bornTimestamp": "born_ts", "storeTimestamp": "store_ts",
+}
+TIMESTAMPS = {"bornTimestamp", "storeTimestamp"}
+STRINGS = {"topic", "tags", "broker"}
+
+
+@dataclass(frozen=True)
+class Cond:
+    """A pushed filter: column op value (op: eq, in, gt, ge, lt, le; timestamps in microseconds)."""
+    col: str
+    op: str
+    value: object
+
+    def test_scalar(self, v) -> bool:
+        op, x = self.op, self.value
+        if op == "eq":
+            return v == x
+        if op == "in":
+            return v in x
+        if op == "gt":
+            return v > x
+        if op == "ge":
+            return v >= x
+        if op == "lt":
+            return v < x
+        return v <= x
+
+    def mask(self, arr: np.ndarray) -> np.ndarray:
+        op, x = self.op, self.value
+        if op == "eq":
+            return arr == x
+        if op == "in":
+            return np.isin(arr, np.asarray(list(x)))
+        if op == "gt":
+            return arr > x
+        if op == "ge":
+            return arr >= x
+        if op == "lt":
+            return arr < x
+        return arr <= x
+
+
+def bounds(conds: list[Cond], col: str) -> tuple[float, float, bool, bool]:
+    """(low, high, low inclusive, high inclusive) implied by the conditions on col (ranges and eq)."""
+    lo, hi, lo_inc, hi_inc = -np.inf, np.inf, True, True
+    for c in conds:
+        if c.col != col:
+            continue
+        vals = [c.value] if c.op in ("eq", "gt", "ge", "lt", "le") else list(c.value)
+        if not vals:
+            return np.inf, -np.inf, False, False
+        if c.op in ("eq", "in"):
+            a, b = min(vals), max(vals)
+            if a > lo or (a == lo and not lo_inc):
+                lo, lo_inc = a, True
+            if b < hi or (b == hi and not hi_inc):
+                hi, hi_inc = b, True
+        elif c.op in ("gt", "ge"):
+            if c.value > lo or (c.value == lo and c.op == "gt"):
+                lo, lo_inc = c.value, c.op == "ge"
+        else:
+            if c.value < hi or (c.value == hi and c.op == "lt"):
+                hi, hi_inc = c.value, c.op == "le"
+    return lo, hi, lo_inc, hi_inc
+
+
+def _floor_div(v, scale: int) -> int:
+    if isinstance(v, (int, np.integer)):
+        return int(v) // scale
+    return math.floor(v / scale)
+
+
+def _ceil_div(v, scale: int) -> int:
+    if isinstance(v, (int, np.integer)):
+        return -(-int(v) // scale)
+    return math.ceil(v / scale)
+
+
+def int_range(conds: list[Cond], col: str, scale: int = 1) -> tuple[int | None, int | None]:
+    """[a, b) over the integers x whose x * scale meets the conditions on col (scale 1000: a timestamp
+    column in microseconds, x in ms); None for an open end. Exact for ranges and eq/in bounds."""
+    lo, hi, lo_inc, hi_inc = bounds(conds, col)
+    a = b = None
+    if lo != -np.inf:
+        a = _ceil_div(lo, scale) if lo_inc else _floor_div(lo, scale) + 1
+    if hi != np.inf:
+        b = _floor_div(hi, scale) + 1 if hi_inc else _ceil_div(hi, scale)
+    return a, b
+
+
+# --- partitions ---------------------------------------------------------------------------------------
+@dataclass
+class StoreRef:
+    """What a task needs of a store: its commitlog files and where the data ends."""
+    root: str
+    broker: str
+    cl_files: list[tuple[int, str, int]]
+    cl_file_size: int
+    data_end: int | None
+
+    @classmethod
+    def of(cls, view: SV.StoreView) -> "StoreRef":
+        return cls(view.root, view.broker, [(f.base, f.path, f.size) for f in view.cl_files], view.cl_file_size,
+                   view.data_end)
+
+    def file_index(self, offsets: np.ndarray) -> np.ndarray:
+        bases = np.array([b for b, _, _ in self.cl_files], dtype=np.int64)
+        if not len(bases):
+            return np.full(len(offsets), -1, dtype=np.int64)
+        return np.searchsorted(bases, offsets, side="right") - 1
+
+
+class Partition(_Base):
+    def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
+                 key: str | None = None, key_topics: frozenset | None = None, rows: int = 0):
+        super().__init__(None)
+        self.kind = kind
+        self.store = store
+        self.items = items
+        self.conds = conds
+        self.include_body = include_body
+        self.key = key
+        self.key_topics = key_topics
+        self.rows = rows
+
+    def __repr__(self) -> str:
+        return f"Partition({self.kind}, {self.store.broker}, {len(self.items)} items, ~{self.rows} rows)"
+
+
+# --- reading ------------------------------------------------------------------------------------------
+def _header_mask(recs: R.Records, conds: list[Cond]) -> np.ndarray | None:
+    m = None
+    for c in conds:
+        attr = NUMERIC.get(c.col)
+        if attr is None:
+            continue
+        arr = getattr(recs, attr)
+        if c.col in TIMESTAMPS:
+            arr = arr * 1000                    # the column is in microseconds
+        cm = c.mask(arr)
+        m = cm if m is None else (m & cm)
+    return m
+
+
+def _string_mask(arr: pa.Array, c: Cond) -> np.ndarray:
+    if c.op == "eq":
+        got = pc.equal(arr, c.value)
+    elif c.op == "in":
+        got = pc.is_in(arr, value_set=pa.array(list(c.value), type=pa.string()))
+    else:
+        got = {"gt": pc.greater, "ge": pc.greater_equal, "lt": pc.less, "le": pc.less_equal}[c.op](arr, c.value)
+    return np.asarray(pc.fill_null(got, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _filter_props(p: R.Props, mask: np.ndarray) -> R.Props:
+    m = pa.array(mask)
+    return R.Props(p.map.filter(m), p.tags.filter(m), p.keys.filter(m), p.uniq.filter(m))
+
+
+def _has_key(props: R.Props, key: str) -> np.ndarray:
+    """find_messages_by_key's check: key is one of the KEYS words, or the UNIQ_KEY."""
+    n = len(props.keys)
+    flat = props.keys.flatten()
+    parent = np.asarray(pc.list_parent_indices(props.keys), dtype=np.int64)
+    hit = np.zeros(n, dtype=bool)
+    eq = np.asarray(pc.fill_null(pc.equal(flat, key), False).to_numpy(zero_copy_only=False), dtype=bool)
+    hit[parent[eq]] = True
+    hit |= np.asarray(pc.fill_null(pc.equal(props.uniq, key), False).to_numpy(zero_copy_only=False), dtype=bool)
+    return hit
+
+
+def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
+    """Rows of valid records that pass the partition's conditions (and key), or None."""
+    conds = part.conds
+    m = _header_mask(recs, conds)
+    if part.key is not None:
+        km = (recs.sys_flag & ROLLBACK) != ROLLBACK
+        m = km if m is None else (m & km)
+    if m is not None:
+        if not m.any():
+            return None
+        if not m.all():
+            recs = recs.select(m)
+    topics = props = None
+    smask = None
+    for c in conds:
+        if c.col == "topic":
+            topics = topics if topics is not None else recs.topics()
+            cm = _string_mask(topics, c)
+        elif c.col == "tags":
+            props = props if props is not None else recs.properties()
+            cm = _string_mask(props.tags, c)
+        elif c.col == "broker":
+            cm = np.full(len(recs), c.test_scalar(part.store.broker))
+        else:
+            continue
+        smask = cm if smask is None else (smask & cm)
+    if part.key is not None:
+        props = props if props is not None else recs.properties()
+        km = _has_key(props, part.key)
+        if part.key_topics is not None:
+            topics = topics if topics is not None else recs.topics()
+            km &= _string_mask(topics, Cond("topic", "in", tuple(part.key_topics)))
+        smask = km if smask is None else (smask & km)
+    if smask is not None:
+        if not smask.any():
+            return None
+        if not smask.all():
+            recs = recs.select(smask)
+            if topics is not None:
+                topics = topics.filter(pa.array(smask))
+            if props is not None:
+                props = _filter_props(props, smask)
+    if not len(recs):
+        return None
+    return recs.batch(part.store.broker, part.include_body, props=props, topics=topics)
+
+
+def _chunks(recs: R.Records):
+    n = len(recs)
+    if n <= BATCH_ROWS and int(recs.total.sum()) <= BATCH_BYTES:
+        yield recs
+        return
+    csum = np.cumsum(recs.total)
+    i = 0
+    while i < n:
+        j = min(n, i + BATCH_ROWS)
+        base = csum[i - 1] if i else 0
+        k = int(np.searchsorted(csum, base + BATCH_BYTES, side="right"))
+        j = max(i + 1, min(j, k))
+        yield recs.slice(i, j)
+        i = j
+
+
+def _warn_invalid(store: StoreRef, what: str, offsets: np.ndarray) -> None:
+    log.warning("%s: %d %s hold no valid message (first at commitlog offset %d): skipped", store.root,
+                len(offsets), what, int(offsets[0]))
+
+
+def read_partition(part: Partition):
+    """Yield the partition's rows as Arrow record batches (records.ARROW_SCHEMA)."""
+    cache = SV.FileCache()
+    try:
+        if part.kind == "queue":
+            yield from _read_queue(part, cache)
+        elif part.kind == "commitlog":
+            yield from _read_commitlog(part, cache)
+        elif part.kind == "offsets":
+            yield from _read_offsets(part, cache)
+        else:  # pragma: no cover
+            raise ValueError(f"unknown partition kind {part.kind!r}")
+    finally:
+        cache.close()
+
+
+def _runs(fidx: np.ndarray):
+    """[start, end) runs of equal values."""
+    if not len(fidx):
+        return
+    cut = np.flatnonzero(np.diff(fidx)) + 1
+    edges = np.concatenate(([0], cut, [len(fidx)]))
+    for a, b in zip(edges[:-1], edges[1:]):
+        yield int(a), int(b)
+
+
+def _records_at(part: Partition, cache: SV.FileCache, offs: np.ndarray, sizes: np.ndarray | None, what: str):
+    """Records at commitlog offsets (in order), file by file; invalid ones are logged and dropped."""
+    store = part.store
+    fidx = store.file_index(offs)
+    for a, b in _runs(fidx):
+        fi = int(fidx[a])
+        o = offs[a:b]
+        if fi < 0:
+            _warn_invalid(store, what, o)
+            continue
+        base, path, _ = store.cl_files[fi]
+        try:
+            _, buf = cache.get(path)
+        except FileNotFoundError:
+            _warn_invalid(store, what, o)
+            continue
+        limit = len(buf)
+        if store.data_end is not None:
+            limit = min(limit, max(store.data_end - base, 0))
+        recs = R.Records(buf, base, o - base, limit, None if sizes is None else sizes[a:b])
+        if not recs.valid.all():
+            _warn_invalid(store, what, o[~recs.valid])
+            recs = recs.select(recs.valid)
+        if len(recs):
+            yield recs
+
+
+def _read_queue(part: Partition, cache: SV.FileCache):
+    cl_lo, cl_hi = int_range(part.conds, "commitLogOffset")
+    cl_min = part.store.cl_files[0][0] if part.store.cl_files else 0
+    for qv, a, b in part.items:
+        offs, sizes = qv.units(a, b)
+        if not len(offs):
+            continue
+        ok = (sizes > 0) & (sizes != SV.BLANK_SIZE) & (offs >= cl_min)
+        if cl_lo is not None:
+            ok &= offs >= cl_lo
+        if cl_hi is not None:
+            ok &= offs < cl_hi
+        if not ok.all():
+            offs, sizes = offs[ok], sizes[ok]
+        for recs in _records_at(part, cache, offs, sizes, f"units of {qv.topic}/{qv.queue_id}"):
+            for chunk in _chunks(recs):
+                batch = rows_of(chunk, part)
+                if batch is not None:
+                    yield batch
+
+
+def _read_commitlog(part: Partition, cache: SV.FileCache):
+    store = part.store
+    for base, path, start, limit in part.items:
+        try:
+            mm, buf = cache.get(path)
+        except FileNotFoundError:
+            continue
+        if mm is None:
+            continue
+        limit = min(limit, len(buf))
+        positions, stop, why = R.walk(mm, start, limit)
+        recs = R.Records(buf, base, positions, limit)
+        bad = np.flatnonzero(~recs.valid)
+        if len(bad):
+            stop = int(positions[bad[0]])
+            recs = recs.slice(0, int(bad[0]))
+            why = "invalid"
+        if why == "invalid" and (store.data_end is None or base + stop < store.data_end):
+            log.warning("%s: no valid record at offset %d: the file's data ends there", path, stop)
+        for chunk in _chunks(recs):
+            batch = rows_of(chunk, part)
+            if batch is not None:
+                yield batch
+
+
+def _read_offsets(part: Partition, cache: SV.FileCache):
+    offs = np.asarray(part.items, dtype=np.int64)
+    for recs in _records_at(part, cache, offs, None, "index entries"):
+        for chunk in _chunks(recs):
+            batch = rows_of(chunk, part)
+            if batch is not None:
+                yield batch

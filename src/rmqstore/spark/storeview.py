@@ -1,0 +1,862 @@
+"""A read-only view of a store directory: what its consume queues hold, as MessageStore.open would serve
+them, worked out without writing anything and without taking the store's lock.
+
+Two cases:
+
+* the store is open in another process (its `lock` file is locked, as MessageStore and RocketMQ's broker
+  hold it): the view is what a consumer gets now, the consume queues' units as far as they are written
+  (the last file of each queue is read up to its first empty unit). The commitlog's end may hold a
+  record being written; nothing after the queues is read.
+
+* nobody holds the store: the view is what the store serves after MessageStore.open's recovery, which
+  is emulated read-only, step by step (rmqstore.recovery, ConsumeQueue.recover, IndexService.load):
+  the commitlog is checked (after a crash from the file the checkpoint vouches for, with CRCs, as
+  recovery does; after a clean shutdown from where the queues and the index end), queue units are kept
+  up to the last valid one and not past the commitlog's end, and the records recovery would re-dispatch
+  (from rmqstore's reput start) become "tail" units appended to their queues in memory. A crashed store
+  therefore reads as RocketMQ and rmqstore return it after recovery.
+
+The view is plain data (picklable): Spark partitions carry the parts they need.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import logging
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import codec
+from ..config import StoreConfig
+from ..index_file import IndexFile, key_hash
+from . import records as R
+
+log = logging.getLogger(__name__)
+
+UNIT = codec.CQ_STORE_UNIT_SIZE
+CQ_NP = np.dtype(codec.CQ_DTYPE)
+BLANK_SIZE = codec.CQ_BLANK_SIZE
+MAX_TIME = 2 ** 63 - 1
+_TRAN_MASK = codec.TRANSACTION_TYPE_MASK
+NOT_DISPATCHED = (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
+
+
+class StoreError(ValueError):
+    """A path, option or file that makes a read impossible; the message names it."""
+
+
+# --- files ------------------------------------------------------------------------------------------
+def _digit_files(d: str, digits: int | None = 20) -> list[tuple[int, str, int]]:
+    """(offset from the name, path, size) of the files of d named by digits, in name order."""
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in sorted(names):
+        if n.isdigit() and (digits is None or len(n) == digits):
+            p = os.path.join(d, n)
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                continue
+            if os.path.isfile(p):
+                out.append((int(n), p, st.st_size))
+    return out
+
+
+def map_read_only(path: str) -> mmap.mmap | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+    finally:
+        os.close(fd)
+
+
+class FileCache:
+    """Read-only mappings of commitlog files, opened on first use (one per file and partition)."""
+
+    def __init__(self):
+        self._maps: dict[str, tuple[mmap.mmap | None, np.ndarray]] = {}
+
+    def get(self, path: str) -> tuple[mmap.mmap | None, np.ndarray]:
+        got = self._maps.get(path)
+        if got is None:
+            mm = map_read_only(path)
+            arr = np.frombuffer(mm, dtype=np.uint8) if mm is not None else np.empty(0, dtype=np.uint8)
+            got = self._maps[path] = (mm, arr)
+        return got
+
+    def close(self) -> None:
+        maps, self._maps = self._maps, {}
+        for mm, arr in maps.values():
+            del arr
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:    # a batch still points into it: the GC unmaps it
+                    pass
+
+
+_FLOCK = struct.Struct("hhqqi4x")
+
+
+def lock_held_elsewhere(store: str | os.PathLike) -> bool:
+    """True when another process (or this one, through rmqstore.lock) holds the store's lock.
+
+    A probe (F_GETLK on byte 0, the byte MessageStore and RocketMQ lock): nothing is locked or written.
+    """
+    root = Path(store)
+    try:
+        from ..lock import _held
+        if str(root.resolve()) in _held:
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    p = root / "lock"
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+        return _FLOCK.unpack(got)[0] != fcntl.F_UNLCK
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def resolve_paths(path: str | None, paths_json: str | None) -> list[str]:
+    """The store directories named by the `path` option (a path or a glob) or `paths` (a JSON list)."""
+    import json
+    items: list[str] = []
+    if paths_json:
+        try:
+            got = json.loads(paths_json)
+        except ValueError:
+            got = None
+        if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
+            raise StoreError(f"option 'paths' must be a JSON list of store directories, got {paths_json!r}")
+        items.extend(got)
+    if path:
+        items.append(path)
+    if not items:
+        raise StoreError("option 'path' is missing: load(PATH) with a store directory (or a glob, or a list)")
+    out: list[str] = []
+    for item in items:
+        hits = sorted(glob.glob(item)) if glob.has_magic(item) else [item]
+        if not hits:
+            raise StoreError(f"option 'path': {item!r} matches no store directory")
+        for h in hits:
+            root = os.path.abspath(h)
+            if commitlog_dir(root) is None:
+                raise StoreError(f"option 'path': {h!r} is not a RocketMQ store directory "
+                                 "(no commitlog/ directory and no commitlog files)")
+            if root not in out:
+                out.append(root)
+    return out
+
+
+def commitlog_dir(root: str) -> str | None:
+    """root/commitlog, or root itself when it holds commitlog files (a bare commitlog directory)."""
+    if not os.path.isdir(root):
+        return None
+    sub = os.path.join(root, "commitlog")
+    if os.path.isdir(sub):
+        return sub
+    if any(len(n) == 20 and n.isdigit() for n in os.listdir(root)):
+        return root
+    return None
+
+
+def broker_name(root: str) -> str:
+    """The broker column: the store directory's name (its parent's when it is called `store`, RocketMQ's
+    default storePathRootDir name, so that /data/broker-a/store reads as broker-a)."""
+    p = Path(root)
+    return p.parent.name if p.name == "store" and p.parent.name else p.name
+
+
+def list_topics(root: str) -> dict[str, list[int]]:
+    """Topics and queue ids of the consume queue directories."""
+    cq = os.path.join(root, "consumequeue")
+    out: dict[str, list[int]] = {}
+    if not os.path.isdir(cq):
+        return out
+    for t in sorted(os.listdir(cq)):
+        td = os.path.join(cq, t)
+        if os.path.isdir(td):
+            out[t] = sorted(int(q) for q in os.listdir(td) if q.isdigit() and os.path.isdir(os.path.join(td, q)))
+    return out
+
+
+# --- the view ----------------------------------------------------------------------------------------
+@dataclass
+class CLFile:
+    base: int
+    path: str
+    size: int
+
+
+@dataclass
+class QueueView:
+    """One consume queue as the store would serve it: logical offsets [min_offset, end)."""
+    topic: str
+    queue_id: int
+    dir: str
+    files: list[tuple[int, str, int]]      # (byte offset from the name, path, size) of its files
+    min_offset: int                         # first readable logical offset
+    disk_end: int                           # logical end of the valid units on disk
+    max_physic_offset: int = -1
+    tail: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))  # (offset, size)
+    file_units: int = 0                     # units per file (configured size / 20)
+    tail_skip: int = 0                      # tail units dropped from the front (a partition's copy)
+
+    @property
+    def end(self) -> int:
+        return self.disk_end + self.tail_skip + len(self.tail)
+
+    def units(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(commitlog offsets, sizes) of logical offsets [a, b) within [min_offset, end), as int64."""
+        a = max(a, self.min_offset)
+        b = min(b, self.end)
+        offs, sizes = [], []
+        if a < min(b, self.disk_end):
+            lo, hi = a * UNIT, min(b, self.disk_end) * UNIT
+            for base, path, size in self.files:
+                s, e = max(lo, base), min(hi, base + size - size % UNIT)
+                if s >= e:
+                    continue
+                arr = np.fromfile(path, dtype=CQ_NP, count=(e - s) // UNIT, offset=s - base)
+                offs.append(arr["offset"].astype(np.int64))
+                sizes.append(arr["size"].astype(np.int64))
+        t0 = self.disk_end + self.tail_skip
+        if b > t0 and len(self.tail):
+            t = self.tail[max(a, t0) - t0: b - t0]
+            offs.append(t[:, 0])
+            sizes.append(t[:, 1])
+        if not offs:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return np.concatenate(offs), np.concatenate(sizes)
+
+    def slim(self, a: int, b: int) -> "QueueView":
+        """A copy carrying only the tail units of [a, b) (what a partition reading [a, b) needs)."""
+        t0 = self.disk_end + self.tail_skip
+        lo = min(max(a - t0, 0), len(self.tail))
+        hi = min(max(b - t0, lo), len(self.tail))
+        return QueueView(self.topic, self.queue_id, self.dir, self.files, self.min_offset, self.disk_end,
+                         self.max_physic_offset, self.tail[lo:hi].copy(), self.file_units, self.tail_skip + lo)
+
+
+@dataclass
+class StoreView:
+    root: str
+    broker: str
+    config: StoreConfig
+    live: bool
+    clean: bool
+    cl_files: list[CLFile]
+    cl_file_size: int
+    cl_min: int
+    data_end: int | None                  # where the commitlog's valid data ends (None: live, unknown)
+    queues: dict[tuple[str, int], QueueView]
+    index_files: list[str] = field(default_factory=list)   # the index files recovery keeps
+    index_end: int = 0                     # commitlog offset up to which those files index messages
+    reput_from: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def topics(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for t, q in sorted(self.queues):
+            out.setdefault(t, []).append(q)
+        return out
+
+    def file_of(self, offset: int) -> CLFile | None:
+        for f in self.cl_files:
+            if f.base <= offset < f.base + max(f.size, self.cl_file_size):
+                return f
+        return None
+
+    def store_time(self, cache: FileCache, offset: int, size: int) -> int:
+        """RocketMQ's pickupStoreTimestamp: the store time of the record at offset (-1 if unreadable)."""
+        f = self.file_of(offset)
+        if f is None:
+            return -1
+        _, buf = cache.get(f.path)
+        pos = offset - f.base
+        if pos < 0 or pos + codec.HEADER_V4.size > len(buf):
+            return -1
+        sys_flag = int.from_bytes(buf[pos + codec.POS_SYSFLAG: pos + codec.POS_SYSFLAG + 4], "big", signed=True)
+        p = pos + codec.store_timestamp_pos(sys_flag)
+        return int.from_bytes(buf[p:p + 8], "big", signed=True)
+
+
+def _cl_files(cdir: str) -> list[CLFile]:
+    return [CLFile(b, p, s) for b, p, s in _digit_files(cdir)]
+
+
+def _first_store_timestamp(buf) -> int:
+    if len(buf) < codec.HEADER_V4.size:
+        return 0
+    total, magic = codec._II.unpack_from(buf, 0)
+    if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2):
+        return 0
+    sys_flag = codec._I.unpack_from(buf, codec.POS_SYSFLAG)[0]
+    return struct.unpack_from(">q", buf, codec.store_timestamp_pos(sys_flag))[0]
+
+
+def _read_checkpoint(root: str) -> tuple[int, int, int]:
+    try:
+        with open(os.path.join(root, "checkpoint"), "rb") as f:
+            raw = f.read(codec.CHECKPOINT.size)
+    except OSError:
+        return 0, 0, 0
+    if len(raw) < codec.CHECKPOINT.size:
+        return 0, 0, 0
+    return codec.CHECKPOINT.unpack(raw)
+
+
+def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None = None,
+              topics: set[str] | None = None) -> StoreView:
+    """The view of the store at root (see the module docstring). `topics` limits the queues examined."""
+    root = os.path.abspath(root)
+    config = config or StoreConfig()
+    cdir = commitlog_dir(root)
+    if cdir is None:
+        raise StoreError(f"option 'path': {root!r} is not a RocketMQ store directory")
+    if live is None:
+        live = lock_held_elsewhere(root)
+    clean = not os.path.exists(os.path.join(root, "abort"))
+    files = _cl_files(cdir)
+    sizes = [f.size for f in files]
+    file_size = config.mapped_file_size_commit_log
+    if files and max(sizes) > file_size:
+        file_size = max(sizes)          # the configuration was not given: the files tell their size
+    if files and len(files) > 1 and sizes[0] != file_size and sizes[0] == max(sizes):
+        file_size = sizes[0]
+    cl_min = files[0].base if files else 0
+    view = StoreView(root, broker_name(root), config, live, clean, files, file_size, cl_min, None, {})
+    cq_size = config.mapped_file_size_consume_queue
+    qdirs = []
+    for t, qids in list_topics(root).items():
+        if topics is not None and t not in topics:
+            continue
+        for q in qids:
+            qdirs.append((t, q, os.path.join(root, "consumequeue", t, str(q))))
+    if live:
+        for t, q, d in qdirs:
+            qv = _live_queue(t, q, d, cq_size, cl_min)
+            if qv is not None:
+                view.queues[(t, q)] = qv
+        return view
+    _recover(view, qdirs, cq_size, topics)
+    return view
+
+
+def _units_of(path: str, nbytes: int | None = None) -> np.ndarray:
+    return np.fromfile(path, dtype=CQ_NP, count=-1 if nbytes is None else nbytes // UNIT)
+
+
+def _is_real(arr) -> np.ndarray:
+    return (arr["size"] != BLANK_SIZE) | (arr["offset"] != 0)
+
+
+def _live_queue(topic: str, qid: int, d: str, cq_size: int, cl_min: int) -> QueueView | None:
+    files = _digit_files(d)
+    if not files:
+        return None
+    per = max(cq_size // UNIT, 1)
+    base, path, size = files[-1]
+    arr = _units_of(path, size - size % UNIT)
+    bad = np.flatnonzero((arr["offset"] < 0) | (arr["size"] <= 0))
+    n = int(bad[0]) if len(bad) else len(arr)
+    disk_end = base // UNIT + n
+    qv = QueueView(topic, qid, d, files, 0, disk_end, -1, file_units=per)
+    if n:
+        qv.max_physic_offset = int(arr["offset"][n - 1]) + int(arr["size"][n - 1])
+    qv.min_offset = _min_offset(files, disk_end, max(cl_min, 0))
+    return qv
+
+
+def _min_offset(files, disk_end: int, phy_min: int) -> int:
+    """ConsumeQueue._first_real_unit_offset then correct_min_offset(phy_min), in units."""
+    if not files:
+        return 0
+    # first real unit of the first file
+    b0, p0, s0 = files[0]
+    first_end = min(s0 // UNIT, max(disk_end - b0 // UNIT, 0))
+    arr = _units_of(p0, first_end * UNIT)
+    real = np.flatnonzero(_is_real(arr))
+    min_off = b0 // UNIT + (int(real[0]) if len(real) else first_end)
+    for i, (b, p, s) in enumerate(files):
+        count = min(s // UNIT, max(disk_end - b // UNIT, 0))
+        a = arr if i == 0 else _units_of(p, count * UNIT)
+        ok = np.flatnonzero((a["offset"] >= phy_min) & (a["size"] > 0) & (a["size"] != BLANK_SIZE))
+        if len(ok):
+            return max(min_off, b // UNIT + int(ok[0]))
+        if i == len(files) - 1:
+            min_off = max(min_off, b // UNIT + count)
+    return min_off
+
+
+def _recover(view: StoreView, qdirs, cq_size: int, topics: set[str] | None) -> None:
+    cache = FileCache()
+    try:
+        _recover_with(view, qdirs, cq_size, topics, cache)
+    finally:
+        cache.close()
+
+
+def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: int) -> QueueView:
+    """ConsumeQueue.recover, read-only: valid units from the third-last file on."""
+    qfiles = _digit_files(d)
+    qv = QueueView(t, q, d, qfiles, 0, 0, -1, file_units=per)
+    if not qfiles:
+        return qv
+    idx = max(0, len(qfiles) - 3)
+    prev_off = -1
+    process = qfiles[idx][0]
+    while idx < len(qfiles):
+        base, path, size = qfiles[idx]
+        arr = _units_of(path, size - size % UNIT)
+        off = arr["offset"].astype(np.int64)
+        sz = arr["size"].astype(np.int64)
+        bad = np.flatnonzero(~((off >= 0) & (sz > 0)))
+        n = int(bad[0]) if len(bad) else len(arr)
+        real = (sz[:n] != BLANK_SIZE) | (off[:n] != 0)
+        ro = off[:n][real]
+        if len(ro):
+            order_bad = np.flatnonzero(np.diff(np.concatenate(([prev_off], ro))) <= 0)
+            if len(order_bad):
+                cut = int(order_bad[0])
+                n = int(np.flatnonzero(real)[cut])
+                ro = ro[:cut]
+                view.notes.append(f"{d}: units out of order at byte {base + n * UNIT}: the queue ends there")
+            if len(ro):
+                prev_off = int(ro[-1])
+                rs = sz[:n][real[:n]]
+                qv.max_physic_offset = int(ro[-1] + rs[len(ro) - 1])
+        process = base + n * UNIT
+        if n * UNIT == cq_size and idx + 1 < len(qfiles):
+            idx += 1
+            continue
+        break
+    qv.disk_end = process // UNIT
+    qv.files = [f for f in qfiles if f[0] < process or f is qfiles[0]]
+    return qv
+
+
+def _last_file_bytes(qv: QueueView) -> int | None:
+    """wrote_position of the queue's last file after recovery (None: the queue has no file)."""
+    if not qv.files:
+        return None
+    base = qv.files[-1][0]
+    return max(0, qv.disk_end * UNIT - base)
+
+
+def _reput_start(view: StoreView, queues: dict, index_end: int, checked_from: int, cq_size: int) -> int:
+    """recovery.reput_start over the view."""
+    cl_min = max(view.cl_min, 0)
+    cq_max = max((qv.max_physic_offset for qv in queues.values()), default=-1)
+    cands = [cq_max if cq_max >= 0 else cl_min]
+    for qv in queues.values():
+        lb = _last_file_bytes(qv)
+        if lb is None or lb == 0 or lb >= cq_size:
+            cands.append(qv.max_physic_offset if qv.max_physic_offset >= 0 else cl_min)
+    if view.config.message_index_enable:
+        cands.append(index_end)
+    if not view.clean:
+        cands.append(checked_from)
+    return max(cl_min, min(cands))
+
+
+def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None, cache: FileCache) -> None:
+    cfg = view.config
+    files = view.cl_files
+    cl_min = max(view.cl_min, 0)
+    per = max(cq_size // UNIT, 1)
+    # 1. consume queues
+    queues = {(t, q): _recover_queue(view, t, q, d, cq_size, per) for t, q, d in qdirs}
+    index_end = _load_index(view) if cfg.message_index_enable else 0
+    # 2. the commitlog: recover_commit_log's walk. After a crash it starts at the file the checkpoint
+    # vouches for and checks CRCs, as recovery does; after a clean shutdown it starts where the
+    # re-dispatch starts (RocketMQ re-checks the last three files: records the queues already point at
+    # are taken as they are).
+    checked_from = cl_min
+    if not files:
+        view.data_end = 0
+    else:
+        if view.clean:
+            walk_from = _reput_start(view, queues, index_end, cl_min, cq_size)
+            start_idx = next((i for i, f in enumerate(files)
+                              if f.base <= walk_from < f.base + max(f.size, view.cl_file_size)), len(files) - 1)
+        else:
+            ck_phys, ck_logics, ck_index = _read_checkpoint(view.root)
+            ck_min = max(min(ck_phys, ck_logics) - 3000, 0)
+            limit = min(ck_min, ck_index) if cfg.message_index_enable and cfg.message_index_safe else ck_min
+            start_idx = 0
+            for i in range(len(files) - 1, -1, -1):
+                mm, _ = cache.get(files[i].path)
+                ts = _first_store_timestamp(mm) if mm is not None else 0
+                if 0 < ts <= limit:
+                    start_idx = i
+                    break
+            walk_from = checked_from = files[start_idx].base
+        view.data_end = _check_commitlog(view, cache, start_idx, walk_from,
+                                         cfg.check_crc_on_recover and not view.clean)
+    end = view.data_end
+    # 3. units past the commitlog's end (truncate_dirty_logic_files), then correct_min_offset
+    for qv in queues.values():
+        if qv.max_physic_offset > end and qv.files:
+            first = qv.files[0][0] // UNIT
+            offs, sizes = _disk_units(qv)
+            real = (sizes != BLANK_SIZE) | (offs != 0)
+            keep = np.flatnonzero(real & (offs < end) & (sizes > 0))
+            if len(keep):
+                k = int(keep[-1])
+                qv.disk_end = first + k + 1
+                qv.max_physic_offset = int(offs[k] + sizes[k])
+            else:
+                qv.disk_end = first
+                qv.max_physic_offset = -1
+            view.notes.append(f"{qv.dir}: units past the commitlog's end dropped")
+        qv.min_offset = _min_offset(qv.files, qv.disk_end, cl_min) if qv.files else 0
+    # 4. the re-dispatch: from rmqstore's reput start to the end of the data
+    start = _reput_start(view, queues, index_end, checked_from, cq_size)
+    view.reput_from = start
+    view.index_end = index_end
+    _redispatch(view, queues, cache, start, end, per, topics)
+    view.queues = {k: v for k, v in queues.items() if v.end > 0 or v.files}
+
+
+def _disk_units(qv: QueueView) -> tuple[np.ndarray, np.ndarray]:
+    offs, sizes = [], []
+    for base, path, size in qv.files:
+        count = min(size // UNIT, max(qv.disk_end - base // UNIT, 0))
+        a = _units_of(path, count * UNIT)
+        offs.append(a["offset"].astype(np.int64))
+        sizes.append(a["size"].astype(np.int64))
+    if not offs:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(offs), np.concatenate(sizes)
+
+
+def _check_commitlog(view: StoreView, cache: FileCache, idx: int, start: int, check_crc: bool) -> int:
+    """recover_commit_log's walk from `start` in file idx: the offset where the valid data ends."""
+    files = view.cl_files
+    process = start
+    while idx < len(files):
+        f = files[idx]
+        mm, buf = cache.get(f.path)
+        if mm is None:
+            process = f.base
+            break
+        limit = len(buf)
+        pos = max(start - f.base, 0)
+        blank = False
+        try:
+            if check_crc:
+                while pos < limit:
+                    kind, size = codec.check_record(mm, pos, limit, True)
+                    if kind == codec.KIND_END:
+                        break
+                    if kind == codec.KIND_BLANK:
+                        blank = True
+                        break
+                    pos += size
+            else:
+                positions, stop, why = R.walk(mm, pos, limit)
+                if len(positions):
+                    recs = R.Records(buf, f.base, positions, limit)
+                    bad = np.flatnonzero(~recs.valid)
+                    if len(bad):
+                        stop = int(positions[bad[0]])
+                        why = "invalid"
+                if why == "blank":
+                    codec.check_record(mm, stop, limit)   # a blank that does not fit raises
+                    blank = True
+                elif why == "invalid":
+                    codec.check_record(mm, stop, limit)   # raises with the reason
+                pos = stop
+        except codec.RecordError as e:
+            view.notes.append(f"{f.path}: invalid record at offset {e.pos} ({e.reason}): the data ends there")
+            pos = e.pos
+            blank = False
+        except Exception:
+            raise
+        process = f.base + pos
+        if blank and idx + 1 < len(files):
+            idx += 1
+            start = files[idx].base
+            continue
+        if blank:
+            process = f.base + max(f.size, view.cl_file_size)
+        break
+    return process
+
+
+def _redispatch(view: StoreView, queues: dict, cache: FileCache, start: int, end: int, per: int,
+                topics: set[str] | None) -> None:
+    """The units the dispatcher would add from `start` to `end`: appended to the queues' tails."""
+    tails: dict[tuple[str, int], list[np.ndarray]] = {}
+    ends: dict[tuple[str, int], int] = {}
+    for f in view.cl_files:
+        fend = f.base + max(f.size, view.cl_file_size)
+        if fend <= start or f.base >= end:
+            continue
+        _, buf = cache.get(f.path)
+        pos0 = max(start - f.base, 0)
+        limit = min(len(buf), end - f.base)
+        positions, stop, why = R.walk(buf, pos0, limit)
+        if not len(positions):
+            continue
+        recs = R.Records(buf, f.base, positions, limit)
+        bad = np.flatnonzero(~recs.valid)
+        if len(bad):
+            recs = recs.slice(0, int(bad[0]))
+        tran = recs.sys_flag & _TRAN_MASK
+        recs = recs.select((tran != NOT_DISPATCHED[0]) & (tran != NOT_DISPATCHED[1]))
+        if not len(recs):
+            continue
+        tnames = recs.topics().to_pylist()
+        qids = recs.queue_id
+        offs = recs.offsets
+        sizes = recs.total
+        qoffs = recs.queue_offset
+        groups: dict[tuple[str, int], list[int]] = {}
+        tq = list(zip(tnames, qids.tolist()))
+        for i, k in enumerate(tq):          # one dict lookup per re-dispatched record
+            groups.setdefault(k, []).append(i)
+        for k, idx in groups.items():
+            t, q = k
+            if topics is not None and t not in topics:
+                continue
+            sel = np.asarray(idx, dtype=np.int64)
+            qv = queues.get(k)
+            if qv is None or (not qv.files and k not in tails):
+                # a queue without files: its first unit makes the first file, at the unit's queue offset
+                d = os.path.join(view.root, "consumequeue", t, str(q))
+                first = int(qoffs[sel[0]])
+                qv = queues[k] = QueueView(t, q, d, [], first, first, -1, file_units=per)
+            lim = ends.get(k, qv.max_physic_offset)
+            o, s = offs[sel], sizes[sel]
+            take = o + s > lim
+            if take.any():
+                tails.setdefault(k, []).append(np.stack([o[take], s[take]], axis=1))
+                ends[k] = int(o[take][-1] + s[take][-1])
+    for k, parts in tails.items():
+        qv = queues[k]
+        qv.tail = np.concatenate(parts).astype(np.int64)
+        qv.max_physic_offset = ends[k]
+
+
+class ReadOnlyIndexFile(IndexFile):
+    """An IndexFile opened read-only (a read-only mapping; load() and the select functions only)."""
+
+    def __init__(self, path: str | os.PathLike, max_hash_slot_num: int, max_index_num: int):
+        self.path = Path(path)
+        self.name = self.path.name
+        self.hash_slot_num = max_hash_slot_num
+        self.index_num = max_index_num
+        self.file_size = codec.index_file_size(max_hash_slot_num, max_index_num)
+        self.entries_base = codec.INDEX_HEADER_SIZE + max_hash_slot_num * codec.INDEX_HASH_SLOT_SIZE
+        self.mapped_file = None
+        mm = map_read_only(str(self.path))
+        if mm is None or len(mm) != self.file_size:
+            size = 0 if mm is None else len(mm)
+            if mm is not None:
+                mm.close()
+            raise StoreError(f"index file {self.path} has {size} bytes, not {self.file_size} "
+                             f"(maxHashSlotNum={max_hash_slot_num}, maxIndexNum={max_index_num}): give the "
+                             "store's configuration with option 'config'")
+        self._mm = mm
+        self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
+        self.hash_slot_count = 0
+        self.index_count = 1
+        self._closed = False
+        self._dirty = False
+        self.flush_count = 0
+        self._warned = set()
+        try:
+            self.load()
+        except BaseException:
+            mm.close()
+            raise
+
+    def write_header(self) -> None:     # never writes
+        raise PermissionError(f"{self.path}: opened read-only")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._mm.close()
+
+    shutdown = close
+
+
+def _index_names(root: str) -> list[str]:
+    d = os.path.join(root, "index")
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(d, n) for n in sorted(names) if n.isdigit() and os.path.isfile(os.path.join(d, n))]
+
+
+def index_geometry(view: StoreView) -> tuple[int, int]:
+    """(maxHashSlotNum, maxIndexNum) of the store's index files: the configuration's when the files have
+    its size, else inferred from the size with RocketMQ's ratio maxIndexNum = 4 * maxHashSlotNum."""
+    cfg = view.config
+    sizes = {os.path.getsize(p) for p in _index_names(view.root)} - {0}
+    expected = codec.index_file_size(cfg.max_hash_slot_num, cfg.max_index_num)
+    if not sizes or sizes == {expected}:
+        return cfg.max_hash_slot_num, cfg.max_index_num
+    if len(sizes) == 1:
+        size = sizes.pop()
+        if (size - codec.INDEX_HEADER_SIZE) % 84 == 0:
+            s = (size - codec.INDEX_HEADER_SIZE) // 84
+            if s > 0:
+                return s, 4 * s
+    raise StoreError(f"option 'config': the index files of {view.root} do not have the size "
+                     f"maxHashSlotNum={cfg.max_hash_slot_num} maxIndexNum={cfg.max_index_num} gives ({expected} "
+                     "bytes): give the store's configuration (option config) to query by key")
+
+
+def _load_index(view: StoreView, destroy: bool | None = None) -> int:
+    """IndexService.load, read-only, from the files' headers: the files it keeps; returns the last kept
+    file's endPhyOffset. After a crash (destroy, default: the store has an abort file) files ending after
+    the checkpoint's index time are left out, as recovery destroys them; files with an impossible header
+    are left out, as load() sets them aside."""
+    if destroy is None:
+        destroy = not view.clean
+    _, _, ck_index = _read_checkpoint(view.root)
+    kept = []
+    end = 0
+    for p in _index_names(view.root):
+        try:
+            with open(p, "rb") as f:
+                raw = f.read(codec.INDEX_HEADER_SIZE)
+        except OSError as e:
+            view.notes.append(f"{p}: {e}")
+            continue
+        if len(raw) == 0:
+            continue
+        if len(raw) < codec.INDEX_HEADER_SIZE:
+            view.notes.append(f"{p}: shorter than an index header, ignored")
+            continue
+        b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack(raw)
+        if count < 0 or min(b_ts, e_ts, b_phy, e_phy) < 0:
+            view.notes.append(f"{p}: impossible index header, ignored (recovery sets it aside)")
+            continue
+        if destroy and e_ts > ck_index:
+            continue                     # destroyed by recovery after a crash
+        kept.append(p)
+        end = e_phy
+    view.index_files = kept
+    return end
+
+
+# --- lookups -----------------------------------------------------------------------------------------
+def offset_by_time(view: StoreView, qv: QueueView, timestamp: int, cache: FileCache) -> int:
+    """ConsumeQueue.get_offset_in_queue_by_time over the view (tail units count as written)."""
+    per = qv.file_units
+    lo_all, hi_all = qv.min_offset, qv.end
+    if hi_all <= lo_all and not qv.files:
+        return 0
+    # the queue's files as logical ranges [start, stop)
+    ranges = []
+    bases = [b // UNIT for b, _, _ in qv.files]
+    if not bases:
+        bases = [lo_all - lo_all % per]
+    b = bases[0]
+    while b < max(hi_all, bases[-1] + 1):
+        ranges.append((b, min(b + per, hi_all)))
+        b += per
+    if not ranges:
+        return 0
+
+    def unit(i):
+        o, s = qv.units(i, i + 1)
+        return (int(o[0]), int(s[0])) if len(o) else None
+
+    def st(o, s):
+        return view.store_time(cache, o, s)
+    chosen = ranges[-1]
+    for j, (fs, fe) in enumerate(ranges):
+        first_i = max(lo_all, fs) if fs <= lo_all else fs
+        if first_i >= fe:
+            continue
+        u = unit(first_i)
+        if u is None:
+            continue
+        o, s = u
+        if s <= 0 or s == BLANK_SIZE:
+            continue
+        t = st(o, s)
+        if t >= timestamp:
+            chosen = ranges[max(0, j - 1)] if t > timestamp else (fs, fe)
+            break
+    fs, fe = chosen
+    low = lo_all - fs if lo_all > fs else 0
+    high = fe - fs - 1
+    target = left = right = -1
+    left_v = right_v = -1
+    phy_min = max(view.cl_min, 0)
+    while high >= low:
+        mid = (low + high) // 2
+        u = unit(fs + mid)
+        if u is None:
+            break
+        o, s = u
+        if o < phy_min:
+            low = mid + 1
+            left = mid
+            continue
+        t = st(o, s)
+        if t < 0:
+            return 0
+        if t == timestamp:
+            target = mid
+            break
+        if t > timestamp:
+            high = mid - 1
+            right, right_v = mid, t
+        else:
+            low = mid + 1
+            left, left_v = mid, t
+    if target != -1:
+        off = target
+    elif left_v == -1:
+        off = right
+    elif right_v == -1:
+        off = left
+    else:
+        off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
+    if off < 0:
+        return qv.min_offset
+    return fs + off
+
+
+def index_candidates(view: StoreView, topic: str, key: str) -> list[int]:
+    """Commitlog offsets the kept index files give for topic#key (RocketMQ's queryOffset over the whole
+    time range, without its 64-result cap), below the index's end; unchecked (hash matches)."""
+    slots, num = index_geometry(view)
+    out: list[int] = []
+    h = key_hash(f"{topic}#{key}")
+    files = []
+    try:
+        for p in view.index_files:
+            files.append(ReadOnlyIndexFile(p, slots, num))
+        for f in reversed(files):
+            if f.is_time_matched(0, MAX_TIME):
+                f.select_by_hash(h, 1 << 62, 0, MAX_TIME, out)
+    finally:
+        for f in files:
+            f.close()
+    return sorted(set(o for o in out if o < view.index_end))
