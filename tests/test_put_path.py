@@ -281,6 +281,14 @@ def test_columnar_path_is_taken(tmp_path, monkeypatch):
     rb = [b.put_message(m) for m in msgs]
     assert calls == [1000] * 5
     assert [_result_tuple(r) for r in ra] == [_result_tuple(r) for r in rb]
+    for m, r in zip(msgs, ra):     # and each record is what codec's reference encoder makes of it
+        x = r.append_result
+        assert a.get_message(x.wrote_offset, x.wrote_bytes) == codec.encode_record(
+            queue_id=m.queue_id, flag=m.flag, queue_offset=x.logics_offset, physical_offset=x.wrote_offset,
+            sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+            store_timestamp=x.store_timestamp, store_host=cfg.store_host, reconsume_times=m.reconsume_times,
+            prepared_transaction_offset=m.prepared_transaction_offset, body=m.body, topic=m.topic,
+            properties=m.properties)
     a.shutdown()
     b.shutdown()
     assert _records_masked(tmp_path / "a" / "commitlog") == _records_masked(tmp_path / "b" / "commitlog")
@@ -329,11 +337,18 @@ def test_on_appended_hook(tmp_path):
 
 
 # --- threads -----------------------------------------------------------------------------------------
-def test_concurrent_producers(tmp_path):
+def test_concurrent_producers(tmp_path, monkeypatch):
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024})
     cl = CommitLog(tmp_path, cfg)
     cl.load()
-    n_threads, per_thread = 6, 1500
+    columnar = [0]
+    real = CommitLog._put_columnar
+
+    def counting(self, b):
+        columnar[0] += 1
+        return real(self, b)
+    monkeypatch.setattr(CommitLog, "_put_columnar", counting)
+    n_threads, per_thread = 6, 3000
     out: dict[int, list] = {}
 
     def producer(t: int):
@@ -341,9 +356,17 @@ def test_concurrent_producers(tmp_path):
         res = []
         i = 0
         while i < per_thread:
-            n = rng.choice((1, 1, 1, rng.randint(2, 50)))
-            batch = [Message(topic=f"T{(i + j) % 2}", queue_id=(i + j) % 3, body=bytes(rng.randint(0, 200)),
-                             properties={"KEYS": f"{t}-{i + j}"}) for j in range(min(n, per_thread - i))]
+            n = rng.choice((1, 1, 1, rng.randint(2, 15), rng.randint(16, 200)))
+            n = min(n, per_thread - i)
+            if n >= 16 and rng.random() < 0.8:      # one topic: the columnar path
+                topic, blen = f"T{rng.randint(0, 1)}", rng.choice((None, 0, 10, 100))
+                batch = [Message(topic=topic, queue_id=rng.randint(0, 2),
+                                 body=bytes(blen if blen is not None else rng.randint(0, 200)),
+                                 sys_flag=rng.choice((0, 0, 0, 4, 8, 12)),
+                                 properties={"KEYS": f"{t}-{i + j}"}) for j in range(n)]
+            else:
+                batch = [Message(topic=f"T{(i + j) % 2}", queue_id=(i + j) % 3, body=bytes(rng.randint(0, 200)),
+                                 properties={"KEYS": f"{t}-{i + j}"}) for j in range(n)]
             if len(batch) == 1 and rng.random() < 0.5:
                 res.append((batch[0], cl.put_message(batch[0])))
             else:
@@ -368,12 +391,19 @@ def test_concurrent_producers(tmp_path):
         # gap-free queue offsets per queue, in each producer's order
         per_queue: dict[tuple, list[int]] = {}
         for m, r in allr:
+            if m.sys_flag & 4:          # prepared and rolled back: no queue offset
+                assert r.append_result.logics_offset == 0
+                continue
             per_queue.setdefault((m.topic, m.queue_id), []).append(r.append_result.logics_offset)
         for key, offs in per_queue.items():
             assert sorted(offs) == list(range(len(offs))), key
+        assert cl.topic_queue_table == {f"{t}-{q}": len(offs) for (t, q), offs in per_queue.items()}
+        assert columnar[0] > 20
         for t in range(n_threads):
             last: dict = {}
             for m, r in out[t]:
+                if m.sys_flag & 4:
+                    continue
                 k = (m.topic, m.queue_id)
                 assert r.append_result.logics_offset > last.get(k, -1)
                 last[k] = r.append_result.logics_offset

@@ -4,6 +4,17 @@ Record layout: see codec. The put path assigns, under one lock, the physical off
 (topic, queueId) and the store timestamp; everything that does not depend on them (properties, topic,
 CRC, hosts) is encoded before the lock is taken. A record that does not fit the current file leaves an
 END_OF_FILE blank record there and goes to the next file.
+
+Three ways in, one byte layout (tests/test_put_path.py holds them to RocketMQ's files and to each other):
+
+- put_message: one message, encoded by _encode (topic, hosts and "topic-queueId" keys come from caches),
+  packed with the header Struct and written with one write;
+- put_messages, general path (_append_locked): any batch, message by message, one write per file;
+- put_messages, columnar path (_encode_columnar / _put_columnar): a batch of at least _COLUMNAR_MIN valid
+  messages with one topic and the same IPv4 hosts (what a producer sends) is encoded a field at a time
+  over the whole batch: numpy for the header fields and queue offsets, one str.join for all the
+  properties when the messages share their property names, one hex() for all the msgIds. A batch it
+  cannot take (mixed topics, IPv6, a message to refuse, ...) goes to the general path untouched.
 """
 from __future__ import annotations
 
@@ -280,11 +291,18 @@ class CommitLog:
             if ti is None:
                 ti = self._topic(topic)
             props = msg.properties
-            p = _props_bytes(props) if props else b""
-            born = self._hosts.get(msg.born_host)
-            if born is None:
-                born = self._host(msg.born_host)
-            store = self._host(msg.store_host or self.default_store_host)
+            if props:
+                try:    # codec.encode_properties, inline
+                    p = ("\x02".join(map("\x01".join, props.items())) + "\x02").encode()
+                except TypeError:
+                    p = _props_bytes(props)
+            else:
+                p = b""
+            hosts = self._hosts
+            host = msg.born_host
+            born = hosts.get(host) or self._host(host)
+            host = msg.store_host or self.default_store_host
+            store = hosts.get(host) or self._host(host)
         except (ValueError, TypeError, AttributeError) as e:
             log.warning("illegal message: %s", e)
             return _ILLEGAL
