@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 from ..broker.clients import SubscriptionData
+from ..rebalance import allocate_averagely   # AllocateMessageQueueAveragely
 from ..remoting.codes import (PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
                               PROPERTY_RETRY_TOPIC, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND,
                               RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode)
@@ -47,27 +48,6 @@ CONSUMER_TIMEOUT_WHEN_SUSPEND = 30.0
 _PULL_STATUS = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
                 ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
                 ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL}
-
-
-def allocate_averagely(group: str, current_cid: str, mq_all: list, cid_all: list) -> list:
-    """AllocateMessageQueueAveragely: contiguous, near-equal shares of the sorted queues."""
-    if not current_cid or not mq_all or not cid_all:
-        return []
-    if current_cid not in cid_all:
-        log.info("[BUG] consumer group %s: client id %s not in %s", group, current_cid, cid_all)
-        return []
-    index = cid_all.index(current_cid)
-    n, m = len(mq_all), len(cid_all)
-    mod = n % m
-    if n <= m:
-        average = 1
-    elif mod > 0 and index < mod:
-        average = n // m + 1
-    else:
-        average = n // m
-    start = index * average if mod > 0 and index < mod else index * average + mod
-    rng = min(average, n - start)
-    return [mq_all[(start + i) % n] for i in range(max(0, rng))]
 
 
 class ProcessQueue:

@@ -387,6 +387,15 @@ class Producer:
                 out.set_exception(e)
         return out
 
+    # --- lookups (DefaultMQProducer.queryMessage / viewMessage) ----------------------------------------
+    def query_message(self, topic: str, key: str, max_num: int = 32, begin: int = 0, end: int = 2 ** 63 - 1):
+        from .admin import query_message
+        return query_message(self._check(), topic, key, max_num, begin, end)
+
+    def view_message(self, msg_id: str, topic: str | None = None):
+        from .admin import view_message, view_message_any
+        return view_message(self._check(), msg_id) if topic is None else view_message_any(self._check(), topic, msg_id)
+
     # --- transactions -------------------------------------------------------------------------------
     def send_message_in_transaction(self, msg: Message,
                                     execute_local: Callable[[Message, object], LocalTransactionState],

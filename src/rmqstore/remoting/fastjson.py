@@ -56,7 +56,7 @@ _IDENT = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 _STRING_CHUNK = re.compile(r'([^"\\\x00-\x1f]*)(["\\\x00-\x1f])')
 _SQ_STRING_CHUNK = re.compile(r"([^'\\]*)(['\\])")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "'": "'"}
-MAX_DEPTH = 512
+MAX_DEPTH = 200
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
@@ -73,7 +73,10 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     except (ValueError, RecursionError):
         pass
     p = _Parser(text)
-    value = p.value(0)
+    try:
+        value = p.value(0)
+    except RecursionError:
+        raise JSONDecodeError("nesting too deep", p.pos) from None
     p.skip_ws()
     if p.pos != len(text):
         raise JSONDecodeError("extra data", p.pos)
