@@ -245,7 +245,7 @@ def _producer_batch(draw):
                     born_timestamp=born_ts[i], born_host=born_host, store_host=store_host,
                     reconsume_times=reconsume[i], prepared_transaction_offset=prepared[i], properties=props[i])
             for i in range(n)]
-    spoil = draw(st.sampled_from([None] * 6 + ["props", "size", "topic", "host", "queue_id"]))
+    spoil = draw(st.sampled_from([None] * 6 + ["props", "size", "topic", "host", "queue_id", "none"]))
     j = draw(st.integers(0, n - 1))
     if spoil == "props":
         msgs[j].properties = {"big": "v" * 32767}
@@ -257,6 +257,8 @@ def _producer_batch(draw):
         msgs[j].born_host = "[::1]:1"
     elif spoil == "queue_id":
         msgs[j].queue_id = 1 << 40          # does not fit QUEUEID: refused
+    elif spoil == "none":
+        msgs[j] = None                      # not a message: refused
     return msgs
 
 

@@ -14,6 +14,11 @@ Workloads are registered with `@workload("name", "help")`; a workload is a funct
 - `put_batch`  `CommitLog.put_messages` with batches of --batch messages.
 
 MB are 10**6 bytes of commitlog written (records and END_OF_FILE blanks).
+
+With --repeat R each workload runs R times, each time in a fresh store; a temporary store is deleted after
+its run, so the next run writes into page cache the kernel has handed out before. The first run of a
+process also pays for memory the machine touches for the first time (on a VM that can be most of the
+cost of writing the commitlog pages): compare runs, not just the median.
 """
 from __future__ import annotations
 
@@ -343,6 +348,8 @@ def run(args: argparse.Namespace) -> dict:
                    "mapped_file_size_commit_log": config.mapped_file_size_commit_log,
                    "config": args.config, "store": None if tmp else str(base)},
         "workloads": {},
+        "notes": "wall clock (perf_counter) around the puts only; messages generated before, then gc.collect() "
+                 "and gc.freeze() so the collector does not walk them; MB = 10**6 commitlog bytes",
     }
     try:
         t0 = time.perf_counter()

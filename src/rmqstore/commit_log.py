@@ -228,8 +228,8 @@ class CommitLog:
         if n >= _COLUMNAR_MIN:
             try:
                 batch = self._encode_columnar(msgs)
-            except _NotColumnar:
-                batch = None
+            except (_NotColumnar, AttributeError, TypeError, ValueError):
+                batch = None    # the general path refuses (or raises for) what it must, message by message
             if batch is not None:
                 results = self._put_columnar(batch)
         if results is None:
