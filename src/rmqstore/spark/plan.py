@@ -200,7 +200,11 @@ def key_partitions(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> li
     if not cfg.message_index_enable:
         return []
     if view.live:
-        view.index_end = SV._load_index(view, destroy=False)
+        cache = SV.FileCache()
+        try:
+            view.index_end = SV._recover_index(view, cache, None, destroy=False, deep=False)
+        finally:
+            cache.close()
     SV.index_geometry(view)         # a key lookup needs the index geometry: fails here, naming 'config'
     known = set(t for t, _ in view.queues) | set(SV.list_topics(view.root))
     topics = set(ro.topics) if ro.topics is not None else {t for t in known if ro.topic_selected(t)}

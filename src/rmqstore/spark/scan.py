@@ -213,10 +213,43 @@ def _has_key(props: R.Props, key: str) -> np.ndarray:
     return hit
 
 
+def _key_bytes_mask(recs: R.Records, key: str) -> np.ndarray:
+    """Records whose properties bytes contain the key's bytes (a cheap superset of the key check)."""
+    n = len(recs)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    needle = key.encode("utf-8")
+    buf = recs.buf
+    lo = int(recs.pos.min())
+    hi = int((recs.pos + recs.total).max())
+    hay = buf[lo:hi].tobytes()
+    hits = []
+    i = hay.find(needle)
+    while i >= 0:
+        hits.append(i + lo)
+        i = hay.find(needle, i + 1)
+    if not hits:
+        return np.zeros(n, dtype=bool)
+    h = np.asarray(hits, dtype=np.int64)
+    order = np.argsort(recs.props_pos, kind="stable")
+    starts = recs.props_pos[order]
+    ends = starts + recs.props_len[order]
+    j = np.searchsorted(starts, h, side="right") - 1
+    ok = (j >= 0)
+    j = np.where(ok, j, 0)
+    ok &= h + len(needle) <= ends[j]
+    out = np.zeros(n, dtype=bool)
+    out[order[j[ok]]] = True
+    return out
+
+
 def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
     """Rows of valid records that pass the partition's conditions (and key), or None."""
     conds = part.conds
     m = _header_mask(recs, conds)
+    if part.key is not None:
+        km = _key_bytes_mask(recs, part.key)
+        m = km if m is None else (m & km)
     if part.key is not None:
         km = (recs.sys_flag & ROLLBACK) != ROLLBACK
         m = km if m is None else (m & km)

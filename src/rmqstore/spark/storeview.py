@@ -26,6 +26,7 @@ import logging
 import mmap
 import os
 import struct
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -413,12 +414,14 @@ def _recover(view: StoreView, qdirs, cq_size: int, topics: set[str] | None) -> N
         cache.close()
 
 
-def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: int) -> QueueView:
-    """ConsumeQueue.recover, read-only: valid units from the third-last file on."""
+def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: int,
+                   limit: int | None = None) -> tuple[QueueView, bool]:
+    """ConsumeQueue.recover(limit), read-only: valid units from the third-last file on (offsets growing,
+    messages ending by the commitlog's end). Returns the queue and whether units were dropped."""
     qfiles = _digit_files(d)
     qv = QueueView(t, q, d, qfiles, 0, 0, -1, file_units=per)
     if not qfiles:
-        return qv
+        return qv, False
     idx = max(0, len(qfiles) - 3)
     prev_off = -1
     process = qfiles[idx][0]
@@ -432,44 +435,102 @@ def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: i
         real = (sz[:n] != BLANK_SIZE) | (off[:n] != 0)
         ro = off[:n][real]
         if len(ro):
+            ends = ro + sz[:n][real]
             order_bad = np.flatnonzero(np.diff(np.concatenate(([prev_off], ro))) <= 0)
-            if len(order_bad):
-                cut = int(order_bad[0])
+            limit_bad = np.flatnonzero(ends > limit) if limit is not None else np.empty(0, dtype=np.int64)
+            cut = min([int(x) for x in (order_bad[:1].tolist() + limit_bad[:1].tolist())] or [len(ro)])
+            if cut < len(ro):
                 n = int(np.flatnonzero(real)[cut])
                 ro = ro[:cut]
-                view.notes.append(f"{d}: units out of order at byte {base + n * UNIT}: the queue ends there")
             if len(ro):
                 prev_off = int(ro[-1])
-                rs = sz[:n][real[:n]]
-                qv.max_physic_offset = int(ro[-1] + rs[len(ro) - 1])
         process = base + n * UNIT
         if n * UNIT == cq_size and idx + 1 < len(qfiles):
             idx += 1
             continue
         break
+    dropped = False
+    for base, path, size in qfiles:             # _count_units_from(process) > 0
+        if base + size <= process:
+            continue
+        start = max(0, process - base)
+        with open(path, "rb") as f:
+            f.seek(start)
+            if any(f.read()):
+                dropped = True
+                break
     qv.disk_end = process // UNIT
-    qv.files = [f for f in qfiles if f[0] < process or f is qfiles[0]]
-    return qv
+    qv.files = [f for f in qfiles if f[0] <= process] or qfiles[:1]
+    return qv, dropped
 
 
-def _last_file_bytes(qv: QueueView) -> int | None:
-    """wrote_position of the queue's last file after recovery (None: the queue has no file)."""
-    if not qv.files:
+def _last_unit(qv: QueueView) -> tuple[int, int] | None:
+    if qv.disk_end <= qv.min_offset or not qv.files:
         return None
-    base = qv.files[-1][0]
-    return max(0, qv.disk_end * UNIT - base)
+    o, s = _unit_at(qv, qv.disk_end - 1)
+    return (o, s) if o is not None else None
 
 
-def _reput_start(view: StoreView, queues: dict, index_end: int, checked_from: int, cq_size: int) -> int:
+def _unit_at(qv: QueueView, i: int) -> tuple[int | None, int | None]:
+    for base, path, size in qv.files:
+        if base <= i * UNIT < base + size - size % UNIT:
+            a = np.fromfile(path, dtype=CQ_NP, count=1, offset=i * UNIT - base)
+            if len(a):
+                return int(a["offset"][0]), int(a["size"][0])
+    return None, None
+
+
+_REC_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+                      ("queue_offset", ">i8"), ("phys", ">i8")])
+
+
+def _first_unit_not_matching(view: StoreView, qv: QueueView, cache: FileCache, start: int) -> int | None:
+    """recovery.first_unit_not_matching, read-only."""
+    start = max(start, qv.min_offset)
+    if start >= qv.disk_end:
+        return None
+    offs, sizes = _disk_units(qv, start)
+    filler = (sizes == BLANK_SIZE) & (offs == 0)
+    width = _REC_HEAD.itemsize
+    bad = np.zeros(len(offs), dtype=bool)
+    for f in view.cl_files:
+        lo, hi = f.base, f.base + max(f.size, view.cl_file_size)
+        sel = np.flatnonzero((offs >= lo) & (offs < hi) & ~filler)
+        if not len(sel):
+            continue
+        _, raw = cache.get(f.path)
+        pos = offs[sel] - lo
+        inside = pos + width <= len(raw)
+        bad[sel[~inside]] = True
+        sel, pos = sel[inside], pos[inside]
+        if not len(sel):
+            continue
+        head = raw[pos[:, None] + np.arange(width)].view(_REC_HEAD).reshape(-1)
+        magic_ok = (head["magic"] == codec.MESSAGE_MAGIC_CODE) | (head["magic"] == codec.MESSAGE_MAGIC_CODE_V2)
+        ok = ((head["total"] == sizes[sel]) & magic_ok & (head["queue_id"] == qv.queue_id)
+              & (head["queue_offset"] == start + sel) & (head["phys"] == offs[sel]))
+        bad[sel[~ok]] = True
+    bad &= ~filler & (offs >= max(view.cl_min, 0))
+    first = np.flatnonzero(bad)
+    return start + int(first[0]) if len(first) else None
+
+
+def _reput_start(view: StoreView, queues: dict, rebuild: list, index_end: int | None, checked_from: int,
+                 cq_size: int) -> int:
     """recovery.reput_start over the view."""
     cl_min = max(view.cl_min, 0)
     cq_max = max((qv.max_physic_offset for qv in queues.values()), default=-1)
     cands = [cq_max if cq_max >= 0 else cl_min]
     for qv in queues.values():
-        lb = _last_file_bytes(qv)
-        if lb is None or lb == 0 or lb >= cq_size:
+        if not qv.files:
             cands.append(qv.max_physic_offset if qv.max_physic_offset >= 0 else cl_min)
-    if view.config.message_index_enable:
+            continue
+        wrote = max(0, min(qv.disk_end * UNIT - qv.files[-1][0], cq_size))
+        if wrote in (0, cq_size):
+            cands.append(qv.max_physic_offset if qv.max_physic_offset >= 0 else cl_min)
+    for qv in rebuild:
+        cands.append(qv.max_physic_offset if qv.max_physic_offset >= 0 else cl_min)
+    if index_end is not None:
         cands.append(index_end)
     if not view.clean:
         cands.append(checked_from)
@@ -477,29 +538,32 @@ def _reput_start(view: StoreView, queues: dict, index_end: int, checked_from: in
 
 
 def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None, cache: FileCache) -> None:
+    """recovery.recover_store, read-only (module docstring)."""
     cfg = view.config
     files = view.cl_files
     cl_min = max(view.cl_min, 0)
     per = max(cq_size // UNIT, 1)
-    # 1. consume queues
-    queues = {(t, q): _recover_queue(view, t, q, d, cq_size, per) for t, q, d in qdirs}
-    index_end = _load_index(view) if cfg.message_index_enable else 0
-    # 2. the commitlog: recover_commit_log's walk. After a crash it starts at the file the checkpoint
-    # vouches for and checks CRCs, as recovery does; after a clean shutdown it starts where the
-    # re-dispatch starts (RocketMQ re-checks the last three files: records the queues already point at
-    # are taken as they are).
+    index_on = cfg.message_index_enable
+    # 1. the commitlog's end. After a crash the walk starts at the file the checkpoint vouches for and
+    # checks CRCs, as recovery does. After a clean shutdown it starts where the re-dispatch starts
+    # (recovery re-checks the last three files: records the queues already point at are taken as is).
     checked_from = cl_min
     if not files:
         view.data_end = 0
     else:
         if view.clean:
-            walk_from = _reput_start(view, queues, index_end, cl_min, cq_size)
+            pre = {(t, q): _recover_queue(view, t, q, d, cq_size, per)[0] for t, q, d in qdirs}
+            for qv in pre.values():
+                last = _last_unit(qv)
+                qv.max_physic_offset = last[0] + last[1] if last else -1
+            pre_index = _recover_index(view, cache, None) if index_on else None
+            walk_from = _reput_start(view, pre, [], pre_index, cl_min, cq_size)
             start_idx = next((i for i, f in enumerate(files)
                               if f.base <= walk_from < f.base + max(f.size, view.cl_file_size)), len(files) - 1)
         else:
             ck_phys, ck_logics, ck_index = _read_checkpoint(view.root)
             ck_min = max(min(ck_phys, ck_logics) - 3000, 0)
-            limit = min(ck_min, ck_index) if cfg.message_index_enable and cfg.message_index_safe else ck_min
+            limit = min(ck_min, ck_index) if index_on and cfg.message_index_safe else ck_min
             start_idx = 0
             for i in range(len(files) - 1, -1, -1):
                 mm, _ = cache.get(files[i].path)
@@ -511,35 +575,52 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
         view.data_end = _check_commitlog(view, cache, start_idx, walk_from,
                                          cfg.check_crc_on_recover and not view.clean)
     end = view.data_end
-    # 3. units past the commitlog's end (truncate_dirty_logic_files), then correct_min_offset
-    for qv in queues.values():
-        if qv.max_physic_offset > end and qv.files:
-            first = qv.files[0][0] // UNIT
+    # 2. consume queues: recover_consume_queues, then correct_min_offset
+    queues: dict[tuple[str, int], QueueView] = {}
+    rebuild: list[QueueView] = []
+    for t, q, d in qdirs:
+        qv, dropped = _recover_queue(view, t, q, d, cq_size, per, end)
+        qv.min_offset = _min_offset(qv.files, qv.disk_end, 0)
+        if qv.files:
+            bad = _first_unit_not_matching(view, qv, cache, qv.files[-1][0] // UNIT)
+            if bad is not None:
+                view.notes.append(f"{d}: unit {bad} does not match its commitlog record: the queue ends there")
+                dropped = dropped or bad < qv.disk_end
+                qv.disk_end = bad
+        last = _last_unit(qv)
+        if last is not None and last[0] + last[1] > end:
             offs, sizes = _disk_units(qv)
+            first = qv.files[0][0] // UNIT
             real = (sizes != BLANK_SIZE) | (offs != 0)
             keep = np.flatnonzero(real & (offs < end) & (sizes > 0))
-            if len(keep):
-                k = int(keep[-1])
-                qv.disk_end = first + k + 1
-                qv.max_physic_offset = int(offs[k] + sizes[k])
-            else:
-                qv.disk_end = first
-                qv.max_physic_offset = -1
-            view.notes.append(f"{qv.dir}: units past the commitlog's end dropped")
+            new_end = first + int(keep[-1]) + 1 if len(keep) else first
+            dropped = dropped or new_end < qv.disk_end
+            qv.disk_end = new_end
+            last = _last_unit(qv)
+        qv.max_physic_offset = last[0] + last[1] if last is not None else -1
         qv.min_offset = _min_offset(qv.files, qv.disk_end, cl_min) if qv.files else 0
+        queues[(t, q)] = qv
+        if dropped:
+            rebuild.append(qv)
+    # 3. the index: recover_index
+    index_end = _recover_index(view, cache, end) if index_on else None
+    view.index_end = index_end or 0
     # 4. the re-dispatch: from rmqstore's reput start to the end of the data
-    start = _reput_start(view, queues, index_end, checked_from, cq_size)
+    start = _reput_start(view, queues, rebuild, index_end, checked_from, cq_size)
     view.reput_from = start
-    view.index_end = index_end
     _redispatch(view, queues, cache, start, end, per, topics)
     view.queues = {k: v for k, v in queues.items() if v.end > 0 or v.files}
 
 
-def _disk_units(qv: QueueView) -> tuple[np.ndarray, np.ndarray]:
+def _disk_units(qv: QueueView, start: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, sizes) of the units on disk from logical offset start (default: the first file's first)."""
     offs, sizes = [], []
     for base, path, size in qv.files:
-        count = min(size // UNIT, max(qv.disk_end - base // UNIT, 0))
-        a = _units_of(path, count * UNIT)
+        lo = base // UNIT if start is None else max(start, base // UNIT)
+        count = min(base // UNIT + size // UNIT, qv.disk_end) - lo
+        if count <= 0:
+            continue
+        a = np.fromfile(path, dtype=CQ_NP, count=count, offset=(lo - base // UNIT) * UNIT)
         offs.append(a["offset"].astype(np.int64))
         sizes.append(a["size"].astype(np.int64))
     if not offs:
@@ -666,7 +747,6 @@ class ReadOnlyIndexFile(IndexFile):
         self.index_num = max_index_num
         self.file_size = codec.index_file_size(max_hash_slot_num, max_index_num)
         self.entries_base = codec.INDEX_HEADER_SIZE + max_hash_slot_num * codec.INDEX_HASH_SLOT_SIZE
-        self.mapped_file = None
         mm = map_read_only(str(self.path))
         if mm is None or len(mm) != self.file_size:
             size = 0 if mm is None else len(mm)
@@ -676,6 +756,7 @@ class ReadOnlyIndexFile(IndexFile):
                              f"(maxHashSlotNum={max_hash_slot_num}, maxIndexNum={max_index_num}): give the "
                              "store's configuration with option 'config'")
         self._mm = mm
+        self.mapped_file = types.SimpleNamespace(mm=mm)     # what recovery.index_file_problems reads
         self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
         self.hash_slot_count = 0
         self.index_count = 1
@@ -728,16 +809,24 @@ def index_geometry(view: StoreView) -> tuple[int, int]:
                      "bytes): give the store's configuration (option config) to query by key")
 
 
-def _load_index(view: StoreView, destroy: bool | None = None) -> int:
-    """IndexService.load, read-only, from the files' headers: the files it keeps; returns the last kept
-    file's endPhyOffset. After a crash (destroy, default: the store has an abort file) files ending after
-    the checkpoint's index time are left out, as recovery destroys them; files with an impossible header
-    are left out, as load() sets them aside."""
+INDEX_DEEP_CHECK_BYTES = 64 << 20
+
+
+def _recover_index(view: StoreView, cache: FileCache, end: int | None, destroy: bool | None = None,
+                   deep: bool = True) -> int:
+    """IndexService.load then recovery.recover_index, read-only: sets view.index_files (the files the store
+    keeps) and returns the commitlog offset from which the index needs messages again (after the last
+    indexed one). Entries of the last file at or past `end` count as cut (key lookups stop below it)."""
     if destroy is None:
         destroy = not view.clean
     _, _, ck_index = _read_checkpoint(view.root)
-    kept = []
-    end = 0
+    try:
+        slots, num = index_geometry(view)
+    except StoreError:
+        slots = num = None
+        deep = False
+    loaded: list[dict] = []
+    aside: list[str] = []
     for p in _index_names(view.root):
         try:
             with open(p, "rb") as f:
@@ -745,21 +834,77 @@ def _load_index(view: StoreView, destroy: bool | None = None) -> int:
         except OSError as e:
             view.notes.append(f"{p}: {e}")
             continue
-        if len(raw) == 0:
-            continue
+        if not raw:
+            continue                     # empty: load() removes it
         if len(raw) < codec.INDEX_HEADER_SIZE:
-            view.notes.append(f"{p}: shorter than an index header, ignored")
+            aside.append(os.path.basename(p))
             continue
         b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack(raw)
-        if count < 0 or min(b_ts, e_ts, b_phy, e_phy) < 0:
-            view.notes.append(f"{p}: impossible index header, ignored (recovery sets it aside)")
+        if count < 0 or (num is not None and count > num) or min(b_ts, e_ts, b_phy, e_phy) < 0:
+            view.notes.append(f"{p}: impossible index header: set aside by recovery")
+            aside.append(os.path.basename(p))
             continue
         if destroy and e_ts > ck_index:
-            continue                     # destroyed by recovery after a crash
-        kept.append(p)
-        end = e_phy
-    view.index_files = kept
-    return end
+            continue                     # destroyed by load() after a crash
+        loaded.append({"path": p, "name": os.path.basename(p), "b_phy": b_phy, "e_phy": e_phy,
+                       "count": max(count, 1)})
+    drop_from = None
+    for name in aside:                   # files after one set aside are dropped (their keys re-indexed)
+        later = [i for i, f in enumerate(loaded) if f["name"] > name]
+        if later:
+            drop_from = min(drop_from if drop_from is not None else len(loaded), later[0] - 1)
+    if deep and loaded:
+        try:
+            from ..recovery import index_file_problems
+        except ImportError:  # pragma: no cover
+            index_file_problems = None
+        checked = 0
+        for i in range(len(loaded) - 1, -1, -1) if index_file_problems else ():
+            f = loaded[i]
+            cost = slots * codec.INDEX_HASH_SLOT_SIZE + f["count"] * codec.INDEX_ENTRY_SIZE
+            if i < len(loaded) - 1 and checked + cost > INDEX_DEEP_CHECK_BYTES:
+                break
+            checked += cost
+            ro = ReadOnlyIndexFile(f["path"], slots, num)
+            try:
+                problems = index_file_problems(ro)
+            finally:
+                ro.close()
+            if problems:
+                view.notes.append(f"{f['path']}: {'; '.join(problems)}: set aside by recovery")
+                f["gone"] = True
+                drop_from = i if drop_from is None else min(drop_from, i)
+    keep = [f for i, f in enumerate(loaded) if not f.get("gone") and (drop_from is None or i <= drop_from)]
+    if end is not None:
+        while keep and ((keep[-1]["count"] <= 1 and keep[-1]["e_phy"] >= end > 0)
+                        or (keep[-1]["count"] > 1 and keep[-1]["b_phy"] >= end)):
+            keep.pop()
+        if keep and keep[-1]["e_phy"] >= end and keep[-1]["count"] > 1 and num is not None:
+            f = keep[-1]
+            ent = np.fromfile(f["path"], dtype=_ENTRY_NP, count=f["count"],
+                              offset=codec.INDEX_HEADER_SIZE + slots * codec.INDEX_HASH_SLOT_SIZE)
+            phy = ent["phy_offset"].astype(np.int64)
+            k = int(np.searchsorted(phy[1:], end, side="left")) + 1
+            if k < f["count"]:
+                f["count"] = k
+                f["e_phy"] = int(phy[k - 1]) if k > 1 else f["b_phy"]
+    view.index_files = [f["path"] for f in keep]
+    if not keep or (len(keep) == 1 and keep[0]["count"] <= 1 and keep[0]["e_phy"] == 0):
+        return 0
+    last = keep[-1]["e_phy"]
+    cf = view.file_of(last)
+    if cf is not None:
+        _, buf = cache.get(cf.path)
+        pos = last - cf.base
+        if pos + 8 <= len(buf) and (end is None or last + 8 <= end):
+            size = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+            magic = int.from_bytes(buf[pos + 4:pos + 8], "big")
+            if magic in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) and size > 0:
+                return last + size
+    return last
+
+
+_ENTRY_NP = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 
 
 # --- lookups -----------------------------------------------------------------------------------------

@@ -1,0 +1,260 @@
+"""df.write.format("rocketmq").mode("append").save(STORE): append rows as messages.
+
+A store has one writer at a time (its `lock` file), and a Spark job has many tasks, some of which may run
+twice (retries, speculation). So:
+
+* executors encode: each task checks and normalises its rows (topic, body, properties built from the
+  tags / keys / properties columns, queue id, flag, born time and host) into one Arrow IPC buffer, its
+  commit message; nothing is written by a task;
+* the driver appends: commit() opens the store (taking its lock: a store open in another process fails
+  with StoreLockedError naming it), appends the tasks' messages in partition order with
+  MessageStore.put_messages, waits until they are dispatched and closes the store. A failed job aborts
+  before anything was appended, and a retried task's message replaces its first attempt's: every row is
+  appended exactly once, or none.
+
+Everything passes through the driver: this suits what a broker's store takes (GBs), not more.
+
+Columns: topic (string, required), body (binary or string, required), tags (string), keys (array<string>,
+or a string of space-separated keys), properties (map<string,string>), queueId (int: when null or absent the
+topic's queues are used round robin: those the store has, else defaultTopicQueueNums of the config), flag
+(int), bornTimestamp (timestamp or epoch ms; default: now), bornHost (string ip:port). The other columns of
+the rocketmq read schema are ignored (a DataFrame read from a store can be written to another); any other
+column is an error.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from .. import codec
+from ..config import StoreConfig
+from ..errors import ConfigError, StoreLockedError
+from . import storeview as SV
+from .records import COLUMNS
+
+log = logging.getLogger(__name__)
+
+WRITABLE = {"topic", "body", "tags", "keys", "properties", "queueId", "flag", "bornTimestamp", "bornHost"}
+IGNORED = set(COLUMNS) - WRITABLE
+NORMAL = pa.schema([("topic", pa.string()), ("queueId", pa.int32()), ("flag", pa.int32()),
+                    ("bornTimestamp", pa.int64()), ("bornHost", pa.string()), ("properties", pa.string()),
+                    ("body", pa.binary())])
+
+
+class WriteError(ValueError):
+    """A row or option that cannot be written (names the column or option)."""
+
+
+@dataclass
+class EncodedRows(WriterCommitMessage):
+    partition: int
+    attempt: int
+    rows: int
+    payload: bytes          # Arrow IPC stream in NORMAL
+
+
+def _store_path(options: dict) -> str:
+    p = options.get("path")
+    if not p:
+        raise WriteError("option 'path' is missing: save(STORE) with a store directory")
+    return os.path.abspath(p)
+
+
+def check_target(options: dict, overwrite: bool) -> tuple[str, StoreConfig]:
+    """Fail at planning: overwrite mode, a path that is neither a store nor empty, a store held by another
+    process, a bad config."""
+    if overwrite:
+        raise WriteError("the rocketmq sink only appends: use mode('append')")
+    unknown = sorted(set(k.lower() for k in options) - {"path", "config"})
+    if unknown:
+        raise WriteError(f"unknown option {unknown[0]!r} of the rocketmq sink (known: path, config)")
+    path = _store_path(options)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise WriteError(f"option 'path': {path} is not a directory")
+        if os.listdir(path) and not os.path.isdir(os.path.join(path, "commitlog")):
+            raise WriteError(f"option 'path': {path} is not a RocketMQ store directory (no commitlog/) and not empty")
+        if SV.lock_held_elsewhere(path):
+            raise StoreLockedError(path)
+    try:
+        config = StoreConfig.load(options.get("config")) if options.get("config") else StoreConfig()
+    except (ConfigError, OSError) as e:
+        raise WriteError(f"option 'config': {e}") from None
+    return path, config
+
+
+def check_schema(schema) -> None:
+    names = [f.name for f in schema.fields]
+    for need in ("topic", "body"):
+        if need not in names:
+            raise WriteError(f"the rocketmq sink needs a column {need!r} (columns: {', '.join(names)})")
+    bad = [n for n in names if n not in WRITABLE and n not in IGNORED]
+    if bad:
+        raise WriteError(f"column {bad[0]!r} is not something a message has (writable: "
+                         f"{', '.join(sorted(WRITABLE))})")
+
+
+# --- executors ----------------------------------------------------------------------------------------
+def _col(batch: pa.RecordBatch, name: str):
+    i = batch.schema.get_field_index(name)
+    return batch.column(i) if i >= 0 else None
+
+
+def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.RecordBatch:
+    """Check and normalise rows: one NORMAL row per input row, or WriteError naming the column and row."""
+    n = batch.num_rows
+    topic = _col(batch, "topic")
+    if topic.null_count:
+        raise WriteError(f"column 'topic' is null in row {int(np.flatnonzero(topic.is_null().to_numpy(zero_copy_only=False))[0])}")
+    tlen = pc.binary_length(topic.cast(pa.binary())).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero((tlen == 0) | (tlen > codec.MAX_TOPIC_LENGTH))
+    if len(bad):
+        raise WriteError(f"column 'topic': {topic[int(bad[0])].as_py()!r} is {int(tlen[bad[0]])} bytes, "
+                         f"RocketMQ allows 1 to {codec.MAX_TOPIC_LENGTH}")
+    body = _col(batch, "body")
+    if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+        body = pc.cast(body, pa.binary())
+    if body.type != pa.binary():
+        body = body.cast(pa.binary())
+    if body.null_count:
+        raise WriteError("column 'body' is null in some row")
+    tags = _col(batch, "tags")
+    keys = _col(batch, "keys")
+    props_col = _col(batch, "properties")
+    tags_l = tags.to_pylist() if tags is not None else None
+    if keys is not None:
+        keys_l = keys.to_pylist()
+        if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+            keys_l = [None if k is None else [w for w in k.split(" ") if w] for k in keys_l]
+    else:
+        keys_l = None
+    props_l = props_col.to_pylist() if props_col is not None else None
+    out_props = []
+    for i in range(n):
+        p: dict[str, str] = {}
+        if props_l is not None and props_l[i]:
+            p.update((k, v) for k, v in props_l[i] if v is not None)
+        if tags_l is not None and tags_l[i] is not None:
+            p[codec.PROPERTY_TAGS] = tags_l[i]
+        if keys_l is not None and keys_l[i]:
+            ks = [k for k in keys_l[i] if k]
+            if ks:
+                p[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(ks)
+        for k, v in p.items():
+            if any(c in k or c in v for c in ("\x01", "\x02")):
+                raise WriteError(f"row {i}: property {k!r} holds a \\x01 or \\x02 separator byte")
+        s = codec.properties_to_string(p)
+        if len(s.encode("utf-8")) > codec.MAX_PROPERTIES_LENGTH:
+            raise WriteError(f"row {i}: properties of {len(s.encode())} bytes exceed {codec.MAX_PROPERTIES_LENGTH}")
+        out_props.append(s)
+    props = pa.array(out_props, type=pa.string())
+    qid = _col(batch, "queueId")
+    qid = qid.cast(pa.int32()) if qid is not None else pa.nulls(n, pa.int32())
+    if qid.null_count < n and pc.min(qid).as_py() is not None and pc.min(qid).as_py() < 0:
+        raise WriteError("column 'queueId' has a negative queue id")
+    flag = _col(batch, "flag")
+    flag = flag.cast(pa.int32()).fill_null(0) if flag is not None else pa.array(np.zeros(n, dtype=np.int32))
+    born = _col(batch, "bornTimestamp")
+    if born is None:
+        born = pa.array(np.full(n, now_ms, dtype=np.int64))
+    elif pa.types.is_timestamp(born.type):
+        born = pc.cast(pc.cast(born, pa.timestamp("ms", tz="UTC")), pa.int64()).fill_null(now_ms)
+    else:
+        born = born.cast(pa.int64()).fill_null(now_ms)
+    host = _col(batch, "bornHost")
+    if host is not None:
+        for i, h in enumerate(host.to_pylist()):
+            if h is not None:
+                try:
+                    codec.parse_host(h)
+                except ValueError as e:
+                    raise WriteError(f"column 'bornHost', row {i}: {e}") from None
+    else:
+        host = pa.nulls(n, pa.string())
+    sizes = (codec.HEADER_STRUCTS[3].size + pc.binary_length(body).to_numpy(zero_copy_only=False) + 3 + tlen
+             + pc.binary_length(props.cast(pa.binary())).to_numpy(zero_copy_only=False))
+    big = np.flatnonzero(sizes > max_message_size)
+    if len(big):
+        raise WriteError(f"row {int(big[0])}: a message of {int(sizes[big[0]])} bytes exceeds maxMessageSize "
+                         f"{max_message_size}")
+    return pa.RecordBatch.from_arrays([topic.cast(pa.string()), qid, flag, born, host.cast(pa.string()), props, body],
+                                      schema=NORMAL)
+
+
+class RocketMQWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict, schema, overwrite: bool):
+        self.options = dict(options)
+        self.path, self.config = check_target(self.options, overwrite)
+        check_schema(schema)
+
+    def write(self, iterator) -> EncodedRows:
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        now = int(time.time() * 1000)
+        sink = io.BytesIO()
+        rows = 0
+        with pa.ipc.new_stream(sink, NORMAL) as w:
+            for batch in iterator:
+                if batch.num_rows:
+                    nb = normalize(batch, self.config.max_message_size, now)
+                    w.write_batch(nb)
+                    rows += nb.num_rows
+        return EncodedRows(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0, rows,
+                           sink.getvalue())
+
+    def commit(self, messages) -> None:
+        msgs = sorted((m for m in messages if m is not None), key=lambda m: m.partition)
+        append_encoded(self.path, self.config, msgs)
+
+    def abort(self, messages) -> None:
+        log.warning("%s: write aborted: nothing was appended", self.path)
+
+
+def append_encoded(path: str, config: StoreConfig, msgs: list[EncodedRows]) -> dict:
+    """Append the encoded rows (in order) to the store at path, holding its lock; returns counts."""
+    from ..message import DEFAULT_HOST, Message
+    from ..store import MessageStore
+    total = sum(m.rows for m in msgs)
+    store = MessageStore.open(path, config, start_services=False)
+    try:
+        queues = {t: qs for t, qs in store.topics().items()}
+        rr: dict[str, int] = {}
+        appended = 0
+        for m in msgs:
+            if not m.rows:
+                continue
+            with pa.ipc.open_stream(m.payload) as r:
+                for batch in r:
+                    d = batch.to_pydict()
+                    out = []
+                    for topic, qid, flag, born, host, props, body in zip(
+                            d["topic"], d["queueId"], d["flag"], d["bornTimestamp"], d["bornHost"],
+                            d["properties"], d["body"]):
+                        if qid is None:
+                            qs = queues.get(topic) or list(range(config.default_topic_queue_nums))
+                            i = rr.get(topic, 0)
+                            qid = qs[i % len(qs)]
+                            rr[topic] = i + 1
+                        out.append(Message(topic=topic, body=body, queue_id=qid, flag=flag, born_timestamp=born,
+                                           born_host=host or DEFAULT_HOST,
+                                           properties=codec.string_to_properties(props)))
+                    for start in range(0, len(out), 1024):
+                        res = store.put_messages(out[start:start + 1024])
+                        bad = [r for r in res if not r.ok]
+                        if bad:
+                            raise RuntimeError(f"{path}: put failed with {bad[0].status.value} after {appended} of "
+                                               f"{total} messages were appended")
+                        appended += len(res)
+        store.dispatcher.wait_dispatched()
+    finally:
+        store.close()
+    log.info("%s: %d messages appended", path, appended)
+    return {"store": path, "messages": appended}
