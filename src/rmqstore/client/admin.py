@@ -55,7 +55,10 @@ def view_message(mq: MQClientInstance, msg_id: str, timeout: float = 3.0) -> Mes
         addr, offset = codec.decode_message_id(msg_id)
     except ValueError as e:
         raise MQClientError(f"query message by id finished, but no message: {e}") from None
-    r = mq.invoke(mq.broker_channel(addr), mq.request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset}), timeout)
+    try:
+        r = mq.invoke(mq.broker_channel(addr), mq.request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset}), timeout)
+    except (OSError, TimeoutError) as e:
+        raise MQClientError(f"view message {msg_id}: {e}") from None
     if r.code != ResponseCode.SUCCESS:
         raise MQBrokerError(r.code, r.remark, addr)
     msgs = decode_messages(r.body or b"")

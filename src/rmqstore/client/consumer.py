@@ -257,6 +257,7 @@ class _ConsumerBase:
         try:
             for t in list(self.subscriptions):
                 inst.update_route(t)
+            inst.learn_brokers()
             inst.send_heartbeat_to_all_brokers()
             for t in list(self.subscriptions):
                 if t not in self.topic_queues:

@@ -159,9 +159,10 @@ def subscribe_info(topic: str, route: TopicRoute) -> set[MessageQueue]:
 def vip_addr(addr: str) -> str:
     host, _, port = addr.rpartition(":")
     try:
-        return f"{host}:{int(port) - 2}"
+        p = int(port)
     except ValueError:
         return addr
+    return f"{host}:{p - 2}" if p >= 2 else addr
 
 
 class MQClientInstance:
@@ -205,6 +206,7 @@ class MQClientInstance:
         self.scheduler.every(1.0, HEARTBEAT_BROKER_INTERVAL, self.send_heartbeat_to_all_brokers)
         self.scheduler.every(PERSIST_CONSUMER_OFFSET_INTERVAL, PERSIST_CONSUMER_OFFSET_INTERVAL,
                              self.persist_all_consumer_offsets)
+        self.scheduler.every(1.0, 1.0, self.update_missing_routes)
 
     # --- requests ----------------------------------------------------------------------------------
     def request(self, code: int, fields=None, body: bytes | None = None, oneway: bool = False) -> RemotingCommand:
@@ -252,9 +254,14 @@ class MQClientInstance:
         if route is None:
             return None
         if default:
+            # TBW102's route stands in for the producer only (consumers wait for the topic's own route)
             for qd in route.queue_datas:
                 n = min(default_queue_nums, int(qd.get("readQueueNums", 0)))
                 qd["readQueueNums"] = qd["writeQueueNums"] = n
+            with self._lock:
+                for name, addrs in route.broker_addrs().items():
+                    self.broker_addrs[name] = addrs
+            return route
         with self._lock:
             old = self.routes.get(topic)
             changed = old is None or old.signature() != route.signature()
@@ -276,6 +283,35 @@ class MQClientInstance:
             topics.update(p.published_topics())
         for t in topics:
             self.update_route(t)
+
+    def update_missing_routes(self) -> None:
+        """Subscribed topics without a route yet (not created when the consumer started) are looked up every
+        second rather than every 30 s; once one appears, heartbeat and rebalance at once."""
+        found = False
+        for c in list(self.consumers.values()):
+            for t in c.subscribed_topics():
+                if t not in c.topic_queues and self.update_route(t) is not None:
+                    found = True
+        if found:
+            self.send_heartbeat_to_all_brokers()
+            self.rebalance_immediately()
+
+    def learn_brokers(self) -> None:
+        """With no route known yet, learn the brokers from the name server's cluster info (so that a
+        consumer's first heartbeat reaches them: it creates the group's retry topic)."""
+        if self.broker_addrs:
+            return
+        try:
+            r = self._namesrv_invoke(self.request(RequestCode.GET_BROKER_CLUSTER_INFO))
+        except MQClientError as e:
+            log.info("cluster info: %s", e)
+            return
+        if r.code != ResponseCode.SUCCESS or not r.body:
+            return
+        info = fastjson.loads(r.body)
+        with self._lock:
+            for name, bd in (info.get("brokerAddrTable") or {}).items():
+                self.broker_addrs.setdefault(name, {int(k): v for k, v in (bd.get("brokerAddrs") or {}).items()})
 
     def find_broker_addr(self, broker_name: str, only_master: bool = True) -> str | None:
         addrs = self.broker_addrs.get(broker_name)
