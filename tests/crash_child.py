@@ -23,7 +23,9 @@ def main() -> int:
     store_dir, flush, run_id, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     max_seconds = float(sys.argv[5]) if len(sys.argv) > 5 else 30.0
     rng = random.Random(seed)
-    store = MessageStore.open(store_dir, small_config(flush))
+    # thorough flushes every 300 ms: the checkpoint moves during a run, so recoveries start at various files
+    store = MessageStore.open(store_dir, small_config(flush, flushConsumeQueueThoroughInterval=300,
+                                                      flushCommitLogThoroughInterval=300))
     out = sys.stdout
     out.write(f"READY {store.recovery_report.summary()}\n")
     out.flush()

@@ -283,6 +283,7 @@ def test_flipped_body_byte_in_the_last_file(templates, tmp_path, check_crc):
             assert rep.dropped_at == victim.offset and rep.dropped_path == str(f)
             assert "CRC" in rep.dropped_reason
             assert f"{victim.offset}" in rep.summary() and f.name in rep.summary()
+            assert f"byte {victim.offset % CL_SIZE} of {f}" in rep.summary()
             verify_store(store, _surviving(acked, victim.offset))
             _goes_on(store, "crc")
         else:   # without the check the damaged record is kept, as RocketMQ does

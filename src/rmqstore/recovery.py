@@ -87,7 +87,10 @@ class RecoveryReport:
         parts = [f"{'clean' if self.clean_shutdown else 'abnormal'} shutdown",
                  f"commitlog checked from {self.commitlog_checked_from}, ends at {self.commitlog_end}"]
         if self.dropped_at is not None:
-            parts.append(f"dropped data from offset {self.dropped_at} ({self.dropped_path}: {self.dropped_reason})")
+            name = (self.dropped_path or "").rsplit("/", 1)[-1]
+            where = f"byte {self.dropped_at - int(name)} of " if name.isdigit() else ""
+            parts.append(f"dropped data from offset {self.dropped_at} ({where}{self.dropped_path}: "
+                         f"{self.dropped_reason})")
         if self.commitlog_files_removed:
             parts.append(f"{self.commitlog_files_removed} commitlog files removed")
         for path, size in self.repaired_files:
