@@ -117,10 +117,11 @@ class MessageStore:
         self.dispatcher.shutdown(drain=True)
         for s in reversed(self.services):
             s.shutdown()
+        flush_failed = [s.failed for s in self.services if getattr(s, "failed", None)]
         self.services.clear()
-        ok = self.running_flags.write_error is None
-        if not ok:   # a failed write or flush: claim nothing more durable (see flush), recover at next open
-            log.error("%s: %s: no final flush, the abort file stays", self.path, self.running_flags.write_error)
+        ok = self.running_flags.write_error is None     # after a failed write the next open must recover
+        if flush_failed:   # a failed msync: a new one would "succeed" over lost data (see flush): claim nothing
+            log.error("%s: %s: no final flush, the abort file stays", self.path, flush_failed[0])
         else:
             try:
                 self.flush_all()
