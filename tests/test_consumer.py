@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore import codec
 from rmqstore.config import StoreConfig
 from rmqstore.consumer import (CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT,
                                ConsumeFromWhere, PullConsumer, PullStatus, PushConsumer,
@@ -438,3 +437,17 @@ def test_sigkill_redelivers_only_uncommitted(tmp_path):
     assert again == uncommitted                         # re-delivered: exactly what was not committed
     assert len(again) <= 2 * 40                         # a few hundred ms of work at most
     assert processed | set(redelivered) == {(q, o) for q in (0, 1) for o in range(per_queue)}
+
+
+def test_consumer_picks_up_a_topic_created_after_it_started(store):
+    got = []
+    c = PushConsumer(store, "early-group", lambda msgs: got.extend(m.body for m in msgs) or CONSUME_SUCCESS,
+                     consume_from_where=FIRST)
+    c.subscribe("Later", "*")
+    with c:
+        assert [mq for mq in c.assigned_queues if mq.topic == "Later"] == []
+        Producer(store, "pg").send("Later", b"auto-created")          # 4 queues, created on send
+        assert wait_until(lambda: got == [b"auto-created"], 5)
+        assert [mq.queue_id for mq in c.assigned_queues if mq.topic == "Later"] == [0, 1, 2, 3]
+        LocalBroker.of(store).topics.create_topic("Later", 6)         # more queues: rebalanced too
+        assert wait_until(lambda: len([mq for mq in c.assigned_queues if mq.topic == "Later"]) == 6, 5)

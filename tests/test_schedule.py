@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from rmqstore import codec
 from rmqstore.config import StoreConfig
 from rmqstore.java_map import JavaHashMap, as_broker_map, hashmap_order
@@ -14,8 +12,6 @@ from rmqstore.message import Message
 from rmqstore.producer import Producer
 from rmqstore.schedule import SCHEDULE_TOPIC, rewrite_delayed
 from rmqstore.store import MessageStore
-
-ONE_SECOND_LEVELS = " ".join(["1s"] * 18)
 
 
 def cfg(**kw) -> StoreConfig:

@@ -68,7 +68,8 @@ class ConsumerRegistry:
         self.broker = broker
         self._groups: dict[str, list[RebalanceMember]] = {}
         self._lock = threading.RLock()
-        self._pending: set[str] = set()
+        self._pending_topics: set[str] = set()
+        self._pending_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,13 +142,11 @@ class ConsumerRegistry:
                     log.exception("rebalance of %s: acquire failed", m.client_id)
 
     def topic_changed(self, topic: str) -> None:
-        """Queue set of a topic changed: rebalance its groups soon, on the registry thread."""
-        with self._lock:
-            for group, members in self._groups.items():
-                if any(topic in m.subscribed_topics() for m in members):
-                    self._pending.add(group)
-        if self._pending:
-            self._wake.set()
+        """Queue set of a topic changed: rebalance its groups soon, on the registry thread. Called with
+        other locks held (topic manager, dispatcher), so it only records the topic."""
+        with self._pending_lock:
+            self._pending_topics.add(topic)
+        self._wake.set()
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -161,9 +160,14 @@ class ConsumerRegistry:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            with self._pending_lock:
+                topics, self._pending_topics = self._pending_topics, set()
             with self._lock:
-                groups = set(self._pending) if woke else set(self._groups)
-                self._pending.clear()
+                if woke:
+                    groups = {g for g, ms in self._groups.items()
+                              if any(t in m.subscribed_topics() for m in ms for t in topics)}
+                else:
+                    groups = set(self._groups)
             for g in groups:
                 try:
                     self.rebalance(g)
