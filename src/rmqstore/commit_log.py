@@ -179,7 +179,7 @@ class CommitLog:
          reconsume, prepared, body, tail, key, id_prefix) = e
         q = self.queue
         with self.put_lock:
-            now = int(time.time() * 1000)
+            now = time.time_ns() // 1_000_000
             self.begin_time_in_lock = now
             try:
                 files = q.files
@@ -236,7 +236,7 @@ class CommitLog:
             encoded = [self._encode(m) for m in msgs]
             results = [None] * n
             with self.put_lock:
-                now = int(time.time() * 1000)
+                now = time.time_ns() // 1_000_000
                 self.begin_time_in_lock = now
                 try:
                     self._append_locked(encoded, results, now)
@@ -517,7 +517,7 @@ class CommitLog:
         phys = np.empty(n, np.int64)
         q = self.queue
         with self.put_lock:
-            now = int(time.time() * 1000)
+            now = time.time_ns() // 1_000_000
             self.begin_time_in_lock = now
             try:
                 table = self.topic_queue_table
