@@ -12,9 +12,6 @@ import random
 import sys
 import threading
 import time
-from pathlib import Path
-
-import pytest
 
 from rmqstore.cleanup import (CleanCommitLogService, CleanupService, clean_store, disk_used_ratio,
                               parse_delete_when)

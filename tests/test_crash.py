@@ -17,8 +17,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from rmqstore.message import Message, PutMessageStatus
 from rmqstore.store import MessageStore
 from store_checks import Acked, Child, body_for, small_config, verify_store

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from rmqstore import codec
 from rmqstore.cleanup import CleanCommitLogService, clean_store
-from rmqstore.consume_queue import UNIT
 from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store import MessageStore
 from store_checks import (Acked, body_for, failing_filesystem, fill_to, small_config, small_filesystem,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class RecoveryReport:
     consume_queue_units_dropped: dict[str, int] = field(default_factory=dict)
     index_files_dropped: int = 0
     index_entries_dropped: int = 0
+    index_files_rebuilt: int = 0           # after a crash: newer than the index checkpoint (RocketMQ's rule)
     dropped: list[Dropped] = field(default_factory=list)                  # everything removed, in order
     redispatched_from: int = 0
     redispatched_messages: int = 0
@@ -101,6 +102,8 @@ class RecoveryReport:
             parts.append(f"{self.index_files_dropped} index files dropped")
         if self.index_entries_dropped:
             parts.append(f"{self.index_entries_dropped} index entries past the commitlog's end dropped")
+        if self.index_files_rebuilt:
+            parts.append(f"{self.index_files_rebuilt} index files newer than the checkpoint rebuilt")
         parts.append(f"re-dispatched {self.redispatched_messages} messages from {self.redispatched_from}")
         if not self.checkpoint_found:
             parts.append("checkpoint was missing")
@@ -126,6 +129,7 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
     for path, size in report.repaired_files:
         report.dropped.append(Dropped("file", path, size, "cut short: extended with zeros"))
     idx.load(clean, store.checkpoint.index_msg_timestamp)
+    report.index_files_rebuilt = len(getattr(idx, "destroyed_files", ()))
     end = recover_commit_log(cl, store.checkpoint, clean, report)
     recover_consume_queues(cqs, end, report, cl)
     cl_min = max(cl.get_min_offset(), 0)
