@@ -195,7 +195,10 @@ _QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", 
                "fastFailIfNoBufferInStorePool", "enableDLegerCommitLog", "deleteWhen", "flushDelayOffsetInterval",
                "transferMsgByHeap", "offsetCheckInSlave", "debugLockEnable", "putMsgIndexHightWater",
                "flushLeastPagesWhenWarmMapedFile", "syncFlushTimeout", "sendMessageThreadPoolNums",
-               "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable"}
+               "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable",
+               # broker keys read from `extra` by the messaging layer (local_broker, transaction)
+               "flushConsumerOffsetInterval", "transactionTimeOut", "transactionCheckMax",
+               "transactionCheckInterval"}
 
 
 def _coerce(typ, key: str, raw, source: str | None):
