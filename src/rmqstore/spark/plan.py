@@ -13,6 +13,7 @@ from .scan import Cond, Partition, StoreRef, int_range
 log = logging.getLogger(__name__)
 
 PACK_BYTES = 64 << 20       # commitlog mode: files packed into one partition up to this many bytes
+MIN_ROWS = 10_000           # queue mode: partitions are not made smaller than this to get more of them
 
 
 def _topic_conds(conds: list[Cond]) -> set[str] | None:
@@ -141,9 +142,12 @@ def queue_range(ro: ReadOptions, conds: list[Cond], view: SV.StoreView, qv: SV.Q
 
 
 def queue_partitions(view: SV.StoreView, ranges: list[tuple[SV.QueueView, int, int]], conds: list[Cond],
-                     include_body: bool, rows_per_partition: int) -> list[Partition]:
-    """Slices of at most rows_per_partition units, packed into partitions of about that many rows."""
+                     include_body: bool, rows_per_partition: int, min_partitions: int = 8) -> list[Partition]:
+    """Slices of at most rows_per_partition units, packed into partitions of about that many rows (fewer
+    rows when that gives at least min_partitions partitions of MIN_ROWS or more)."""
     ref = StoreRef.of(view)
+    total = sum(b - a for _, a, b in ranges)
+    rows_per_partition = max(1, min(rows_per_partition, max(MIN_ROWS, -(-total // min_partitions))))
     parts: list[Partition] = []
     items: list = []
     rows = 0

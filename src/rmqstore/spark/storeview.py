@@ -27,6 +27,7 @@ import mmap
 import os
 import struct
 import types
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -415,23 +416,26 @@ def _recover(view: StoreView, qdirs, cq_size: int, topics: set[str] | None) -> N
 
 
 def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: int,
-                   limit: int | None = None) -> tuple[QueueView, bool]:
+                   limit: int | None = None) -> tuple[QueueView, bool, int]:
     """ConsumeQueue.recover(limit), read-only: valid units from the third-last file on (offsets growing,
-    messages ending by the commitlog's end). Returns the queue and whether units were dropped."""
+    messages ending by the commitlog's end). Returns the queue, whether units were dropped, and where the
+    messages of the units it checked end."""
     qfiles = _digit_files(d)
     qv = QueueView(t, q, d, qfiles, 0, 0, -1, file_units=per)
     if not qfiles:
-        return qv, False
+        return qv, False, -1
     idx = max(0, len(qfiles) - 3)
     prev_off = -1
+    scanned_end = -1
     process = qfiles[idx][0]
+    loaded = {}
     while idx < len(qfiles):
         base, path, size = qfiles[idx]
-        arr = _units_of(path, size - size % UNIT)
-        off = arr["offset"].astype(np.int64)
-        sz = arr["size"].astype(np.int64)
-        bad = np.flatnonzero(~((off >= 0) & (sz > 0)))
+        arr = loaded[path] = _units_of(path, size - size % UNIT)
+        bad = np.flatnonzero((arr["offset"] < 0) | (arr["size"] <= 0))
         n = int(bad[0]) if len(bad) else len(arr)
+        off = arr["offset"][:n].astype(np.int64)
+        sz = arr["size"][:n].astype(np.int64)
         real = (sz[:n] != BLANK_SIZE) | (off[:n] != 0)
         ro = off[:n][real]
         if len(ro):
@@ -442,8 +446,10 @@ def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: i
             if cut < len(ro):
                 n = int(np.flatnonzero(real)[cut])
                 ro = ro[:cut]
+                ends = ends[:cut]
             if len(ro):
                 prev_off = int(ro[-1])
+                scanned_end = max(scanned_end, int(ends.max()))
         process = base + n * UNIT
         if n * UNIT == cq_size and idx + 1 < len(qfiles):
             idx += 1
@@ -454,14 +460,13 @@ def _recover_queue(view: StoreView, t: str, q: int, d: str, cq_size: int, per: i
         if base + size <= process:
             continue
         start = max(0, process - base)
-        with open(path, "rb") as f:
-            f.seek(start)
-            if any(f.read()):
-                dropped = True
-                break
+        raw = loaded[path].view(np.uint8)[start:] if path in loaded else np.fromfile(path, dtype=np.uint8, offset=start)
+        if np.count_nonzero(raw):
+            dropped = True
+            break
     qv.disk_end = process // UNIT
     qv.files = [f for f in qfiles if f[0] <= process] or qfiles[:1]
-    return qv, dropped
+    return qv, dropped, scanned_end
 
 
 def _last_unit(qv: QueueView) -> tuple[int, int] | None:
@@ -548,11 +553,13 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
     # checks CRCs, as recovery does. After a clean shutdown it starts where the re-dispatch starts
     # (recovery re-checks the last three files: records the queues already point at are taken as is).
     checked_from = cl_min
+    pre_full: dict = {}
     if not files:
         view.data_end = 0
     else:
         if view.clean:
-            pre = {(t, q): _recover_queue(view, t, q, d, cq_size, per)[0] for t, q, d in qdirs}
+            pre_full = {(t, q): _recover_queue(view, t, q, d, cq_size, per) for t, q, d in qdirs}
+            pre = {k: v[0] for k, v in pre_full.items()}
             for qv in pre.values():
                 last = _last_unit(qv)
                 qv.max_physic_offset = last[0] + last[1] if last else -1
@@ -579,7 +586,12 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
     queues: dict[tuple[str, int], QueueView] = {}
     rebuild: list[QueueView] = []
     for t, q, d in qdirs:
-        qv, dropped = _recover_queue(view, t, q, d, cq_size, per, end)
+        got = pre_full.get((t, q))
+        if got is not None and got[2] <= end:       # the limit changes nothing: reuse the first pass
+            qv, dropped = got[0], got[1]
+            qv.max_physic_offset = -1
+        else:
+            qv, dropped, _ = _recover_queue(view, t, q, d, cq_size, per, end)
         qv.min_offset = _min_offset(qv.files, qv.disk_end, 0)
         if qv.files:
             bad = _first_unit_not_matching(view, qv, cache, qv.files[-1][0] // UNIT)
@@ -642,29 +654,29 @@ def _check_commitlog(view: StoreView, cache: FileCache, idx: int, start: int, ch
         pos = max(start - f.base, 0)
         blank = False
         try:
-            if check_crc:
-                while pos < limit:
-                    kind, size = codec.check_record(mm, pos, limit, True)
-                    if kind == codec.KIND_END:
-                        break
-                    if kind == codec.KIND_BLANK:
-                        blank = True
-                        break
-                    pos += size
-            else:
-                positions, stop, why = R.walk(mm, pos, limit)
-                if len(positions):
-                    recs = R.Records(buf, f.base, positions, limit)
-                    bad = np.flatnonzero(~recs.valid)
-                    if len(bad):
-                        stop = int(positions[bad[0]])
-                        why = "invalid"
-                if why == "blank":
-                    codec.check_record(mm, stop, limit)   # a blank that does not fit raises
-                    blank = True
-                elif why == "invalid":
-                    codec.check_record(mm, stop, limit)   # raises with the reason
-                pos = stop
+            positions, stop, why = R.walk(mm, pos, limit)
+            if len(positions):
+                recs = R.Records(buf, f.base, positions, limit)
+                bad = np.flatnonzero(~recs.valid)
+                n_ok = int(bad[0]) if len(bad) else len(positions)
+                if check_crc and n_ok:
+                    crc = zlib.crc32
+                    mv = memoryview(mm)
+                    for i, (b0, bl, want) in enumerate(zip(recs.body_pos[:n_ok].tolist(), recs.body_len[:n_ok].tolist(),
+                                                           recs.body_crc[:n_ok].tolist())):
+                        if crc(mv[b0:b0 + bl]) & 0x7FFFFFFF != want:
+                            n_ok = i
+                            break
+                    mv.release()
+                if n_ok < len(positions):
+                    stop = int(positions[n_ok])
+                    why = "invalid"
+            if why == "blank":
+                codec.check_record(mm, stop, limit)   # a blank that does not fit raises
+                blank = True
+            elif why == "invalid":
+                codec.check_record(mm, stop, limit, check_crc)   # raises with the reason
+            pos = stop
         except codec.RecordError as e:
             view.notes.append(f"{f.path}: invalid record at offset {e.pos} ({e.reason}): the data ends there")
             pos = e.pos

@@ -1,0 +1,163 @@
+"""bench_spark: read throughput of the rocketmq data source against local reading and Parquet, and the
+Spark rebuild against the local one, on a store written for the occasion.
+
+    from rmqstore.spark import bench_spark
+    print(bench_spark(200_000))
+
+Every read computes the same aggregate over the same messages (count, total body bytes, total properties
+entries, max storeTimestamp, distinct topics): Spark must materialise those columns (the Python data source
+builds every column; Parquet reads only the four it needs). Times are the best of `repeat` runs after one
+warm-up run; MB/s is commitlog bytes (the store's data) per second.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+
+from ..config import StoreConfig
+
+TOPICS = ("BenchA", "BenchB", "BenchC", "BenchD")
+
+
+def bench_config() -> StoreConfig:
+    return StoreConfig(mapped_file_size_commit_log=64 << 20, mapped_file_size_consume_queue=300_000 * 20,
+                       max_hash_slot_num=500_000, max_index_num=2_000_000)
+
+
+def write_store(path: str, scale: int, config: StoreConfig, body_size: int = 512, seed: int = 7) -> dict:
+    """A store of `scale` messages: 4 topics x 4 queues, bodies of body_size/2..3*body_size/2 bytes, tags,
+    keys on half of them, UNIQ_KEY on all."""
+    from ..message import Message
+    from ..store import MessageStore
+    rnd = random.Random(seed)
+    blob = random.Random(seed).randbytes(4 << 20)      # bodies do not compress (as real payloads mostly do not)
+    t0 = time.perf_counter()
+    with MessageStore.open(path, config, start_services=False) as store:
+        batch = []
+        for i in range(scale):
+            n = rnd.randint(body_size // 2, body_size * 3 // 2)
+            s = rnd.randrange(0, len(blob) - n)
+            props = {"UNIQ_KEY": f"UNIQ{i:024d}", "TAGS": f"tag{i % 7}"}
+            if i % 2 == 0:
+                props["KEYS"] = f"order-{i} user-{i % 1000}"
+            batch.append(Message(TOPICS[i % 4], blob[s:s + n], queue_id=(i // 4) % 4, born_timestamp=1_700_000_000_000 + i,
+                                 born_host="10.0.0.1:5000", properties=props))
+            if len(batch) == 2000:
+                store.put_messages(batch)
+                store.dispatcher.do_reput()
+                batch = []
+        if batch:
+            store.put_messages(batch)
+        store.wait_dispatched()
+        end = store.get_max_phy_offset()
+    return {"messages": scale, "bytes": end, "write_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _best(fn, repeat: int) -> tuple[float, object]:
+    fn()                                   # warm-up
+    best, got = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        got = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, got
+
+
+def _agg(df):
+    from pyspark.sql import functions as F
+    return df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("body")).alias("body"),
+                  F.sum(F.size("properties")).alias("props"), F.max("storeTimestamp").alias("last"),
+                  F.countDistinct("topic").alias("topics")).collect()[0]
+
+
+def bench_spark(scale: int = 200_000, *, body_size: int = 512, repeat: int = 2, work_dir: str | None = None,
+                master: str | None = None, spark=None, keep: bool = False) -> dict:
+    """Measure (see the module docstring); returns a dict of numbers."""
+    from ..reader import CommitLogReader
+    from ..rebuild import rebuild_store
+    from . import spark_session
+    from .rebuild import rebuild_spark
+    from .stats import local_scan
+    spark = spark or spark_session(master, app_name="rmqstore-bench")
+    work = tempfile.mkdtemp(prefix="rmqstore-bench-", dir=work_dir)
+    config = bench_config()
+    conf_path = os.path.join(work, "store.conf")
+    with open(conf_path, "w") as f:
+        f.write(f"mapedFileSizeCommitLog={config.mapped_file_size_commit_log}\n"
+                f"mapedFileSizeConsumeQueue={config.mapped_file_size_consume_queue}\n"
+                f"maxHashSlotNum={config.max_hash_slot_num}\nmaxIndexNum={config.max_index_num}\n")
+    store = os.path.join(work, "store")
+    out: dict = {"scale": scale, "body_size": body_size, "master": spark.sparkContext.master,
+                 "cores": spark.sparkContext.defaultParallelism}
+    try:
+        out.update(write_store(store, scale, config, body_size))
+        mb = out["bytes"] / 1e6
+
+        def rates(prefix: str, seconds: float, n: int):
+            out[f"{prefix}_seconds"] = round(seconds, 3)
+            out[f"{prefix}_msgs_per_s"] = round(n / seconds)
+            out[f"{prefix}_MB_per_s"] = round(mb / seconds, 1)
+
+        # local: reader.py (a MessageExt per message, body included)
+        def local_reader():
+            n = body = 0
+            for m in CommitLogReader(store, config).messages():
+                n += 1
+                body += len(m.body)
+            return n
+        s, n = _best(local_reader, 1)
+        rates("local_reader", s, n)
+        # local: the data source's batch parser without Spark (headers only, as stats(engine=local))
+        s, _ = _best(lambda: local_scan(store, config), repeat)
+        rates("local_vectorised_headers", s, scale)
+        # spark: the data source, mode=queue and mode=commitlog
+        df = spark.read.format("rocketmq").option("config", conf_path).load(store)
+        s, row = _best(lambda: _agg(df), repeat)
+        rates("spark_queue", s, row["n"])
+        dfc = spark.read.format("rocketmq").option("config", conf_path).option("mode", "commitlog").load(store)
+        s, row2 = _best(lambda: _agg(dfc), repeat)
+        rates("spark_commitlog", s, row2["n"])
+        # spark: the same messages from Parquet
+        pq = os.path.join(work, "messages.parquet")
+        t = time.perf_counter()
+        df.write.mode("overwrite").parquet(pq)
+        out["parquet_write_seconds"] = round(time.perf_counter() - t, 3)
+        out["parquet_MB"] = round(sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(pq)
+                                      for f in fs) / 1e6, 1)
+        dfp = spark.read.parquet(pq)
+        s, row3 = _best(lambda: _agg(dfp), repeat)
+        rates("spark_parquet", s, row3["n"])
+        out["same_answer"] = (tuple(row) == tuple(row3)) and row["n"] == scale
+        # rebuild: local vs spark, on copies
+        a, b = os.path.join(work, "rebuild-local"), os.path.join(work, "rebuild-spark")
+        shutil.copytree(store, a)
+        shutil.copytree(store, b)
+        t = time.perf_counter()
+        rebuild_store(a, config)
+        out["rebuild_local_seconds"] = round(time.perf_counter() - t, 3)
+        t = time.perf_counter()
+        rs = rebuild_spark(b, config, spark=spark)
+        out["rebuild_spark_seconds"] = round(time.perf_counter() - t, 3)
+        out["rebuild_spark_tasks"] = rs["tasks"]
+        out["rebuild_same_queues"] = _same_tree(os.path.join(a, "consumequeue"), os.path.join(b, "consumequeue"))
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            out["work_dir"] = work
+    return out
+
+
+def _same_tree(a: str, b: str) -> bool:
+    def files(root):
+        out = {}
+        for dp, _, fs in os.walk(root):
+            for f in fs:
+                p = os.path.join(dp, f)
+                with open(p, "rb") as fh:
+                    out[os.path.relpath(p, root)] = fh.read()
+        return out
+    return files(a) == files(b)

@@ -1,0 +1,361 @@
+"""The rocketmq data source's read path without Spark: the batch parser, the read-only store view (recovery
+emulated without writing), planning and reading partitions, key lookups. Fast: no SparkSession."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from rmqstore import codec
+from rmqstore.config import StoreConfig
+from rmqstore.dump import queue_messages
+from rmqstore.message import Message
+from rmqstore.reader import CommitLogReader, find_commitlog_dir, list_commitlog_files
+from rmqstore.spark import options as O
+from rmqstore.spark import plan as P
+from rmqstore.spark import records as R
+from rmqstore.spark import scan as S
+from rmqstore.spark import storeview as SV
+from rmqstore.store import MessageStore
+
+from conftest import golden_store, read_jsonl
+
+SETS = ("rmq440-clean", "rmq440-crash")
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+def row_json(d: dict) -> dict:
+    """A data source row as a golden dump line."""
+    def ms(t):
+        return int(t.timestamp() * 1000 + 0.5) if hasattr(t, "timestamp") else t
+    return {"topic": d["topic"], "queueId": d["queueId"], "queueOffset": d["queueOffset"],
+            "commitLogOffset": d["commitLogOffset"], "storeSize": d["storeSize"], "bodyCRC": d["bodyCRC"],
+            "flag": d["flag"], "sysFlag": d["sysFlag"], "bornTimestamp": ms(d["bornTimestamp"]),
+            "storeTimestamp": ms(d["storeTimestamp"]), "bornHost": d["bornHost"], "storeHost": d["storeHost"],
+            "reconsumeTimes": d["reconsumeTimes"], "preparedTransactionOffset": d["preparedTransactionOffset"],
+            "msgId": d["msgId"], "properties": codec.sorted_properties_string(dict(d["properties"])),
+            "body": d["body"].hex() if d["body"] is not None else None}
+
+
+def by_queue(rows):
+    return sorted(rows, key=lambda d: (d["topic"], d["queueId"], d["queueOffset"]))
+
+
+def read_local(options: dict, conds=()) -> list[dict]:
+    ro = O.parse(options)
+    out = []
+    for part in P.plan_batch(ro, list(conds)):
+        for b in S.read_partition(part):
+            out.extend(b.to_pylist())
+    return out
+
+
+def dump_messages(golden: Path, name: str) -> list[dict]:
+    return by_queue(d for d in read_jsonl(golden / name / "dump.jsonl") if "queueOffset" in d)
+
+
+def fingerprint(root: Path) -> dict:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns, hashlib.sha1(p.read_bytes()).hexdigest())
+    return out
+
+
+def store_answer(path: Path, cfg: StoreConfig) -> list[dict]:
+    """What MessageStore.open serves: every message of every queue, as dump lines."""
+    out = []
+    with MessageStore.open(path, cfg, start_services=False) as st:
+        for topic, qids in st.topics().items():
+            for q in qids:
+                cq = st.consume_queues.find(topic, q)
+                out.extend(m.to_json() for m in queue_messages(st, topic, q, cq.get_min_offset_in_queue(),
+                                                               cq.get_max_offset_in_queue()))
+    return by_queue(out)
+
+
+def writable_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    for p in [dst, *dst.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+# --- the parser ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SETS + ("rocketmq-sample-commitlog",))
+def test_batch_parser_equals_codec(golden, name):
+    root = golden_store(golden, name)
+    expected = [m.to_json() for m in CommitLogReader(root).messages()]
+    got = []
+    cache = SV.FileCache()
+    for f in list_commitlog_files(find_commitlog_dir(root)):
+        mm, buf = cache.get(str(f.path))
+        if mm is None:
+            continue
+        pos, _, _ = R.walk(mm, 0, len(mm))
+        recs = R.Records(buf, f.base_offset, pos)
+        assert recs.valid.all()
+        got.extend(row_json(r) for r in recs.batch("b").to_pylist())
+    cache.close()
+    assert got == expected
+    assert len(got) == {"rmq440-clean": 3000, "rmq440-crash": 8008, "rocketmq-sample-commitlog": 47}[name]
+
+
+def test_parser_flags_damaged_records_like_check_record(golden):
+    raw = bytearray((golden_store(golden, "rmq440-clean") / "commitlog" / "00000000000000000000").read_bytes())
+    pos, _, _ = R.walk(raw, 0, len(raw))
+    buf = np.frombuffer(bytes(raw), dtype=np.uint8)
+    # damage: a topic length past its record, a bad magic, a properties length off by one
+    victims = [int(pos[3]), int(pos[10]), int(pos[20])]
+    recs0 = R.Records(buf, 0, pos)
+    raw[int(recs0.topic_pos[3]) - 1] = 200
+    raw[victims[1] + 4] ^= 0xFF
+    pl = int(recs0.props_pos[20]) - 2
+    raw[pl + 1] = (raw[pl + 1] + 1) & 0xFF
+    buf = np.frombuffer(bytes(raw), dtype=np.uint8)
+    recs = R.Records(buf, 0, pos)
+    for i, p in enumerate(pos.tolist()):
+        try:
+            codec.check_record(bytes(raw), p, len(raw))
+            ok = True
+        except codec.RecordError:
+            ok = False
+        assert bool(recs.valid[i]) == ok, (i, p)
+    assert not recs.valid[[3, 10, 20]].any()
+
+
+def test_properties_parsing_matches_codec():
+    import pyarrow as pa
+    cases = ["", "TAGS\x01a\x02", "KEYS\x01k1  k2 \x02TAGS\x01\x02UNIQ_KEY\x01u\x02",
+             "a\x01b\x01c\x02", "noval\x02x\x01y\x02", "\x02\x02k\x01v\x02", "k\x01v", "TAGS\x01x\x02TAGS\x01y\x02"]
+    p = R.parse_properties(pa.array(cases, type=pa.string()))
+    for i, s in enumerate(cases):
+        d = codec.string_to_properties(s)
+        assert dict(p.map[i].as_py()) == d, s
+        assert p.tags[i].as_py() == d.get("TAGS")
+        assert p.keys[i].as_py() == [k for k in d.get("KEYS", "").split(" ") if k]
+        assert p.uniq[i].as_py() == d.get("UNIQ_KEY")
+
+
+# --- the store view -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SETS)
+def test_read_golden_equals_dump_without_writing(golden, tmp_path, name):
+    """Read a copy (fingerprinted: nothing may change, no file may appear) and the original."""
+    copy = writable_copy(golden_store(golden, name), tmp_path / "store")
+    before = fingerprint(copy)
+    conf = str(golden / name / "store.conf")
+    rows = read_local({"path": str(copy), "config": conf})
+    assert fingerprint(copy) == before
+    expected = dump_messages(golden, name)
+    assert by_queue(row_json(r) for r in rows) == expected
+    assert {r["broker"] for r in rows} == {tmp_path.name}      # a dir called store: its parent names it
+    rows = read_local({"path": str(golden_store(golden, name)), "config": conf})
+    assert by_queue(row_json(r) for r in rows) == expected
+    assert {r["broker"] for r in rows} == {name}
+    view = SV.load_view(str(golden_store(golden, name)), StoreConfig.load(conf))
+    for d in read_jsonl(golden / name / "dump.jsonl"):
+        if "queue" in d:
+            qv = view.queues[(d["queue"], d["queueId"])]
+            assert (qv.min_offset, qv.end) == (d["min"], d["max"])
+
+
+def _zero_units(root: Path, topic: str, qid: int, n: int) -> None:
+    d = root / "consumequeue" / topic / str(qid)
+    f = sorted(d.iterdir())[-1]
+    a = bytearray(f.read_bytes())
+    units = np.frombuffer(bytes(a), dtype=codec.CQ_DTYPE)
+    k = int(np.flatnonzero(units["size"] > 0)[-1]) + 1
+    a[(k - n) * 20:k * 20] = bytes(n * 20)
+    f.write_bytes(bytes(a))
+
+
+def _damage(root: Path, how: str) -> None:
+    if how == "queue tails zeroed":
+        _zero_units(root, "TopicA", 1, 50)
+        _zero_units(root, "TopicB", 2, 200)
+    elif how == "topic dir removed":
+        shutil.rmtree(root / "consumequeue" / "订单Topic")
+    elif how == "no consumequeue, no index":
+        shutil.rmtree(root / "consumequeue")
+        shutil.rmtree(root / "index")
+    elif how == "unit rewritten":
+        d = root / "consumequeue" / "TopicA" / "0"
+        f = sorted(d.iterdir())[-1]
+        a = bytearray(f.read_bytes())
+        a[40 * 20 + 8:40 * 20 + 12] = (7).to_bytes(4, "big")      # unit 40's size no longer its record's
+        f.write_bytes(bytes(a))
+    elif how == "commitlog torn":
+        files = sorted((root / "commitlog").iterdir())
+        data = [f for f in files if f.stat().st_size and any(f.read_bytes()[:8])]
+        last = data[-1]
+        a = bytearray(last.read_bytes())
+        end = len(a.rstrip(b"\0"))
+        a[end - 300:end] = os.urandom(300)                          # the last record is garbage
+        last.write_bytes(bytes(a))
+    elif how == "index file corrupt":
+        f = sorted((root / "index").iterdir())[1]
+        a = bytearray(f.read_bytes())
+        a[40 + 4 * 7:40 + 4 * 8] = (-5).to_bytes(4, "big", signed=True)   # a slot out of range
+        f.write_bytes(bytes(a))
+    else:  # pragma: no cover
+        raise ValueError(how)
+
+
+@pytest.mark.parametrize("name,how", [
+    ("rmq440-crash", "queue tails zeroed"), ("rmq440-crash", "topic dir removed"),
+    ("rmq440-crash", "no consumequeue, no index"), ("rmq440-crash", "unit rewritten"),
+    ("rmq440-crash", "commitlog torn"), ("rmq440-clean", "unit rewritten"),
+    ("rmq440-clean", "commitlog torn"), ("rmq440-clean", "topic dir removed"),
+])
+def test_view_of_damaged_store_equals_what_open_serves(golden, tmp_path, name, how):
+    """The read-only view of a damaged store = what MessageStore.open serves after its recovery."""
+    cfg = StoreConfig.load(golden / name / "store.conf")
+    a = writable_copy(golden_store(golden, name), tmp_path / "a")
+    _damage(a, how)
+    b = writable_copy(a, tmp_path / "b")
+    before = fingerprint(a)
+    ours = by_queue(row_json(r) for r in read_local({"path": str(a), "config": str(golden / name / "store.conf")}))
+    assert fingerprint(a) == before
+    theirs = store_answer(b, cfg)
+    assert len(ours) == len(theirs)
+    assert ours == theirs
+    if how != "commitlog torn":
+        assert ours == dump_messages(golden, name) or how in ("queue tails zeroed", "topic dir removed") \
+            and name == "rmq440-clean"
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_key_lookups_equal_find_messages_by_key(golden, tmp_path, name):
+    conf = str(golden / name / "store.conf")
+    keys = [tuple(line.split("\t")) for line in (golden / name / "keys.tsv").read_text("utf-8").splitlines() if line]
+    ours = {}
+    root = golden_store(golden, name)
+    for topic, key in keys:
+        rows = read_local({"path": str(root), "config": conf, "key": key}, [S.Cond("topic", "eq", topic)])
+        ours[(topic, key)] = sorted(r["commitLogOffset"] for r in rows)
+        assert all(r["topic"] == topic for r in rows)
+    copy = writable_copy(root, tmp_path / "store")
+    hits = 0
+    with MessageStore.open(copy, StoreConfig.load(conf), start_services=False) as st:
+        for topic, key in keys:
+            exp = sorted(m.commit_log_offset for m in st.find_messages_by_key(topic, key))
+            assert ours[(topic, key)] == exp, (topic, key)
+            hits += len(exp)
+    assert hits > 250
+
+
+def test_key_lookup_after_index_damage(golden, tmp_path):
+    """Index files recovery sets aside: their keys come from the commitlog scan instead."""
+    conf = str(golden / "rmq440-clean" / "store.conf")
+    a = writable_copy(golden_store(golden, "rmq440-clean"), tmp_path / "a")
+    _damage(a, "index file corrupt")
+    b = writable_copy(a, tmp_path / "b")
+    keys = [tuple(line.split("\t")) for line in (golden / "rmq440-clean" / "keys.tsv").read_text("utf-8").splitlines()
+            if line][:60]
+    ours = {k: sorted(r["commitLogOffset"] for r in read_local({"path": str(a), "config": conf, "key": k[1]},
+                                                               [S.Cond("topic", "eq", k[0])])) for k in keys}
+    with MessageStore.open(b, StoreConfig.load(conf), start_services=False) as st:
+        for topic, key in keys:
+            assert ours[(topic, key)] == sorted(m.commit_log_offset for m in st.find_messages_by_key(topic, key))
+
+
+def test_live_store_reads_queues_as_written(tmp_path):
+    """A store open in this process (its lock held): the view is its consume queues, no recovery."""
+    cfg = StoreConfig(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 100)
+    path = tmp_path / "live"
+    with MessageStore.open(path, cfg) as st:
+        st.put_messages([Message("T", f"m{i}".encode(), queue_id=i % 2, properties={"KEYS": f"k{i}"})
+                         for i in range(250)])
+        assert st.wait_dispatched()
+        assert SV.lock_held_elsewhere(path)
+        view = SV.load_view(str(path), cfg)
+        assert view.live and view.data_end is None
+        assert {k: (q.min_offset, q.end) for k, q in view.queues.items()} == {("T", 0): (0, 125), ("T", 1): (0, 125)}
+        rows = read_local({"path": str(path)})
+        assert sorted(r["body"] for r in rows) == sorted(f"m{i}".encode() for i in range(250))
+        rows = read_local({"path": str(path), "key": "k17"})
+        assert [r["body"] for r in rows] == [b"m17"]
+    assert not SV.lock_held_elsewhere(path)
+    assert not SV.load_view(str(path), cfg).live
+
+
+def test_offset_by_time_equals_consume_queue_lookup(golden, tmp_path):
+    name = "rmq440-crash"
+    cfg = StoreConfig.load(golden / name / "store.conf")
+    view = SV.load_view(str(golden_store(golden, name)), cfg)
+    copy = writable_copy(golden_store(golden, name), tmp_path / "s")
+    cache = SV.FileCache()
+    with MessageStore.open(copy, cfg, start_services=False) as st:
+        for topic, q in [("TopicA", 0), ("订单Topic", 3), ("%RETRY%groupX", 2)]:
+            qv = view.queues[(topic, q)]
+            first = st.get_message_store_timestamp(topic, q, 0)
+            last = st.get_message_store_timestamp(topic, q, qv.end - 1)
+            for ts in [0, first - 1, first, (first + last) // 2, last, last + 10_000,
+                       st.get_message_store_timestamp(topic, q, 77) + 1]:
+                assert SV.offset_by_time(view, qv, ts, cache) == st.get_offset_in_queue_by_time(topic, q, ts), ts
+    cache.close()
+
+
+def test_pushed_conditions_prune_and_filter_exactly(golden):
+    name = "rmq440-clean"
+    root = str(golden_store(golden, name))
+    conf = str(golden / name / "store.conf")
+    every = read_local({"path": root, "config": conf})
+    ts = sorted(r["storeTimestamp"] for r in every)
+    lo, hi = ts[len(ts) // 3], ts[2 * len(ts) // 3]
+    us = lambda t: int(t.timestamp() * 1_000_000)      # noqa: E731
+    conds = [S.Cond("topic", "in", frozenset({"TopicA", "TopicB"})), S.Cond("queueId", "ge", 1),
+             S.Cond("storeTimestamp", "ge", us(lo)), S.Cond("storeTimestamp", "lt", us(hi)),
+             S.Cond("queueOffset", "gt", 10)]
+    got = by_queue(read_local({"path": root, "config": conf}, conds))
+    exp = by_queue(r for r in every if r["topic"] in ("TopicA", "TopicB") and r["queueId"] >= 1
+                   and lo <= r["storeTimestamp"] < hi and r["queueOffset"] > 10)
+    assert got == exp and 100 < len(got) < 1000
+    ro = O.parse({"path": root, "config": conf})
+    parts = P.plan_batch(ro, conds)
+    planned = sum(b - a for p in parts for _, a, b in p.items)
+    assert planned < len(every) // 3          # queues, offsets and times were pruned before reading
+    # commitlog mode: offsets prune files
+    rows = read_local({"path": root, "config": conf, "mode": "commitlog"},
+                      [S.Cond("commitLogOffset", "ge", 300_000), S.Cond("commitLogOffset", "le", 600_000)])
+    assert rows and all(300_000 <= r["commitLogOffset"] <= 600_000 for r in rows)
+    assert len(rows) == sum(1 for m in CommitLogReader(root).messages(read_body=False)
+                            if 300_000 <= m.commit_log_offset <= 600_000)
+
+
+def test_int_range_and_split_limit():
+    from rmqstore.spark.stream import split_limit
+    assert S.int_range([S.Cond("x", "gt", 1500), S.Cond("x", "le", 3000)], "x", 1000) == (2, 4)
+    assert S.int_range([S.Cond("x", "ge", 1500), S.Cond("x", "lt", 3000)], "x", 1000) == (2, 3)
+    assert S.int_range([S.Cond("x", "in", (5, 9))], "x") == (5, 10)
+    assert S.int_range([], "x") == (None, None)
+    got = split_limit({"a": 10, "b": 30, "c": 0}, 8)
+    assert sum(got.values()) == 8 and got["c"] == 0 and got["a"] <= 10
+    assert split_limit({"a": 3, "b": 4}, 100) == {"a": 3, "b": 4}
+
+
+def test_options_fail_naming_the_option(golden, tmp_path):
+    root = str(golden_store(golden, "rmq440-clean"))
+    for opts, word in [({"topics": "Nope"}, "topics"), ({"startingOffsets": "{bad"}, "startingOffsets"),
+                       ({"startingOffsets": '{"TopicA": {"x": 1}}'}, "startingOffsets"),
+                       ({"endingOffsets": '{"Nope": {"0": 1}}'}, "endingOffsets"), ({"mode": "x"}, "mode"),
+                       ({"queueIds": "a"}, "queueIds"), ({"includeBody": "maybe"}, "includeBody"),
+                       ({"subscribePattern": "("}, "subscribePattern"), ({"config": "/nope.conf"}, "config"),
+                       ({"topcis": "TopicA"}, "topcis"), ({"mode": "commitlog", "startingOffsets": "earliest"},
+                                                          "startingOffsets")]:
+        with pytest.raises(O.OptionError, match=word):
+            O.parse({"path": root, **opts})
+    with pytest.raises(O.OptionError, match="path"):
+        O.parse({"path": str(tmp_path)})
+    with pytest.raises(O.OptionError, match="path"):
+        O.parse({"path": str(tmp_path / "nothing*")})
+    with pytest.raises(O.OptionError, match="path"):
+        O.parse({"paths": json.dumps([root, str(tmp_path)])})
