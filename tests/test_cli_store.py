@@ -78,3 +78,21 @@ def test_second_process_gets_clear_lock_error(clean_copy):
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+def test_clean_force_deletes_old_files_and_moves_min(tmp_path):
+    conf = tmp_path / "c.conf"
+    conf.write_text("mapedFileSizeCommitLog=65536\nmapedFileSizeConsumeQueue=2000\n")
+    store = tmp_path / "s"
+    lines = "".join(json.dumps({"topic": "T", "queueId": 0, "body": "ab" * 1000}) + "\n" for _ in range(200))
+    r = subprocess.run([sys.executable, "-m", "rmqstore", "load", "-c", conf, store], input=lines,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    files = sorted((store / "commitlog").iterdir())
+    assert len(files) >= 3
+    out = json.loads(rmq("clean", "-c", conf, "--force", store).stdout)
+    assert json.dumps(out)  # a JSON report
+    left = sorted((store / "commitlog").iterdir())
+    assert len(left) < len(files) and left[-1].name == files[-1].name
+    g = rmq("get", "-c", conf, store, "T", 0, 0, check=False)
+    assert "OFFSET_TOO_SMALL" in g.stderr

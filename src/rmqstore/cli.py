@@ -354,6 +354,23 @@ def _rebuild_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", metavar="URL", default=None, help="Spark master (default local[*])")
 
 
+# ==== clean =========================================================================================
+def cmd_clean(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """Delete expired commitlog files (and the queue and index files below them) now."""
+    from .cleanup import clean_store
+
+    with _open_store(Path(args.store), cfg) as st:
+        print(_dumps(clean_store(st, force=args.force)))
+    return EXIT_OK
+
+
+def _clean_args(p: argparse.ArgumentParser) -> None:
+    _store_arg(p)
+    p.add_argument("--force", action="store_true",
+                   help="delete the oldest files even if not expired (never the current one), as RocketMQ does "
+                        "above 85%% disk use")
+
+
 # ==== bench =========================================================================================
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from . import bench
@@ -431,6 +448,12 @@ COMMANDS: list[Command] = [
             _rebuild_args,
             epilog="examples:\n  rmqstore rebuild -c store.conf ./my-store\n"
                    "  rmqstore rebuild --engine spark --master local[2] ./my-store"),
+    Command("clean", "delete expired files now (fileReservedTime, disk use)", cmd_clean, _clean_args,
+            description="Apply RocketMQ's cleanup rules once: commitlog files older than fileReservedTime "
+                        "hours (or, above diskMaxUsedSpaceRatio, the oldest), never the current file; then the "
+                        "consume queue and index files wholly below the commitlog's new min offset, moving "
+                        "each queue's min offset. Prints what was deleted as JSON.",
+            epilog="example:\n  rmqstore clean -c broker.conf ./my-store\n  rmqstore clean --force ./my-store"),
     Command("bench", "measure put, dispatch and read throughput (JSON on stdout)", cmd_bench, _bench_args,
             epilog="example:\n  rmqstore bench --scale small"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)

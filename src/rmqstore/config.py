@@ -55,7 +55,7 @@ class StoreConfig:
     clean_resource_interval: int = 10000
     delete_commit_log_files_interval: int = 100
     delete_consume_queue_files_interval: int = 100
-    destroy_maped_file_interval_forcibly: int = 1000 * 120
+    destroy_mapped_file_interval_forcibly: int = 1000 * 120
     redelete_hanged_file_interval: int = 1000 * 120
     # reading
     max_transfer_bytes_on_message_in_memory: int = 1024 * 256
@@ -86,6 +86,8 @@ class StoreConfig:
     # --- names -----------------------------------------------------------------------------------
     @staticmethod
     def java_name(attr: str) -> str:
+        if attr in _JAVA_NAMES:
+            return _JAVA_NAMES[attr]
         head, *rest = attr.split("_")
         return head + "".join(w[:1].upper() + w[1:] for w in rest)
 
@@ -95,8 +97,10 @@ class StoreConfig:
         k = key.strip()
         k = re.sub(r"^maped", "mapped", k)
         k = re.sub(r"Maped", "Mapped", k)
-        snake = k if "_" in k or k.islower() else re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower()
-        snake = snake.replace("broker_i_p1", "broker_ip1")
+        if "_" in k or k.islower():
+            snake = k
+        else:   # camelCase with acronyms: checkCRCOnRecover -> check_crc_on_recover, brokerIP1 -> broker_ip1
+            snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", k)).lower()
         return snake if snake in _FIELDS else None
 
     # --- loading ---------------------------------------------------------------------------------
@@ -187,6 +191,7 @@ class StoreConfig:
         return "\n".join(lines) + "\n"
 
 
+_JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
 _QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", "storeCheckpoint",
                "abortFile", "haListenPort", "haMasterAddress", "enableConsumeQueueExt",
