@@ -96,3 +96,13 @@ def test_clean_force_deletes_old_files_and_moves_min(tmp_path):
     assert len(left) < len(files) and left[-1].name == files[-1].name
     g = rmq("get", "-c", conf, store, "T", 0, 0, check=False)
     assert "OFFSET_TOO_SMALL" in g.stderr
+
+
+def test_stats_local_counts_match_dump(tmp_path):
+    png = tmp_path / "rates.png"
+    r = rmq("stats", "-c", CONF, GOLDEN / "rmq440-clean" / "store", "--plot", png)
+    rows = [json.loads(l) for l in r.stdout.splitlines()]
+    queues = [json.loads(l) for l in open(GOLDEN / "rmq440-clean" / "dump.jsonl") if '"queue"' in l]
+    assert {(q["queue"], q["queueId"]): q["max"] - q["min"] for q in queues} == \
+        {(x["topic"], x["queueId"]): x["messages"] for x in rows}
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -371,6 +371,25 @@ def _clean_args(p: argparse.ArgumentParser) -> None:
                         "above 85%% disk use")
 
 
+# ==== stats =========================================================================================
+def cmd_stats(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """Per topic and queue: messages, bytes, first/last store time, messages per minute (read only)."""
+    from .spark import stats
+
+    rows = stats(args.store, engine=args.engine, plot=args.plot, config=args.config or cfg)
+    _write_lines(rows)
+    if args.plot:
+        print(f"{PROG} stats: plot written to {args.plot}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _stats_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE", help="store directory (read only: nothing is written)")
+    p.add_argument("--engine", choices=("local", "spark"), default="local",
+                   help="local: this process; spark: a local Spark session (rmqstore[spark])")
+    p.add_argument("--plot", metavar="OUT.png", default=None, help="also draw messages per minute per topic")
+
+
 # ==== bench =========================================================================================
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from . import bench
@@ -454,6 +473,9 @@ COMMANDS: list[Command] = [
                         "consume queue and index files wholly below the commitlog's new min offset, moving "
                         "each queue's min offset. Prints what was deleted as JSON.",
             epilog="example:\n  rmqstore clean -c broker.conf ./my-store\n  rmqstore clean --force ./my-store"),
+    Command("stats", "per topic and queue: count, bytes, first/last store time, messages per minute",
+            cmd_stats, _stats_args,
+            epilog="examples:\n  rmqstore stats ./my-store\n  rmqstore stats --engine spark --plot rates.png ./my-store"),
     Command("bench", "measure put, dispatch and read throughput (JSON on stdout)", cmd_bench, _bench_args,
             epilog="example:\n  rmqstore bench --scale small"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
