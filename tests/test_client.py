@@ -220,7 +220,7 @@ def test_batch_oneway_coroutine_and_tags(server, producer):
             return await producer.send_coro(Message(topic, b"from asyncio", tags="TagB"))
         rc = asyncio.run(coro())
         assert rc.send_status is SendStatus.SEND_OK
-        assert wait_until(lambda: len(col.msgs) >= 12, 10)
+        assert wait_until(lambda: len(col.msgs) >= 12, 10), sorted(m.body for m in col.msgs)
         time.sleep(0.3)
         bodies = sorted(m.body for m in col.msgs)
         assert bodies == sorted([b"b%d" % i for i in range(10)] + [b"oneway", b"from asyncio"])

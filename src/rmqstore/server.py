@@ -234,5 +234,11 @@ class ServerProcess:
         self.stop()
 
 
+def bench_server(scale="small", **kw) -> dict:
+    """Async send, sync send and push-consume throughput over loopback (see rmqstore.broker.bench)."""
+    from .broker.bench import bench_server as _bench
+    return _bench(scale, **kw)
+
+
 if __name__ == "__main__":
     sys.exit(main())

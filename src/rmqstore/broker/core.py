@@ -44,6 +44,7 @@ SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode
 V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
             "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
             "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch"}
+V2_ALIAS = {v: k for k, v in V2_NAMES.items()}
 LONG_MAX = 2 ** 63 - 1
 
 
@@ -54,19 +55,24 @@ class HeaderError(Exception):
 class Header:
     """Typed access to extFields, RocketMQ's decodeCommandCustomHeader rules."""
 
-    __slots__ = ("f",)
+    __slots__ = ("f", "alias")
 
-    def __init__(self, fields: dict | None):
+    def __init__(self, fields: dict | None, alias: dict | None = None):
         self.f = fields or {}
+        self.alias = alias
+
+    def get(self, name: str):
+        a = self.alias
+        return self.f.get(a.get(name, name) if a else name)
 
     def str(self, name: str, required: bool = True) -> str | None:
-        v = self.f.get(name)
+        v = self.get(name)
         if v is None and required:
             raise HeaderError(f"the custom field <{name}> is null")
         return v
 
     def int(self, name: str, required: bool = True, default: int | None = None, bits: int = 32) -> int | None:
-        v = self.f.get(name)
+        v = self.get(name)
         if v is None:
             if required:
                 raise HeaderError(f"the custom field <{name}> is null")
@@ -84,7 +90,7 @@ class Header:
         return self.int(name, required, default, 64)
 
     def bool(self, name: str, default: bool = False) -> bool:
-        v = self.f.get(name)
+        v = self.get(name)
         return default if v is None else v.lower() == "true"
 
 
@@ -119,6 +125,8 @@ class Broker:
         self.clients = ClientManager()
         self.region_id = region_id
         self.trace_on = "true" if trace_on else "false"
+        self._base_fields = {PROPERTY_MSG_REGION: region_id, PROPERTY_TRACE_SWITCH: self.trace_on}
+        self._valid_topics: set[str] = set()
         self.reject_transaction = reject_transaction
         self.store_host = f"{cfg.broker_ip1}:{cfg.listen_port}"
         self.broker_addr = self.store_host
@@ -184,8 +192,8 @@ class Broker:
     # --- sending ------------------------------------------------------------------------------------
     def _send_header(self, req: RemotingCommand) -> Header:
         f = req.ext_fields or {}
-        if req.code != RequestCode.SEND_MESSAGE and "a" in f:
-            f = {V2_NAMES.get(k, k): v for k, v in f.items()}
+        if req.code != RequestCode.SEND_MESSAGE and "b" in f:
+            return Header(f, V2_ALIAS)
         return Header(f)
 
     def _topic_for_send(self, ch: Channel, req: RemotingCommand, h: Header, topic: str, resp_fields: dict):
@@ -193,9 +201,12 @@ class Broker:
         if topic == DEFAULT_TOPIC:
             return None, req.make_response(ResponseCode.SYSTEM_ERROR,
                                            f"the topic[{topic}] is conflict with system reserved words.", resp_fields)
-        if not TOPIC_RE.match(topic) or len(topic.encode()) > codec.MAX_TOPIC_LENGTH:
-            return None, req.make_response(ResponseCode.MESSAGE_ILLEGAL,
-                                           f"the topic[{topic[:200]}] is not a valid topic name", resp_fields)
+        if topic not in self._valid_topics:
+            if not TOPIC_RE.match(topic) or len(topic.encode()) > codec.MAX_TOPIC_LENGTH:
+                return None, req.make_response(ResponseCode.MESSAGE_ILLEGAL,
+                                               f"the topic[{topic[:200]}] is not a valid topic name", resp_fields)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
         tc = self.topics.select(topic)
         if tc is None:
             unit = h.bool("unitMode")
@@ -212,22 +223,22 @@ class Broker:
                 return None, req.make_response(ResponseCode.TOPIC_NOT_EXIST,
                                                f"topic[{topic}] not exist, apply first please!{FAQ}", resp_fields)
         qid = h.int("queueId")
-        if qid >= max(tc.write_queue_nums, tc.read_queue_nums):
+        if qid >= tc.write_queue_nums and qid >= tc.read_queue_nums:
             return None, req.make_response(
                 ResponseCode.SYSTEM_ERROR, f"request queueId[{qid}] is illegal, {tc} Producer: {ch.remote}", resp_fields)
         return tc, None
 
     def send_message(self, ch: Channel, req: RemotingCommand):
         h = self._send_header(req)
-        base = {PROPERTY_MSG_REGION: self.region_id, PROPERTY_TRACE_SWITCH: self.trace_on}
+        base = self._base_fields
         topic = h.str("topic")
         h.str("producerGroup")
         h.str("defaultTopic")
         h.int("defaultTopicQueueNums")
-        h.int("sysFlag")
-        h.long("bornTimestamp")
-        h.int("flag")
-        if self.store.running_flags is not None and not self.store.running_flags.writeable:
+        sys_flag = h.int("sysFlag")
+        born_ts = h.long("bornTimestamp")
+        flag = h.int("flag")
+        if not self.store.running_flags.writeable:
             return req.make_response(ResponseCode.SERVICE_NOT_AVAILABLE,
                                      "service not available now, maybe disk full, " + self.store.running_flags.why(), base)
         tc, err = self._topic_for_send(ch, req, h, topic, base)
@@ -236,7 +247,6 @@ class Broker:
         qid = h.int("queueId")
         if qid < 0:
             qid = abs(self.rand.randrange(-99999999, 99999999)) % max(1, tc.write_queue_nums)
-        sys_flag = h.int("sysFlag")
         if tc.topic_filter_type == "MULTI_TAG":
             sys_flag |= MULTI_TAGS_FLAG
         reconsume = h.int("reconsumeTimes", required=False, default=0)
@@ -260,9 +270,7 @@ class Broker:
                 self.topics.create_topic_in_send_message_back_method(msg_topic, DLQ_NUMS_PER_GROUP, PERM_WRITE, 0)
         props_str = h.str("properties", required=False) or ""
         props = codec.string_to_properties(props_str)
-        msg = Message(topic=msg_topic, body=body, queue_id=qid, flag=h.int("flag"), sys_flag=sys_flag,
-                      born_timestamp=h.long("bornTimestamp"), born_host=_host(ch.remote), store_host=self.store_host,
-                      reconsume_times=reconsume, properties=props)
+        msg = Message(msg_topic, body, qid, flag, sys_flag, born_ts, ch.remote, self.store_host, reconsume, 0, props)
         if props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
             if self.reject_transaction:
                 return req.make_response(ResponseCode.NO_PERMISSION,
@@ -320,6 +328,11 @@ class Broker:
 
     def _put_response(self, req: RemotingCommand, r: PutMessageResult, qid: int, base: dict) -> RemotingCommand:
         st = r.status
+        if st is PutMessageStatus.PUT_OK:
+            a = r.append_result
+            fields = {"msgId": a.msg_id, "queueId": str(qid), "queueOffset": str(a.logics_offset)}
+            fields.update(base)
+            return RemotingCommand(0, opaque=req.opaque, flag=1, ext_fields=fields, serialize_type=req.serialize_type)
         code, remark, ok = _PUT_CODES.get(st, (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR DEFAULT", False))
         if st is PutMessageStatus.SERVICE_NOT_AVAILABLE:
             remark = f"service not available now, maybe disk full, {self.store.running_flags.why()}"

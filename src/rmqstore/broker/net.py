@@ -36,7 +36,7 @@ class Channel(asyncio.Protocol):
         self.handler = server.handler
         self.decoder = FrameDecoder(server.max_frame)
         self.transport: asyncio.Transport | None = None
-        self.remote = "?"
+        self.remote = "0.0.0.0:0"
         self.local_port = server.port
         self.closed = False
         self.last_active = time.monotonic()

@@ -303,7 +303,11 @@ class _ConsumerBase:
     # --- rebalance ----------------------------------------------------------------------------------
     def _route_changed(self, topic: str, route: TopicRoute, changed: bool = True) -> None:
         if topic in self.subscriptions:
-            self.topic_queues[topic] = subscribe_info(topic, route)
+            new = subscribe_info(topic, route)
+            old = self.topic_queues.get(topic)
+            self.topic_queues[topic] = new
+            if old != new and self.running and self.mq is not None:
+                self.mq.rebalance_immediately()      # queues appeared or changed: share them out now
 
     def consumer_ids(self, topic: str) -> list[str]:
         mqc = self._mq()
@@ -463,11 +467,14 @@ class _ConsumerBase:
             return
         cmd = self._pull_command(mq, req.next_offset, self.pull_batch_size, sd, True,
                                  self.offset_store.read_memory(mq), False)
+        log.debug("%s: pull %s from %d (opaque %d) via %s", self.group, mq, req.next_offset, cmd.opaque, addr)
         pq.last_pull = time.monotonic()
 
-        def on_response(f: concurrent.futures.Future) -> None:
+        def on_response(resp, exc) -> None:
             try:
-                res = self._pull_result(f.result(), mq, sd)
+                if exc is not None:
+                    raise exc
+                res = self._pull_result(resp, mq, sd)
             except Exception as e:
                 if self.running and not pq.dropped:
                     log.info("pull of %s failed: %s", mq, e)
@@ -484,6 +491,9 @@ class _ConsumerBase:
 
     def _on_pulled(self, req: _PullRequest, res: PullResult) -> None:
         pq, mq = req.pq, req.mq
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: pulled %s at %d: %s, %d messages, next %d", self.group, mq, req.next_offset,
+                      res.pull_status.value, len(res.msg_found_list), res.next_begin_offset)
         if pq.dropped:
             return
         st = res.pull_status
@@ -591,6 +601,13 @@ class PushConsumer(_ConsumerBase):
                 return
 
     def _consume(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        try:
+            self._consume_batch(mq, pq, msgs)
+        except Exception:
+            log.exception("%s: consuming %d messages of %s failed", self.group, len(msgs), mq)
+
+    def _consume_batch(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        log.debug("%s: consume %d messages of %s", self.group, len(msgs), mq)
         if pq.dropped:
             return
         self._reset_retry_topic(msgs)

@@ -398,7 +398,7 @@ class MQClientInstance:
         if not cmd.is_oneway:
             resp = cmd.make_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {code} not supported")
             try:
-                conn.send(resp, None)
+                conn.send(resp, None, want_future=False)
             except OSError:
                 pass
 

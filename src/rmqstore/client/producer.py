@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import threading
 import time
@@ -43,6 +44,7 @@ _SEND_OK = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TI
 _RETRY_CODES = {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.SYSTEM_ERROR,
                 ResponseCode.NO_PERMISSION, ResponseCode.NO_BUYER_ID, ResponseCode.NOT_IN_CURRENT_UNIT}
 _UNIQ = UniqIdGenerator()
+_enc = json.encoder.encode_basestring
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 
 
@@ -66,7 +68,15 @@ class Producer:
         self.vip_channel_enabled = vip_channel_enabled
         self.language = language
         self.client_ip = client_ip
-        self._async_slots = threading.BoundedSemaphore(max_async_in_flight)
+        self.max_async_in_flight = max_async_in_flight
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        self._slot_freed = threading.Event()
+        self._channels: dict[str, str] = {}             # broker name -> address to send to (VIP port)
+        self._enc_topics: dict[str, str] = {}
+        self._enc_group = _enc(group)
+        self._enc_key = _enc(create_topic_key)
+        self._enc_lang = _enc(language)
         self.publish: dict[str, TopicPublishInfo] = {}
         self.mq: MQClientInstance | None = None
         self.transaction_listener = None     # for CHECK_TRANSACTION_STATE: fn(MessageExt) -> LocalTransactionState
@@ -111,6 +121,8 @@ class Producer:
         return list(self.publish)
 
     def _route_changed(self, topic: str, route: TopicRoute, changed: bool = True) -> None:
+        if changed:
+            self._channels.clear()
         if changed and topic in self.publish:
             self.publish[topic] = publish_info(topic, route)
 
@@ -157,17 +169,25 @@ class Producer:
         props = msg.properties
         if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
             sys_flag |= codec.TRANSACTION_PREPARED_TYPE
-        fields = {"a": self.group, "b": msg.topic, "c": self.create_topic_key, "d": str(self.default_topic_queue_nums),
-                  "e": str(mq.queue_id), "f": str(sys_flag), "g": str(int(time.time() * 1000)), "h": str(msg.flag),
-                  "i": codec.properties_to_string(props), "j": "0", "k": "false", "m": "true" if batch else "false"}
-        if msg.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            rt = props.get("RECONSUME_TIME")
-            if rt is not None:
-                fields["j"] = rt
-            mrt = props.get("MAX_RECONSUME_TIMES")
-            if mrt is not None:
-                fields["l"] = mrt
-        return RemotingCommand(code, ext_fields=fields, body=body, language=self.language)
+        topic = msg.topic
+        j, l_field = "0", None
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            j = props.get("RECONSUME_TIME", "0")
+            l_field = props.get("MAX_RECONSUME_TIMES")
+        cmd = RemotingCommand(code, body=body, language=self.language)
+        # SendMessageRequestHeaderV2 as the Java client writes it, encoded here directly (the hot path)
+        et = self._enc_topics.get(topic)
+        if et is None:
+            et = self._enc_topics[topic] = _enc(topic)
+        cmd.header = (
+            '{"code":%d,"extFields":{"a":%s,"b":%s,"c":%s,"d":"%d","e":"%d","f":"%d","g":"%d","h":"%d","i":%s,'
+            '"j":%s,"k":"false",%s"m":"%s"},"flag":0,"language":%s,"opaque":%d,"serializeTypeCurrentRPC":"JSON",'
+            '"version":%d}' % (
+                code, self._enc_group, et, self._enc_key, self.default_topic_queue_nums, mq.queue_id, sys_flag,
+                int(time.time() * 1000), msg.flag, _enc(codec.properties_to_string(props)), _enc(j),
+                ('"l":%s,' % _enc(l_field)) if l_field is not None else "", "true" if batch else "false",
+                self._enc_lang, cmd.opaque, cmd.version)).encode("utf-8")
+        return cmd
 
     @staticmethod
     def _result(resp: RemotingCommand, msg_id: str, mq: MessageQueue, addr: str) -> SendResult:
@@ -184,6 +204,9 @@ class Producer:
                           None, f.get("MSG_REGION"), f.get("TRACE_ON", "true") != "false")
 
     def _broker_addr(self, mq: MessageQueue) -> str:
+        a = self._channels.get(mq.broker_name)
+        if a is not None:
+            return a
         m = self._check()
         addr = m.find_broker_addr(mq.broker_name)
         if addr is None:
@@ -191,7 +214,8 @@ class Producer:
             addr = m.find_broker_addr(mq.broker_name)
         if addr is None:
             raise MQClientError(f"The broker[{mq.broker_name}] not exist")
-        return m.broker_channel(addr)
+        a = self._channels[mq.broker_name] = m.broker_channel(addr)
+        return a
 
     @staticmethod
     def _prepare(msg: Message) -> str:
@@ -256,13 +280,36 @@ class Producer:
             out.set_exception(e)
             return out
         timeout = self.send_msg_timeout if timeout is None else timeout
-        if not self._async_slots.acquire(timeout=timeout):
+        if not self._acquire_slot(timeout):
             out.set_exception(MQClientError("too many asynchronous sends in flight"))
             return out
-        out.add_done_callback(lambda f: self._async_slots.release())
+        out.add_done_callback(self._release_slot)
         self._send_async_attempt(msg, uid, info, queue, out, time.monotonic() + timeout,
                                  self.retry_times_when_send_async_failed, None)
         return out
+
+    def _acquire_slot(self, timeout: float) -> bool:
+        """One of max_async_in_flight slots (RocketMQ's semaphoreAsyncValue); waits up to timeout."""
+        deadline = None
+        while True:
+            with self._inflight_lock:
+                if self._inflight < self.max_async_in_flight:
+                    self._inflight += 1
+                    return True
+                self._slot_freed.clear()
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + timeout
+            if now >= deadline:
+                return False
+            self._slot_freed.wait(min(0.05, deadline - now))
+
+    def _release_slot(self, _f=None) -> None:
+        with self._inflight_lock:
+            self._inflight -= 1
+            full = self._inflight + 1 >= self.max_async_in_flight
+        if full:
+            self._slot_freed.set()
 
     def _send_async_attempt(self, msg, uid, info, queue, out, deadline, retries_left, last_broker) -> None:
         mq = queue if info is None else info.select(last_broker)
@@ -284,13 +331,12 @@ class Producer:
             retry_or_fail(e)
             return
 
-        def on_response(f: concurrent.futures.Future) -> None:
-            exc = f.exception()
+        def on_response(resp, exc) -> None:
             if exc is not None:
                 retry_or_fail(exc)
                 return
             try:
-                res = self._result(f.result(), uid, mq, addr)
+                res = self._result(resp, uid, mq, addr)
             except Exception as e:
                 retry_or_fail(e)
                 return
@@ -374,9 +420,11 @@ class Producer:
             out.set_exception(e)
             return out
 
-        def on_response(f):
+        def on_response(resp, exc):
             try:
-                out.set_result(self._result(f.result(), ids, mq, addr))
+                if exc is not None:
+                    raise exc
+                out.set_result(self._result(resp, ids, mq, addr))
             except Exception as e:
                 out.set_exception(e)
         try:

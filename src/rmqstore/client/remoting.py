@@ -90,28 +90,33 @@ class Connection:
 
     @staticmethod
     def _complete(p: _Pending, result, exc: BaseException | None = None) -> None:
+        """Resolve a pending request: its future (synchronous invokes) or its callback(response, error)."""
         fut = p.future
-        if fut.done():
-            return
-        try:
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
-        except concurrent.futures.InvalidStateError:
-            return
+        if fut is not None:
+            if fut.done():
+                return
+            try:
+                if exc is not None:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(result)
+            except concurrent.futures.InvalidStateError:
+                return
         if p.callback is not None:
             try:
-                p.callback(fut)
+                p.callback(result, exc)
             except Exception:
                 log.exception("response callback failed")
 
-    def send(self, cmd: RemotingCommand, timeout: float | None, callback=None) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+    def send(self, cmd: RemotingCommand, timeout: float | None, callback=None,
+             want_future: bool = True) -> concurrent.futures.Future | None:
+        """Write one request. With a callback(response, error) and want_future=False no Future is made."""
         if self.closed:
             raise RemotingSendError(f"connection to {self.addr} is closed")
+        fut = concurrent.futures.Future() if want_future else None
         data = cmd.encode()
-        if not cmd.is_oneway:
+        oneway = cmd.flag & 3         # oneway requests and responses get no answer
+        if not oneway:
             self.pending[cmd.opaque] = _Pending(fut, time.monotonic() + (timeout or 30.0), callback)
         try:
             with self._wlock:
@@ -120,7 +125,7 @@ class Connection:
             self.pending.pop(cmd.opaque, None)
             self.close()
             raise RemotingSendError(f"send to {self.addr} failed: {e}") from None
-        if cmd.is_oneway:
+        if oneway and fut is not None:
             fut.set_result(None)
         return fut
 
@@ -190,12 +195,14 @@ class RemotingClient:
                                        f"({cmd.code_name})") from None
 
     def invoke_async(self, addr: str, cmd: RemotingCommand, timeout: float,
-                     callback: Callable[[concurrent.futures.Future], None] | None = None) -> concurrent.futures.Future:
-        return self.connection(addr).send(cmd, timeout, callback)
+                     callback: Callable[[RemotingCommand | None, BaseException | None], None]) -> None:
+        """Send; callback(response, None) or callback(None, error) runs in the connection's reader thread
+        (or the timeout scanner)."""
+        self.connection(addr).send(cmd, timeout, callback, want_future=False)
 
     def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         cmd.flag |= 2
-        self.connection(addr).send(cmd, None)
+        self.connection(addr).send(cmd, None, want_future=False)
 
     def scan_timeouts(self) -> None:
         now = time.monotonic()

@@ -33,6 +33,9 @@ _LANG_BY_NAME = {m.name: m for m in LanguageCode}
 _LANG_NAMES = {m.value: m.name for m in LanguageCode}
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _json_loads = json.loads
+_enc = json.encoder.encode_basestring      # C: a JSON string literal, non-ASCII kept (as fastjson writes)
+_decoder = json.JSONDecoder()
+_raw_decode = _decoder.raw_decode
 
 _opaque_counter = itertools.count(1)
 
@@ -56,7 +59,7 @@ class FrameTooLarge(FrameError):
 
 class RemotingCommand:
     __slots__ = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body",
-                 "serialize_type")
+                 "serialize_type", "header")
 
     def __init__(self, code: int = 0, *, opaque: int | None = None, flag: int = 0, remark: str | None = None,
                  ext_fields: dict[str, str] | None = None, body: bytes | None = None,
@@ -71,6 +74,7 @@ class RemotingCommand:
         self.ext_fields = ext_fields
         self.body = body
         self.serialize_type = serialize_type
+        self.header: bytes | None = None    # a pre-encoded JSON header (hot paths build it themselves)
 
     # --- constructors -------------------------------------------------------------------------
     @classmethod
@@ -133,10 +137,28 @@ class RemotingCommand:
     def encode_header(self) -> bytes:
         if self.serialize_type == SerializeType.ROCKETMQ:
             return encode_binary_header(self)
-        return _json_dumps(self.header_json()).encode("utf-8")
+        # The JSON header by hand (members in fastjson's order): about 3x faster than json.dumps.
+        ef = self.ext_fields
+        lang = self.language
+        if not isinstance(lang, str):
+            lang = _LANG_NAMES.get(lang, "JAVA")
+        parts = ['{"code":', str(int(self.code))]
+        if ef is not None:
+            if ef:
+                parts.append(',"extFields":{')
+                parts.append(",".join([_enc(k) + ":" + _enc(v if v.__class__ is str else str(v)) for k, v in ef.items()]))
+                parts.append("}")
+            else:
+                parts.append(',"extFields":{}')
+        parts.append(',"flag":%d,"language":%s,"opaque":%d' % (self.flag, _enc(lang), self.opaque))
+        if self.remark is not None:
+            parts.append(',"remark":')
+            parts.append(_enc(self.remark))
+        parts.append(',"serializeTypeCurrentRPC":"JSON","version":%d}' % self.version)
+        return "".join(parts).encode("utf-8")
 
     def encode(self) -> bytes:
-        header = self.encode_header()
+        header = self.header or self.encode_header()
         body = self.body or b""
         hl = len(header)
         if hl > 0xFFFFFF:
@@ -235,35 +257,42 @@ def _to_int32(v: int) -> int:
 # --- decoding ---------------------------------------------------------------------------------------
 def decode_json_header(data: bytes | memoryview) -> RemotingCommand:
     try:
-        h = _json_loads(bytes(data))
+        text = bytes(data).decode("utf-8")
+        h, end = _raw_decode(text)
+        if end != len(text) and text[end:].strip():
+            raise ValueError("extra data after the header")
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise FrameError(f"JSON header: {e}") from None
-    if not isinstance(h, dict):
+    if h.__class__ is not dict:
         raise FrameError("JSON header is not an object")
-    try:
-        code = h.get("code", 0)
-        opaque = h.get("opaque", 0)
-        flag = h.get("flag", 0)
-        version = h.get("version", 0)
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (code, opaque, flag, version)):
-            raise FrameError("JSON header: code, opaque, flag and version must be integers")
-        ext = h.get("extFields")
-        if ext is not None:
-            if not isinstance(ext, dict):
-                raise FrameError("JSON header: extFields is not an object")
-            if not all(isinstance(v, str) for v in ext.values()):
+    get = h.get
+    code, opaque, flag, version = get("code", 0), get("opaque", 0), get("flag", 0), get("version", 0)
+    if not (code.__class__ is int and opaque.__class__ is int and flag.__class__ is int and version.__class__ is int):
+        raise FrameError("JSON header: code, opaque, flag and version must be integers")
+    ext = get("extFields")
+    if ext is not None:
+        if ext.__class__ is not dict:
+            raise FrameError("JSON header: extFields is not an object")
+        for v in ext.values():
+            if v.__class__ is not str:
                 ext = {str(k): _ext_str(v) for k, v in ext.items() if v is not None}
-        remark = h.get("remark")
-        if remark is not None and not isinstance(remark, str):
-            remark = str(remark)
-        lang = h.get("language", "JAVA")
-        return RemotingCommand(code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext,
-                               language=lang if isinstance(lang, str) else "OTHER", version=version,
-                               serialize_type=SerializeType.JSON)
-    except FrameError:
-        raise
-    except (TypeError, AttributeError) as e:
-        raise FrameError(f"JSON header: {e}") from None
+                break
+    remark = get("remark")
+    if remark is not None and remark.__class__ is not str:
+        remark = str(remark)
+    lang = get("language", "JAVA")
+    cmd = RemotingCommand.__new__(RemotingCommand)
+    cmd.code = code
+    cmd.language = lang if lang.__class__ is str else "OTHER"
+    cmd.version = version
+    cmd.opaque = opaque
+    cmd.flag = flag
+    cmd.remark = remark
+    cmd.ext_fields = ext
+    cmd.body = None
+    cmd.serialize_type = SerializeType.JSON
+    cmd.header = None
+    return cmd
 
 
 def _ext_str(v) -> str:
@@ -284,15 +313,15 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
     hl = ori & 0xFFFFFF
     if hl > n - 4:
         raise FrameError(f"header length {hl} exceeds the frame ({n - 4} bytes after it)")
-    header = memoryview(frame)[4:4 + hl]
-    if stype == SerializeType.JSON:
+    header = frame[4:4 + hl]
+    if stype == 0:
         cmd = decode_json_header(header)
-    elif stype == SerializeType.ROCKETMQ:
+    elif stype == 1:
         cmd = decode_binary_header(header)
     else:
         raise FrameError(f"unknown serialize type {stype}")
     if n > 4 + hl:
-        cmd.body = bytes(memoryview(frame)[4 + hl:])
+        cmd.body = bytes(frame[4 + hl:])
     return cmd
 
 
