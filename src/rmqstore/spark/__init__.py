@@ -35,12 +35,22 @@ key                    only the messages the store finds for this key: the index
                        (without its result cap; indexed prepared messages included; batch only)
 maxOffsetsPerTrigger   stream: at most this many messages per micro-batch (ReadMaxRows)
 rowsPerPartition       queue mode: units per partition (default 200000)
+pushFilters            true (default) / false: claim and use the filters Spark pushes (see the caveat)
 =====================  ==========================================================================
 
 Pushed filters (spark.sql.python.filterPushdown.enabled=true): topic, broker and tags (= / IN), every
 numeric header column and bornTimestamp/storeTimestamp (=, IN, <, <=, >, >=), IsNotNull. They prune queues,
 files and offset ranges (storeTimestamp bounds by binary search over each queue, assuming store times do
-not decrease along a queue) and are then applied to every row exactly.
+not decrease along a queue) and are then applied to every row exactly. Keys cannot be pushed as filters
+(Spark hands array_contains(keys, k) to no source): use the option key.
+
+Spark 4.x caveat (PySpark 4.3 measured): Spark stores the read planned during filter pushdown on the
+DataFrame's relation (PythonScanBuilder.pushFilters -> PythonDataSourceV2.setReadInfo) and reuses it for a
+later query of the SAME DataFrame that has no pushable filter at all, e.g. df.filter(topic = 'A').count()
+then df.count() counts topic A only. No data source can tell the two queries apart. Either load the
+DataFrame again for such a query (spark.read...load: a new relation), use the options (topics, queueIds,
+startingOffsets..., which belong to the relation) instead of filters, or set pushFilters=false on a
+DataFrame that is reused (filters are then applied by Spark, after a full read).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import datetime as _dt
 import logging
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualNullSafe, EqualTo, GreaterThan,
-                                    GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual)
+                                    GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual, Not)
 
 from . import options as O
 from .records import COLUMNS, NEVER_NULL, SPARK_DDL, ms_from_datetime
@@ -47,6 +47,11 @@ def _value(col: str, v):
 def to_cond(f) -> Cond | None | bool:
     """A pushed Spark filter as a Cond; True for a filter that always holds here (IsNotNull on a column
     that is never null); None when it is not handled."""
+    if isinstance(f, Not):
+        inner = to_cond(f.child) if isinstance(f.child, (EqualTo, In)) else None
+        if not isinstance(inner, Cond):
+            return None
+        return Cond(inner.col, "ne" if inner.op == "eq" else "nin", inner.value)
     attr = getattr(f, "attribute", None)
     if not attr or len(attr) != 1 or attr[0] not in COLUMNS:
         return None
@@ -96,10 +101,12 @@ class RocketMQReader(DataSourceReader):
         self.conds: list[Cond] = []
 
     def pushFilters(self, filters):
-        # Fresh for every planning: nothing pushed survives into another query.
+        # Fresh for every planning. (Spark 4.x itself keeps the read planned here on the DataFrame's
+        # relation and reuses it for a later query of the same DataFrame that has no filter at all: see
+        # the package docstring, option pushFilters.)
         self.conds = []
         for f in filters:
-            c = to_cond(f)
+            c = to_cond(f) if self.ro.push_filters else None
             if c is None:
                 yield f
             elif c is not True:

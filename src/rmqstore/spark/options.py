@@ -15,13 +15,13 @@ from .records import ms_from_datetime
 KNOWN = {
     "path", "paths", "topics", "subscribepattern", "queueids", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "includebody", "config", "mode", "key", "maxoffsetspertrigger",
-    "rowsperpartition",
+    "rowsperpartition", "pushfilters",
 }
 # Names as the user spells them (options arrive lower-cased).
 SPELLING = {k.lower(): k for k in (
     "path", "paths", "topics", "subscribePattern", "queueIds", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "includeBody", "config", "mode", "key", "maxOffsetsPerTrigger",
-    "rowsPerPartition")}
+    "rowsPerPartition", "pushFilters")}
 
 
 class OptionError(ValueError):
@@ -49,6 +49,7 @@ class ReadOptions:
     key: str | None = None
     max_offsets_per_trigger: int | None = None
     rows_per_partition: int = 200_000
+    push_filters: bool = True
     config_path: str | None = None
     raw: dict = field(default_factory=dict)
 
@@ -214,6 +215,8 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
             raise OptionError("option 'key' is empty")
     if "maxoffsetspertrigger" in opts:
         ro.max_offsets_per_trigger = _int("maxoffsetspertrigger", opts["maxoffsetspertrigger"], 1)
+    if "pushfilters" in opts:
+        ro.push_filters = _bool("pushfilters", opts["pushfilters"])
     if "rowsperpartition" in opts:
         ro.rows_per_partition = _int("rowsperpartition", opts["rowsperpartition"], 1)
     if ro.mode == "commitlog":

@@ -50,7 +50,7 @@ STRINGS = {"topic", "tags", "broker"}
 
 @dataclass(frozen=True)
 class Cond:
-    """A pushed filter: column op value (op: eq, in, gt, ge, lt, le; timestamps in microseconds)."""
+    """A pushed filter: column op value (op: eq, in, ne, nin, gt, ge, lt, le; timestamps in microseconds)."""
     col: str
     op: str
     value: object
@@ -61,6 +61,10 @@ class Cond:
             return v == x
         if op == "in":
             return v in x
+        if op == "ne":
+            return v != x
+        if op == "nin":
+            return v not in x
         if op == "gt":
             return v > x
         if op == "ge":
@@ -75,6 +79,10 @@ class Cond:
             return arr == x
         if op == "in":
             return np.isin(arr, np.asarray(list(x)))
+        if op == "ne":
+            return arr != x
+        if op == "nin":
+            return ~np.isin(arr, np.asarray(list(x)))
         if op == "gt":
             return arr > x
         if op == "ge":
@@ -88,7 +96,7 @@ def bounds(conds: list[Cond], col: str) -> tuple[float, float, bool, bool]:
     """(low, high, low inclusive, high inclusive) implied by the conditions on col (ranges and eq)."""
     lo, hi, lo_inc, hi_inc = -np.inf, np.inf, True, True
     for c in conds:
-        if c.col != col:
+        if c.col != col or c.op in ("ne", "nin"):
             continue
         vals = [c.value] if c.op in ("eq", "gt", "ge", "lt", "le") else list(c.value)
         if not vals:
@@ -187,13 +195,16 @@ def _header_mask(recs: R.Records, conds: list[Cond]) -> np.ndarray | None:
 
 
 def _string_mask(arr: pa.Array, c: Cond) -> np.ndarray:
-    if c.op == "eq":
+    if c.op in ("eq", "ne"):
         got = pc.equal(arr, c.value)
-    elif c.op == "in":
+    elif c.op in ("in", "nin"):
         got = pc.is_in(arr, value_set=pa.array(list(c.value), type=pa.string()))
     else:
         got = {"gt": pc.greater, "ge": pc.greater_equal, "lt": pc.less, "le": pc.less_equal}[c.op](arr, c.value)
-    return np.asarray(pc.fill_null(got, False).to_numpy(zero_copy_only=False), dtype=bool)
+    hit = np.asarray(pc.fill_null(got, False).to_numpy(zero_copy_only=False), dtype=bool)
+    if c.op in ("ne", "nin"):      # SQL: a null value passes neither the test nor its negation
+        return ~hit & np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return hit
 
 
 def _filter_props(p: R.Props, mask: np.ndarray) -> R.Props:
