@@ -16,7 +16,8 @@ from rmqstore.server import ServerProcess
 
 CONF = {"mappedFileSizeCommitLog": 32 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
         "maxHashSlotNum": 50000, "maxIndexNum": 200000,
-        "messageDelayLevel": " ".join(["1s"] * 18)}       # retries come back after 1 s
+        "messageDelayLevel": " ".join(["1s"] * 18),       # retries come back after 1 s
+        "transactionTimeOut": 300, "transactionCheckInterval": 300}   # open transactions checked quickly
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
 
 
@@ -277,8 +278,19 @@ def test_transactions_commit_and_rollback(server, producer):
         assert ok.local_transaction_state is LocalTransactionState.COMMIT_MESSAGE
         assert no.local_transaction_state is LocalTransactionState.ROLLBACK_MESSAGE
         assert wait_until(lambda: b"committed" in {m.body for m in col.msgs}, 10)
+        # an open transaction: the broker asks the producer (CHECK_TRANSACTION_STATE), which commits it
+        checked = []
+
+        def check(msg):
+            checked.append(msg.body)
+            return LocalTransactionState.COMMIT_MESSAGE if msg.body == b"checked" else LocalTransactionState.UNKNOW
+        producer.transaction_listener = check
+        r = producer.send_message_in_transaction(Message(topic, b"checked"), lambda m, a: LocalTransactionState.UNKNOW)
+        assert r.local_transaction_state is LocalTransactionState.UNKNOW
+        assert wait_until(lambda: b"checked" in {m.body for m in col.msgs}, 15), checked
         time.sleep(0.5)
-        assert sorted(m.body for m in col.msgs) == [b"committed", b"plain"]
+        assert sorted(m.body for m in col.msgs) == [b"checked", b"committed", b"plain"]
+        assert checked and set(checked) == {b"checked"}
     finally:
         c.shutdown()
 

@@ -133,6 +133,8 @@ class Broker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sync_flush = cfg.flush_disk_type == "SYNC_FLUSH"
         self._puts: list[_PendingPut] = []
+        self._touched: set = set()
+        self._tx_groups: set[str] = set()
         self._put_scheduled = False
         self.held: dict[tuple[str, int], list[HeldPull]] = {}
         self.rand = random.Random()
@@ -276,9 +278,11 @@ class Broker:
                 return req.make_response(ResponseCode.NO_PERMISSION,
                                          f"the broker[{self.cfg.broker_ip1}] sending transaction message is forbidden", base)
             msg.sys_flag = (msg.sys_flag & ~TRAN_MASK) | codec.TRANSACTION_PREPARED_TYPE
+            self.transaction_checker(h.str("producerGroup"))
 
         def done(results: list[PutMessageResult]) -> None:
             ch.send(self._put_response(req, results[0], qid, base))
+            self._touched.add(ch)
         self._submit_put([msg], done)
         return None
 
@@ -386,6 +390,11 @@ class Broker:
             except Exception:
                 log.exception("answering a put failed")
             i += n
+        # Write the answers now, before this thread lets go of the GIL (the next select() would hand it to
+        # the dispatcher thread that the put just woke, delaying every answer by its parse).
+        for ch in self._touched:
+            ch.flush()
+        self._touched.clear()
 
     def put_async(self, msgs: list[Message]) -> "asyncio.Future[list[PutMessageResult]]":
         fut = self.loop.create_future()
@@ -821,9 +830,9 @@ class Broker:
 
     # --- transactions ---------------------------------------------------------------------------------
     def end_transaction(self, ch: Channel, req: RemotingCommand):
-        """EndTransactionProcessor over the store-level transaction model of rmqstore.transaction: the half
-        message sits in its real topic and queue with sysFlag PREPARED; commit appends a copy with sysFlag
-        COMMIT (preparedTransactionOffset = the half's offset), rollback one with ROLLBACK and no body."""
+        """EndTransactionProcessor, over rmqstore.transaction's TransactionCheckService (the store-level model:
+        the half sits in its real topic and queue with sysFlag PREPARED; commit appends a copy with sysFlag
+        COMMIT and preparedTransactionOffset = the half's offset, rollback one with ROLLBACK and no body)."""
         h = Header(req.ext_fields)
         pgroup = h.str("producerGroup")
         tran_offset = h.long("tranStateTableOffset")
@@ -841,33 +850,82 @@ class Broker:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
         if half.queue_offset != tran_offset:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        tx = self._transactions()
-        if tx is not None:
-            def run():
-                return tx.end(half, kind == codec.TRANSACTION_COMMIT_TYPE)
-        else:
-            final = Message(topic=half.topic, body=(half.body or b"") if kind == codec.TRANSACTION_COMMIT_TYPE else b"",
-                            queue_id=half.queue_id, flag=half.flag, sys_flag=(half.sys_flag & ~TRAN_MASK) | kind,
-                            born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
-                            reconsume_times=half.reconsume_times, prepared_transaction_offset=cl_offset,
-                            properties=dict(half.properties))
+        from ..transaction import LocalTransactionState
+        state = (LocalTransactionState.COMMIT_MESSAGE if kind == codec.TRANSACTION_COMMIT_TYPE
+                 else LocalTransactionState.ROLLBACK_MESSAGE)
+        tx = self.local.transactions
 
-            def run():
-                return self.store.put_messages([final])[0]
+        def run():
+            try:
+                return tx.end(pgroup, cl_offset, state)
+            except ValueError as e:
+                return e
 
         def answer(r):
-            status = getattr(r, "status", r)
-            if status in _SEND_OK or status is True:
+            if isinstance(r, ValueError):
+                return req.make_response(ResponseCode.SYSTEM_ERROR, str(e_text(r)))
+            if r is None:          # ended before (e.g. by a check): nothing more to write
                 return req.make_response(ResponseCode.SUCCESS)
-            code, remark, _ = _PUT_CODES.get(status, (ResponseCode.SYSTEM_ERROR, str(status), False))
+            if r.status in _SEND_OK:
+                return req.make_response(ResponseCode.SUCCESS)
+            code, remark, _ = _PUT_CODES.get(r.status, (ResponseCode.SYSTEM_ERROR, r.status.value, False))
             return req.make_response(code, remark)
-        if self.sync_flush:
-            return self._in_executor(run, answer)
-        return answer(run())
+        return self._in_executor(run, answer)
 
-    def _transactions(self):
-        """The in-process transaction service's ending call, when it offers one."""
-        return None
+    def transaction_checker(self, group: str):
+        """Register a stand-in for a remote producer group with the transaction check service: its checks
+        become CHECK_TRANSACTION_STATE requests to one of the group's connections (the answer comes back as
+        END_TRANSACTION with fromTransactionCheck)."""
+        if group in self._tx_groups:
+            return
+        self._tx_groups.add(group)
+        self.local.transactions.register(_RemoteTransactionProducer(self, group))
+
+    def send_check_transaction_state(self, group: str, msg) -> None:
+        """Called on the check service's thread: hand the request to the event loop."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        raw = self._one_message(msg.commit_log_offset)
+        if raw is None:
+            return
+        fields = {"tranStateTableOffset": str(msg.queue_offset), "commitLogOffset": str(msg.commit_log_offset),
+                  "msgId": msg.properties.get("UNIQ_KEY") or msg.msg_id,
+                  "transactionId": msg.properties.get("UNIQ_KEY") or msg.msg_id, "offsetMsgId": msg.msg_id,
+                  "producerGroup": group}
+
+        def send():
+            ch = self.clients.producer_channel(group)
+            if ch is None:
+                log.info("no connection of producer group %s to check a transaction on", group)
+                return
+            ch.oneway(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, ext_fields=fields, body=raw, flag=2))
+        try:
+            loop.call_soon_threadsafe(send)
+        except RuntimeError:
+            pass
+
+
+class _RemoteTransactionProducer:
+    """What TransactionCheckService needs of a producer, for a group whose producers are remote clients."""
+
+    def __init__(self, broker: Broker, group: str):
+        from ..local_broker import broker_setting
+        cfg = broker.cfg
+        self.broker = broker
+        self.group = group
+        self.transaction_timeout_ms = broker_setting(cfg, "transactionTimeOut", 6000)
+        self.transaction_check_max = broker_setting(cfg, "transactionCheckMax", 15)
+        self.transaction_check_interval_ms = broker_setting(cfg, "transactionCheckInterval", 60_000)
+
+    def _check_local_transaction(self, msg):
+        from ..transaction import LocalTransactionState
+        self.broker.send_check_transaction_state(self.group, msg)
+        return LocalTransactionState.UNKNOW      # the producer answers later with END_TRANSACTION
+
+
+def e_text(e: BaseException) -> str:
+    return str(e)
 
 
 _KEEP_HELD = object()

@@ -143,6 +143,13 @@ class Channel(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def flush(self) -> None:
+        """Write what is queued now (the scheduled flush then finds nothing)."""
+        if self._out:
+            out, self._out = self._out, []
+            if not self.closed and self.transport is not None:
+                self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
