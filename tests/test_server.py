@@ -552,6 +552,38 @@ def test_frame_that_stops_midway_and_oversized_payloads(server):
         c.close()
 
 
+def test_client_that_never_reads_cannot_grow_server_memory(server):
+    c = Conn(server.vip_addr)
+    try:
+        r = c.rpc(send_v2("BigMsgT", b"q" * (1 << 20), 0))
+        assert r.code == 0
+        offset = codec.decode_message_id(r.ext_fields["msgId"])[1]
+    finally:
+        c.close()
+    rss0 = _rss_kb(server.proc.pid)
+    greedy = socket.create_connection(("127.0.0.1", server.listen_port - 2), timeout=2)
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    view = req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset}).encode()
+    sent = 0
+    try:
+        for _ in range(400):                 # 400 MiB of answers asked for, none read
+            greedy.sendall(view)
+            sent += 1
+    except (socket.timeout, OSError):
+        pass                                 # the server stopped reading us: fine
+    try:
+        time.sleep(0.5)
+        grew_mb = (_rss_kb(server.proc.pid) - rss0) / 1024
+        assert grew_mb < 48, (grew_mb, sent)  # the 8 MiB write high-water mark, not 400 MiB
+        ok = Conn(server.vip_addr)
+        try:
+            assert ok.rpc(req(RequestCode.GET_MAX_OFFSET, {"topic": "BigMsgT", "queueId": 0})).code == 0
+        finally:
+            ok.close()
+    finally:
+        greedy.close()
+
+
 @pytest.mark.parametrize("code, fields, body, expect", [
     (RequestCode.SEND_MESSAGE_V2, {"a": "pg", "b": "RobustT", "c": "TBW102", "d": "4", "e": "abc", "f": "0", "g": "1",
                                    "h": "0"}, b"x", ResponseCode.SYSTEM_ERROR),

@@ -41,8 +41,10 @@ class Channel(asyncio.Protocol):
         self.closed = False
         self.last_active = time.monotonic()
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._flush_scheduled = False
         self._paused = False
+        self._backlog: list[RemotingCommand] = []      # requests read but not served while writing is paused
         self._pending: dict[int, asyncio.Future] = {}
         self.attrs: dict = {}          # per-connection state for the handler (client id, groups)
         self.tasks: set[asyncio.Task] = set()
@@ -66,6 +68,7 @@ class Channel(asyncio.Protocol):
         for t in list(self.tasks):
             t.cancel()
         self._out.clear()
+        self._backlog.clear()
         try:
             self.server.on_close(self)
         except Exception:
@@ -79,7 +82,10 @@ class Channel(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._paused and self.transport is not None and not self.closed:
             self._paused = False
-            self.transport.resume_reading()
+            backlog, self._backlog = self._backlog, []
+            self._serve(backlog)
+            if not self._paused and not self.closed:
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
@@ -89,8 +95,17 @@ class Channel(asyncio.Protocol):
             log.warning("closing %s: %s", self.remote, e)
             self.close()
             return
-        for cmd in cmds:
+        if self._paused or self._backlog:
+            self._backlog.extend(cmds)
+            return
+        self._serve(cmds)
+
+    def _serve(self, cmds: list[RemotingCommand]) -> None:
+        for i, cmd in enumerate(cmds):
             if self.closed:
+                return
+            if self._paused:      # the peer is not reading its answers: serve the rest when it does
+                self._backlog[:0] = cmds[i:]
                 return
             if cmd.is_response:
                 fut = self._pending.pop(cmd.opaque, None)
@@ -139,7 +154,10 @@ class Channel(asyncio.Protocol):
             data = RemotingCommand(ResponseCode.SYSTEM_ERROR, opaque=cmd.opaque, flag=cmd.flag,
                                    remark=_remark(e), serialize_type=cmd.serialize_type).encode()
         self._out.append(data)
-        if not self._flush_scheduled:
+        self._out_bytes += len(data)
+        if self._out_bytes >= WRITE_LOW_WATER:
+            self.flush()          # large answers go out at once (and may pause this channel)
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
@@ -147,12 +165,14 @@ class Channel(asyncio.Protocol):
         """Write what is queued now (the scheduled flush then finds nothing)."""
         if self._out:
             out, self._out = self._out, []
+            self._out_bytes = 0
             if not self.closed and self.transport is not None:
                 self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
+        self._out_bytes = 0
         if out and not self.closed and self.transport is not None:
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
