@@ -333,3 +333,34 @@ def test_unknown_topic_without_auto_create(tmp_path):
             with Admin(srv.namesrv_addr) as a:
                 a.create_topic("Nowhere", 2)
             assert p.send(Message("Nowhere", b"x")).send_status is SendStatus.SEND_OK
+
+
+def test_two_brokers_behind_one_name_server(tmp_path):
+    """A second server without a name server registers its broker with the first one's (REGISTER_BROKER):
+    producers spread a topic over both brokers, one consumer group reads both."""
+    a = ServerProcess(tmp_path / "a", CONF).start()
+    try:
+        b = ServerProcess(tmp_path / "b", dict(CONF, brokerName="broker-b"), namesrv=False,
+                          namesrv_port=a.namesrv_port).start()
+        try:
+            with Admin(a.namesrv_addr) as admin:
+                assert wait_until(lambda: len(admin.cluster_info()["brokerAddrTable"]) == 2, 10)
+                info = admin.cluster_info()
+                assert info["clusterAddrTable"] == {"DefaultCluster": ["broker-a", "broker-b"]}
+                admin.create_topic("SpreadT", 2)
+                assert {q["brokerName"] for q in admin.topic_route("SpreadT")["queueDatas"]} == {"broker-a", "broker-b"}
+            col = Collector()
+            c = push_consumer(a, "spread_cg", "SpreadT", col)
+            try:
+                with Producer("spread_pg", a.namesrv_addr) as p:
+                    rs = [p.send(Message("SpreadT", b"s%d" % i)) for i in range(40)]
+                assert {r.message_queue.broker_name for r in rs} == {"broker-a", "broker-b"}
+                assert wait_until(lambda: len(col.msgs) >= 40, 15)
+                assert {m.broker_name for m in col.msgs} == {"broker-a", "broker-b"}
+                assert sorted(col.ids()) == sorted(r.msg_id for r in rs)
+            finally:
+                c.shutdown()
+        finally:
+            assert b.stop() == 0
+    finally:
+        assert a.stop() == 0

@@ -641,3 +641,62 @@ def test_sigterm_persists_offsets_and_closes_store(tmp_path):
     assert offsets["offsetTable"]["TermT@term_cg"] in ({"0": 1}, {0: 1})
     topics = json.loads((store / "config" / "topics.json").read_text())
     assert "TermT" in topics["topicConfigTable"]
+
+
+@pytest.mark.skipif(not PCAP.exists(), reason=f"no capture at {PCAP}")
+def test_name_server_takes_the_real_brokers_registration(tmp_path):
+    """REGISTER_BROKER (103) exactly as RocketMQ 4.4.0's broker sent it: its topics become routable."""
+    from rmqstore.remoting.pcap import read_frames
+    regs = [f.command for f in read_frames(PCAP) if f.command.code == RequestCode.REGISTER_BROKER
+            and not f.command.is_response]
+    assert regs
+    with ServerProcess(tmp_path / "store", dict(CONF, brokerName="broker-x")) as srv:
+        c = Conn(srv.namesrv_addr)
+        try:
+            for cmd in regs:       # (the broker sent some of them oneway: ask for answers here)
+                cmd = RemotingCommand(cmd.code, flag=0, ext_fields=cmd.ext_fields, body=cmd.body)
+                r = c.rpc(cmd)
+                assert r.code == 0, r
+            route = fastjson.loads(c.rpc(req(RequestCode.GET_ROUTEINTO_BY_TOPIC, {"topic": "BenchTopic68479"})).body)
+            assert route["brokerDatas"] == [{"brokerAddrs": {0: "127.0.0.1:10911"}, "brokerName": "broker-a",
+                                             "cluster": "DefaultCluster"}]
+            assert route["queueDatas"][0]["writeQueueNums"] == 4
+            info = fastjson.loads(c.rpc(req(RequestCode.GET_BROKER_CLUSTER_INFO)).body)
+            assert set(info["brokerAddrTable"]) == {"broker-a", "broker-x"}
+            # a body whose CRC does not match is refused
+            bad = RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=dict(regs[0].ext_fields, bodyCrc32="1"),
+                                  body=regs[0].body)
+            assert c.rpc(bad).code == ResponseCode.SYSTEM_ERROR
+        finally:
+            c.close()
+        # the registering connection closed: the name server forgets that broker (BrokerHousekeepingService)
+        n = Conn(srv.namesrv_addr)
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                r = n.rpc(req(RequestCode.GET_ROUTEINTO_BY_TOPIC, {"topic": "BenchTopic68479"}))
+                if r.code == ResponseCode.TOPIC_NOT_EXIST:
+                    break
+                time.sleep(0.05)
+            assert r.code == ResponseCode.TOPIC_NOT_EXIST
+        finally:
+            n.close()
+
+
+def test_send_message_v1_header(server):
+    """SEND_MESSAGE (10) with SendMessageRequestHeader's full field names."""
+    c = Conn(server.vip_addr)
+    try:
+        r = c.rpc(req(RequestCode.SEND_MESSAGE, {
+            "producerGroup": "pg", "topic": "V1Topic", "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
+            "queueId": 1, "sysFlag": 0, "bornTimestamp": int(time.time() * 1000), "flag": 0,
+            "properties": "TAGS\x01T1\x02KEYS\x01v1key\x02", "reconsumeTimes": 0, "unitMode": "false",
+            "batch": "false"}, b"v1 body"))
+        assert r.code == 0 and r.ext_fields["queueId"] == "1" and r.ext_fields["queueOffset"] == "0"
+        _, off = codec.decode_message_id(r.ext_fields["msgId"])
+        rec = codec.decode_record(c.rpc(req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": off})).body, 0)
+        assert (rec.topic, rec.queue_id, rec.body, rec.properties) == ("V1Topic", 1, b"v1 body",
+                                                                       {"TAGS": "T1", "KEYS": "v1key"})
+        assert rec.born_host.startswith("127.0.0.1:") and rec.store_host == server.broker_addr
+    finally:
+        c.close()

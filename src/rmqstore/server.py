@@ -144,11 +144,14 @@ class ServerProcess:
     start() waits (bounded) for the ready line; stop() sends SIGTERM and waits, then kills."""
 
     def __init__(self, store: str | Path, conf: dict | None = None, *, listen_port: int | None = None,
-                 namesrv_port: int | None = None, start_timeout: float = 30.0, log_level: str | None = None):
+                 namesrv_port: int | None = None, start_timeout: float = 30.0, log_level: str | None = None,
+                 namesrv: bool = True):
+        """namesrv=False: no embedded name server; the broker registers with the one at namesrv_port."""
         self.store = Path(store)
         self.conf = dict(conf or {})
         self.listen_port = listen_port or free_port_pair()
         self.namesrv_port = namesrv_port or free_port()
+        self.embedded_namesrv = namesrv
         self.start_timeout = start_timeout
         self.log_level = log_level
         self.proc = None
@@ -182,6 +185,8 @@ class ServerProcess:
         args = [sys.executable, "-m", "rmqstore.server", str(self.store), "-c", str(conf_path)]
         if self.log_level == "INFO":
             args.append("-v")
+        if not self.embedded_namesrv:
+            args.append("--no-namesrv")
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._err)
         line: list[bytes] = []

@@ -54,6 +54,9 @@ class BrokerServer:
         self._tasks: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started = False
+        self._registering = False
+        self._register_again = False
+        self._ns_conns: dict[str, tuple] = {}
 
     # --- life ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -117,13 +120,73 @@ class BrokerServer:
         loop.call_soon_threadsafe(self._register_broker)
 
     def _register_broker(self) -> None:
-        """registerBrokerAll: publish the topic configs to the (embedded) name server."""
-        if self.namesrv is None or self.broker is None:
+        """registerBrokerAll: publish the topic configs to the embedded name server (in process), or with
+        REGISTER_BROKER (103) to every name server of namesrvAddr when there is no embedded one."""
+        if self.broker is None:
             return
         cfg = self.cfg
         wrapper = self.broker.topics.encode()
-        self.namesrv.route.register_broker(cfg.broker_cluster_name, self.broker.broker_addr, cfg.broker_name,
-                                           cfg.broker_id, f"{cfg.broker_ip1}:{cfg.listen_port + 1}", wrapper, None)
+        if self.namesrv is not None:
+            self.namesrv.route.register_broker(cfg.broker_cluster_name, self.broker.broker_addr, cfg.broker_name,
+                                               cfg.broker_id, f"{cfg.broker_ip1}:{cfg.listen_port + 1}", wrapper, None)
+            return
+        if self._registering:
+            self._register_again = True
+            return
+        if self.loop is not None:
+            self._registering = True
+            self._register_again = False
+            t = asyncio.ensure_future(self._register_remote(wrapper))
+            self._tasks.append(t)
+            t.add_done_callback(lambda _t: self._tasks.remove(_t) if _t in self._tasks else None)
+
+    async def _register_remote(self, wrapper: dict) -> None:
+        import zlib
+        from ..remoting import fastjson
+        from ..remoting.codes import RequestCode
+        from ..remoting.command import FrameDecoder, RemotingCommand
+        cfg = self.cfg
+        try:
+            body = fastjson.dumps_bytes({"filterServerList": [], "topicConfigSerializeWrapper": wrapper})
+            fields = {"brokerAddr": self.broker.broker_addr, "brokerId": str(cfg.broker_id),
+                      "brokerName": cfg.broker_name, "clusterName": cfg.broker_cluster_name,
+                      "haServerAddr": f"{cfg.broker_ip1}:{cfg.listen_port + 1}", "compressed": "false",
+                      "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF)}
+            for addr in [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]:
+                conn = self._ns_conns.get(addr)
+                if conn is None:
+                    host, port = parse_addr(addr)
+                    try:
+                        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 3)
+                    except (OSError, asyncio.TimeoutError) as e:
+                        log.warning("register to name server %s failed: %s", addr, e)
+                        continue
+                    # the connection stays open: a name server drops a broker whose connection closes
+                    conn = self._ns_conns[addr] = (r, w, FrameDecoder())
+                r, w, dec = conn
+                try:
+                    cmd = RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=fields, body=body)
+                    w.write(cmd.encode())
+
+                    async def answer():
+                        while True:
+                            data = await r.read(65536)
+                            if not data:
+                                raise ConnectionError("closed by the name server")
+                            for c in dec.feed(data):
+                                if c.is_response and c.opaque == cmd.opaque:
+                                    return c
+                    resp = await asyncio.wait_for(answer(), 3)
+                    if resp.code != 0:
+                        log.warning("register to name server %s: %s", addr, resp)
+                except (OSError, asyncio.TimeoutError, Exception) as e:
+                    log.warning("register to name server %s failed: %s", addr, e)
+                    self._ns_conns.pop(addr, None)
+                    w.close()
+        finally:
+            self._registering = False
+            if self._register_again and self.broker is not None and self.loop is not None:
+                self.loop.call_soon(self._register_broker)
 
     async def _periodic(self) -> None:
         last_reg = last_scan = time.monotonic()
@@ -167,6 +230,9 @@ class BrokerServer:
         for s in self.servers:
             await s.stop()
         self.servers.clear()
+        for _r, w, _d in self._ns_conns.values():
+            w.close()
+        self._ns_conns.clear()
         if self.store is not None and self.broker is not None:
             self.store.dispatcher.remove_listener(self.broker.on_message_arriving)
             self.broker.topics.remove_listener(self._on_topic_changed)
