@@ -357,6 +357,7 @@ def test_long_polling_suspends_and_wakes(server):
     b = Conn(server.vip_addr)
     try:
         assert b.rpc(send_v2("PollT", b"first", 0)).code == 0
+        _assert_max_offset(server, "PollT", 1)          # dispatched
         pull = {"consumerGroup": "poll_cg", "topic": "PollT", "queueId": 0, "queueOffset": 1, "maxMsgNums": 32,
                 "sysFlag": 2 | 4, "commitOffset": 0, "suspendTimeoutMillis": 300, "subscription": "*",
                 "subVersion": 1, "expressionType": "TAG"}
