@@ -193,6 +193,8 @@ def test_replay_java_client_capture(tmp_path):
                 ext = dict(c.ext_fields) if c.ext_fields is not None else None
                 if c.code == RequestCode.VIEW_MESSAGE_BY_ID:
                     ext["offset"] = str(offset_map[int(ext["offset"])])
+                if c.code in (RequestCode.PULL_MESSAGE, RequestCode.QUERY_MESSAGE):
+                    _wait_dispatched(srv)   # the real broker had dispatched everything sent before these
                 cmd = RemotingCommand(c.code, opaque=c.opaque, flag=c.flag, remark=c.remark, ext_fields=ext,
                                       body=c.body, language=c.language, version=c.version)
                 conn.send(cmd)
@@ -262,6 +264,7 @@ def test_send_creates_topic_and_route_appears(server):
         assert r.code == 0
         route = fastjson.loads(n.rpc(req(RequestCode.GET_ROUTEINTO_BY_TOPIC, {"topic": "Made"})).body)
         assert route["queueDatas"][0]["readQueueNums"] == 2
+        _assert_max_offset(server, "FreshTopic", 1, qid=3)              # once dispatched
         r = b.rpc(req(RequestCode.GET_MAX_OFFSET, {"topic": "FreshTopic", "queueId": 3}))
         assert r.code == 0 and r.ext_fields == {"offset": "1"}
         r = b.rpc(req(RequestCode.GET_MIN_OFFSET, {"topic": "FreshTopic", "queueId": 3}))
@@ -448,6 +451,19 @@ def _max_offset(server, topic: str, qid: int = 0) -> int:
         return int(c.rpc(req(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": qid})).ext_fields["offset"])
     finally:
         c.close()
+
+
+def _wait_dispatched(server) -> None:
+    m = Conn(server.broker_addr)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            info = fastjson.loads(m.rpc(req(RequestCode.GET_BROKER_RUNTIME_INFO)).body)["table"]
+            if int(info["dispatchBehindBytes"]) == 0:
+                return
+            time.sleep(0.01)
+    finally:
+        m.close()
 
 
 def _warm(server) -> None:
