@@ -104,6 +104,9 @@ def test_batch_parser_equals_codec(golden, name):
         recs = R.Records(buf, f.base_offset, pos)
         assert recs.valid.all()
         got.extend(row_json(r) for r in recs.batch("b").to_pylist())
+        for i in range(0, len(pos), max(1, len(pos) // 50)):     # a record ending exactly at the limit
+            one = R.Records(buf, f.base_offset, pos[i:i + 1], int(pos[i] + recs.total[i]))
+            assert one.valid.all() and row_json(one.batch("b").to_pylist()[0]) == got[-len(pos) + i]
     cache.close()
     assert got == expected
     assert len(got) == {"rmq440-clean": 3000, "rmq440-crash": 8008, "rocketmq-sample-commitlog": 47}[name]

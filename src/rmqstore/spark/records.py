@@ -236,30 +236,30 @@ class Records:
         if unit_size is not None:
             ok &= self.total <= unit_size
         ok &= (self.total >= hs + 3) & (pos + self.total <= limit)
-        top2 = max(limit - 8, 0)
+        def at(q, width):            # a position clamped so that `width` bytes from it are in bounds
+            return np.clip(q, 0, max(limit - width, 0))
         self.born_host_pos = p + 48
         self.born_alen = born_alen
         sts = p + 48 + born_alen + 4
-        self.store_ts = _be(buf, np.clip(sts, 0, top2), 8)
+        self.store_ts = _be(buf, at(sts, 8), 8)
         self.store_host_pos = sts + 8
         self.store_alen = store_alen
         rc = self.store_host_pos + store_alen + 4
-        self.reconsume = _be(buf, np.clip(rc, 0, top2), 4)
-        self.prepared = _be(buf, np.clip(rc + 4, 0, top2), 8)
-        self.body_len = _be(buf, np.clip(rc + 12, 0, top2), 4)
+        self.reconsume = _be(buf, at(rc, 4), 4)
+        self.prepared = _be(buf, at(rc + 4, 8), 8)
+        self.body_len = _be(buf, at(rc + 12, 4), 4)
         self.body_pos = rc + 16
         tl_pos = self.body_pos + self.body_len
         end = pos + self.total
         v2 = magic == _MAGIC2
         ok &= (self.body_len >= 0) & (tl_pos + 3 <= end)
-        tl_safe = np.clip(tl_pos, 0, top2)
-        topic_len = np.where(v2, _be(buf, tl_safe, 2, signed=False), _be(buf, tl_safe, 1))
+        topic_len = np.where(v2, _be(buf, at(tl_pos, 2), 2, signed=False), _be(buf, at(tl_pos, 1), 1))
         ok &= v2 | (topic_len <= codec.MAX_TOPIC_LENGTH)
         self.topic_pos = tl_pos + np.where(v2, 2, 1)
         self.topic_len = topic_len
         pl_pos = self.topic_pos + topic_len
         ok &= pl_pos + 2 <= end
-        self.props_len = _be(buf, np.clip(pl_pos, 0, top2), 2)
+        self.props_len = _be(buf, at(pl_pos, 2), 2)
         self.props_pos = pl_pos + 2
         ok &= (self.props_len >= 0) & (self.props_pos + self.props_len == end)
         self.valid = ok

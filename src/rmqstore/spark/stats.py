@@ -111,8 +111,11 @@ def plot_rates(minutes: dict, out: str, title: str = "messages per minute") -> s
         ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    import warnings
+    with warnings.catch_warnings():          # topic names in scripts the default font lacks (CJK)
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        fig.tight_layout()
+        fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
 

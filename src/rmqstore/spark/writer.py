@@ -80,10 +80,11 @@ def check_target(options: dict, overwrite: bool) -> tuple[str, StoreConfig]:
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise WriteError(f"option 'path': {path} is not a directory")
-        if os.listdir(path) and not os.path.isdir(os.path.join(path, "commitlog")):
-            raise WriteError(f"option 'path': {path} is not a RocketMQ store directory (no commitlog/) and not empty")
         if SV.lock_held_elsewhere(path):
             raise StoreLockedError(path)
+        names = set(os.listdir(path))
+        if names and not names & {"commitlog", "consumequeue", "index", "lock", "checkpoint", "abort"}:
+            raise WriteError(f"option 'path': {path} is not a RocketMQ store directory (no commitlog/) and not empty")
     try:
         config = StoreConfig.load(options.get("config")) if options.get("config") else StoreConfig()
     except (ConfigError, OSError) as e:
