@@ -16,20 +16,20 @@ $(PY):
 	@if command -v python3.11 >/dev/null 2>&1; then python3.11 -m venv $(VENV); \
 	else python3 -m venv $(VENV); fi
 
-# .venv/.stamp-base installs '.', .venv/.stamp-test '.[test]', .venv/.stamp-bench '.[bench]'.
+# .venv/.stamp-X installs '.[X]' (X a comma-separated list of extras; 'base' installs '.').
 $(VENV)/.stamp-%: pyproject.toml | $(PY)
 	$(PY) -m pip install --disable-pip-version-check -q -e '.$(if $(filter base,$*),,[$*])'
 	@touch $@
 
-install: $(VENV)/.stamp-test
+install: $(VENV)/.stamp-spark,test
 
-test: $(VENV)/.stamp-test
+test: $(VENV)/.stamp-spark,test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-demo: $(VENV)/.stamp-base
+demo: $(VENV)/.stamp-spark
 	$(PY) -m rmqstore.demo
 
-bench: $(VENV)/.stamp-bench
+bench: $(VENV)/.stamp-spark,bench
 	$(VENV)/bin/rmqstore bench --scale $(SCALE)
 
 # Generated files only; the virtualenv stays (`make distclean` removes it too).

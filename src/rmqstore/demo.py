@@ -1,10 +1,12 @@
-"""`python -m rmqstore.demo` (what `make demo` runs): a store in ./demo-store, filled and read back
-through the command line.
+"""`python -m rmqstore.demo` (what `make demo` runs): a short tour on a store in ./demo-store.
 
 1. generates a few messages in the messages.jsonl format (two topics, tags, keys, a unicode topic,
    an empty body, a prepared transaction message);
 2. `rmqstore load ./demo-store` appends them and prints one put result each;
-3. `rmqstore cat ./demo-store` decodes the records back in physical order.
+3. `rmqstore cat ./demo-store` decodes the records back in physical order;
+4. the library: a producer sends orders, a consumer group reads them, a key query finds one;
+5. the pipeline: Spark reads the store as a DataFrame and streams from it (skipped, with a note, when
+   rmqstore[spark] is not installed).
 """
 from __future__ import annotations
 
@@ -68,7 +70,56 @@ def main() -> int:
               f"{r['queueOffset']:>4} {r['sysFlag']:>7}  {props[:60]} | {body!r}")
     files = sorted(p.name for p in (STORE / "commitlog").iterdir())
     print(f"\n{len(records.splitlines())} records in {STORE}/commitlog: {', '.join(files)}")
+    library_tour()
+    pipeline_tour()
     return 0
+
+
+def library_tour() -> None:
+    import threading
+
+    from .config import StoreConfig
+    from .consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
+    from .producer import Producer
+    from .store import MessageStore
+
+    print("\n== the library: a producer and a consumer group")
+    cfg = StoreConfig.load(STORE / "store.conf")
+    with MessageStore.open(STORE, cfg) as store:
+        producer = Producer(store, group="demo-producer")
+        for i in range(8):
+            r = producer.send("Orders", f"order {i}", tags="paid" if i % 2 else "new", keys=[f"order-{i}"])
+            print(f"  sent {r.msg_id} to queue {r.message_queue.queue_id} at offset {r.queue_offset}")
+        got: list = []
+        done = threading.Event()
+
+        def on_messages(msgs):
+            got.extend(msgs)
+            if len(got) >= 4:
+                done.set()
+            return CONSUME_SUCCESS
+
+        consumer = PushConsumer(store, "demo-consumers", on_messages,
+                                consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+        consumer.subscribe("Orders", "paid")
+        consumer.start()
+        done.wait(10)
+        consumer.shutdown()
+        print("  consumer group 'demo-consumers' (tag 'paid') got:",
+              sorted(m.body.decode() for m in got))
+        found = store.find_messages_by_key("Orders", "order-3")
+        print("  query by key order-3:", [(m.queue_id, m.queue_offset, m.body.decode()) for m in found])
+
+
+def pipeline_tour() -> None:
+    try:
+        from .spark import demo_pipeline
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("\n(rmqstore[spark] is not installed: skipping the Spark pipeline)")
+        return
+    print("\n== the pipeline: Spark reads and streams the store")
+    demo_pipeline(STORE, config=STORE / "store.conf")
 
 
 if __name__ == "__main__":
