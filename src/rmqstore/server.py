@@ -11,6 +11,11 @@ shortPollingTimeMills, flushDiskType, serverChannelMaxIdleTimeSeconds, plus ever
 
 On start it prints one JSON line to stdout, `{"event": "ready", "namesrv": ..., "broker": ..., "vip": ...}`.
 SIGTERM / SIGINT stop it cleanly: connections closed, consumer offsets and topics persisted, store closed.
+
+Wiring into rmqstore.cli (one Command each):
+    Command("serve", "run a RocketMQ name server and broker over the store", server.cli_run,
+            server.cli_add_arguments, config_overrides=server.cli_config_overrides)
+    `rmqstore bench --server`: server.cli_bench_server(args, cfg) (uses args.scale: small | full)
 """
 from __future__ import annotations
 
@@ -66,31 +71,45 @@ def ready_line(server: BrokerServer) -> str:
                        "vip": vip, "store": str(server.store_path)})
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def cli_add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `rmqstore serve` besides the CLI's common -c/--config and -v."""
     p.add_argument("store", help="store directory (created if missing)")
-    p.add_argument("-c", "--config", help="broker.conf-style properties file")
     p.add_argument("--listen-port", type=int, help="broker port (overrides listenPort); the VIP port is this - 2")
-    p.add_argument("--namesrv-addr", help="where the embedded name server listens (overrides namesrvAddr)")
-    p.add_argument("--no-namesrv", action="store_true", help="do not run the embedded name server")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p.add_argument("--namesrv-addr", help="where the embedded name server listens (overrides namesrvAddr); "
+                                          "with --no-namesrv, the name server(s) to register with")
+    p.add_argument("--no-namesrv", action="store_true", help="run no name server; register with namesrvAddr")
 
 
-def config_from_args(args) -> StoreConfig:
+def cli_config_overrides(args) -> dict:
+    """broker.conf keys set by the command line (for StoreConfig.load(path, overrides))."""
     overrides = {}
-    if args.listen_port is not None:
+    if getattr(args, "listen_port", None) is not None:
         overrides["listenPort"] = args.listen_port
-    if args.namesrv_addr:
+    if getattr(args, "namesrv_addr", None):
         overrides["namesrvAddr"] = args.namesrv_addr
-    return StoreConfig.load(args.config, overrides or None)
+    return overrides
 
 
-def cmd_serve(args) -> int:
-    """The body of `rmqstore serve` (args from add_arguments)."""
-    cfg = config_from_args(args)
-
+def cli_run(args, cfg: StoreConfig) -> int:
+    """`rmqstore serve`: print the ready line, serve until SIGTERM / SIGINT, exit 0."""
     def ready(server):
         print(ready_line(server), flush=True)
     return serve(args.store, cfg, namesrv=not args.no_namesrv, ready=ready)
+
+
+def cli_bench_server(args, cfg: StoreConfig | None = None) -> int:
+    """`rmqstore bench --server [--scale small|full]`: bench_server's numbers as JSON on stdout."""
+    scale = getattr(args, "scale", "small") or "small"
+    if scale not in ("small", "full"):
+        scale = "small"
+    print(json.dumps(bench_server(scale), indent=2), flush=True)
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    cli_add_arguments(p)
+    p.add_argument("-c", "--config", help="broker.conf-style properties file")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 
 
 def main(argv=None) -> int:
@@ -101,7 +120,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .errors import RmqStoreError
     try:
-        return cmd_serve(args)
+        return cli_run(args, StoreConfig.load(args.config, cli_config_overrides(args) or None))
     except (RmqStoreError, OSError) as e:
         print(f"rmqstore serve: {e}", file=sys.stderr)
         return 2

@@ -65,12 +65,14 @@ class Connection:
     def _read_loop(self) -> None:
         dec = FrameDecoder()
         sock = self.sock
+        buf = bytearray(1 << 18)
+        view = memoryview(buf)
         try:
             while not self.closed:
-                data = sock.recv(1 << 20)
-                if not data:
+                n = sock.recv_into(buf)
+                if not n:
                     break
-                for cmd in dec.feed(data):
+                for cmd in dec.feed(view[:n]):
                     if cmd.is_response:
                         p = self.pending.pop(cmd.opaque, None)
                         if p is not None:
