@@ -863,7 +863,7 @@ class Broker:
 
         def answer(r):
             if isinstance(r, ValueError):
-                return req.make_response(ResponseCode.SYSTEM_ERROR, str(e_text(r)))
+                return req.make_response(ResponseCode.SYSTEM_ERROR, str(r))
             if r is None:          # ended before (e.g. by a check): nothing more to write
                 return req.make_response(ResponseCode.SUCCESS)
             if r.status in _SEND_OK:
@@ -922,10 +922,6 @@ class _RemoteTransactionProducer:
         from ..transaction import LocalTransactionState
         self.broker.send_check_transaction_state(self.group, msg)
         return LocalTransactionState.UNKNOW      # the producer answers later with END_TRANSACTION
-
-
-def e_text(e: BaseException) -> str:
-    return str(e)
 
 
 _KEEP_HELD = object()

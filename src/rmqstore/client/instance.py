@@ -114,17 +114,14 @@ class TopicPublishInfo:
         self.topic = topic
         self.queues = queues
         self.order = order
-        self._index = random.randrange(1 << 16)
-        self._lock = threading.Lock()
+        self._index = itertools.count(random.randrange(1 << 16))     # next() is atomic: no lock needed
 
     @property
     def ok(self) -> bool:
         return bool(self.queues)
 
     def select(self, last_broker: str | None = None) -> MessageQueue:
-        with self._lock:
-            self._index += 1
-            i = self._index
+        i = next(self._index)
         n = len(self.queues)
         if last_broker is not None:
             for k in range(n):

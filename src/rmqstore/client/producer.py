@@ -184,7 +184,8 @@ class Producer:
             '"j":%s,"k":"false",%s"m":"%s"},"flag":0,"language":%s,"opaque":%d,"serializeTypeCurrentRPC":"JSON",'
             '"version":%d}' % (
                 code, self._enc_group, et, self._enc_key, self.default_topic_queue_nums, mq.queue_id, sys_flag,
-                int(time.time() * 1000), msg.flag, _enc(codec.properties_to_string(props)), _enc(j),
+                int(time.time() * 1000), msg.flag, _enc("".join([k + "\x01" + v + "\x02" for k, v in props.items()])),
+                _enc(j),
                 ('"l":%s,' % _enc(l_field)) if l_field is not None else "", "true" if batch else "false",
                 self._enc_lang, cmd.opaque, cmd.version)).encode("utf-8")
         return cmd

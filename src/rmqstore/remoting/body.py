@@ -13,6 +13,7 @@ Batch body, one entry per message, back to back (big-endian):
 """
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
@@ -112,7 +113,7 @@ class UniqIdGenerator:
         self.prefix = (ip_bytes + struct.pack(">H", os.getpid() & 0xFFFF)
                        + struct.pack(">I", random.getrandbits(32))).hex().upper()
         self._lock = threading.Lock()
-        self._counter = 0
+        self._counter = itertools.count()
         self._start = 0
         self._next_start = 0
         self._set_start(time.time())
@@ -126,13 +127,11 @@ class UniqIdGenerator:
 
     def new_id(self) -> str:
         now = int(time.time() * 1000)
-        with self._lock:
-            if now >= self._next_start:
-                self._set_start(now / 1000)
-            diff = (now - self._start) & 0xFFFFFFFF
-            c = self._counter
-            self._counter = (c + 1) & 0xFFFF
-        return self.prefix + f"{diff:08X}{c:04X}"
+        if now >= self._next_start:
+            with self._lock:
+                if now >= self._next_start:
+                    self._set_start(now / 1000)
+        return "%s%08X%04X" % (self.prefix, (now - self._start) & 0xFFFFFFFF, next(self._counter) & 0xFFFF)
 
 
 _LOCAL_IP: str | None = None
