@@ -82,12 +82,44 @@ def ranges_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, n
 
 
 def _bytes_array(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
-    idx, offs = ranges_index(starts, lengths)
-    data = buf[idx] if len(idx) else np.empty(0, dtype=np.uint8)
-    if offs[-1] >= 2 ** 31:
-        raise ValueError("a batch of more than 2 GiB of variable-length data")
-    return pa.Array.from_buffers(typ, len(lengths), [None, pa.py_buffer(offs.astype(np.int32)),
-                                                     pa.py_buffer(data)])
+    """The byte ranges [start, start + length) of buf as a binary (or string) array, in the given order.
+
+    The ranges must not overlap (fields of distinct records). No index per byte is built: buf itself
+    becomes the values of an array whose elements alternate between the ranges and the gaps between
+    them (zero copy), and Arrow's take copies out the ranges."""
+    n = len(starts)
+    if n == 0:
+        return pa.array([], type=typ)
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if n > 1 and not (np.diff(starts) >= 0).all():
+        order = np.argsort(starts, kind="stable")
+    else:
+        order = None
+    s = starts if order is None else starts[order]
+    e = s + (lengths if order is None else lengths[order])
+    lo = int(s[0])
+    hi = int(e.max())
+    if hi - lo >= 2 ** 31 or len(buf) < hi:
+        idx, offs = ranges_index(starts, lengths)
+        if offs[-1] >= 2 ** 31:
+            raise ValueError("a batch of more than 2 GiB of variable-length data")
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offs.astype(np.int32)), pa.py_buffer(buf[idx])])
+    bounds = np.empty(2 * n, dtype=np.int64)
+    bounds[0::2] = s - lo
+    bounds[1::2] = e - lo
+    if n > 1 and not (bounds[2::2] >= bounds[1:-1:2]).all():      # overlapping ranges: copy them out
+        idx, offs = ranges_index(starts, lengths)
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offs.astype(np.int32)), pa.py_buffer(buf[idx])])
+    alt = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds.astype(np.int32)),
+                                                         pa.py_buffer(buf[lo:hi])])
+    pick = np.arange(0, 2 * n, 2, dtype=np.int64)
+    if order is not None:
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n, dtype=np.int64)
+        pick = pick[inv]
+    out = alt.take(pa.array(pick))
+    return out if typ == pa.binary() else out.view(typ)
 
 
 def _strings(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[pa.Array, bool]:

@@ -416,8 +416,10 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
             stop = int(positions[bad[0]])
             recs = recs.slice(0, int(bad[0]))
             why = "invalid"
-        if why == "invalid" and (store.data_end is None or base + stop < store.data_end):
-            log.warning("%s: no valid record at offset %d: the file's data ends there", path, stop)
+        if why == "invalid":
+            # a store being written ends with a record in the making; a stopped one's data end is known
+            lvl = logging.DEBUG if store.data_end is None else logging.WARNING
+            log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, stop)
         for chunk in _chunks(recs):
             batch = rows_of(chunk, part)
             if batch is not None:

@@ -326,7 +326,8 @@ def _read_checkpoint(root: str) -> tuple[int, int, int]:
 
 def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None = None,
               topics: set[str] | None = None) -> StoreView:
-    """The view of the store at root (see the module docstring). `topics` limits the queues examined."""
+    """The view of the store at root (see the module docstring). `topics` limits the queues in the view
+    (recovery still examines every queue: where the re-dispatch starts depends on all of them)."""
     root = os.path.abspath(root)
     config = config or StoreConfig()
     cdir = commitlog_dir(root)
@@ -347,7 +348,7 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     cq_size = config.mapped_file_size_consume_queue
     qdirs = []
     for t, qids in list_topics(root).items():
-        if topics is not None and t not in topics:
+        if topics is not None and t not in topics and live:
             continue
         for q in qids:
             qdirs.append((t, q, os.path.join(root, "consumequeue", t, str(q))))
@@ -621,7 +622,7 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
     start = _reput_start(view, queues, rebuild, index_end, checked_from, cq_size)
     view.reput_from = start
     _redispatch(view, queues, cache, start, end, per, topics)
-    view.queues = {k: v for k, v in queues.items() if v.end > 0 or v.files}
+    view.queues = {k: v for k, v in queues.items() if (v.end > 0 or v.files) and (topics is None or k[0] in topics)}
 
 
 def _disk_units(qv: QueueView, start: int | None = None) -> tuple[np.ndarray, np.ndarray]:
