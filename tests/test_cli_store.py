@@ -106,3 +106,29 @@ def test_stats_local_counts_match_dump(tmp_path):
     assert {(q["queue"], q["queueId"]): q["max"] - q["min"] for q in queues} == \
         {(x["topic"], x["queueId"]): x["messages"] for x in rows}
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_starts_and_stops_cleanly_on_sigterm(tmp_path):
+    import signal
+    import socket
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    port, ns = free_port(), free_port()
+    store = tmp_path / "s"
+    p = subprocess.Popen([sys.executable, "-m", "rmqstore", "serve", str(store), "--listen-port", str(port),
+                          "--namesrv-addr", f"127.0.0.1:{ns}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        ready = json.loads(p.stdout.readline())
+        assert ready["event"] == "ready" and ready["broker"] == f"127.0.0.1:{port}"
+        assert (store / "abort").exists()           # open: a crash now would mean recovery
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        assert not (store / "abort").exists()       # clean shutdown
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -390,6 +390,19 @@ def _stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="OUT.png", default=None, help="also draw messages per minute per topic")
 
 
+# ==== serve =========================================================================================
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from . import server
+
+    server.cli_add_arguments(p)
+
+
+def _serve_run(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    from . import server
+
+    return server.cli_run(args, cfg)
+
+
 # ==== bench =========================================================================================
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from . import bench
@@ -402,9 +415,15 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
             return None if "--config" in names else p.add_argument(*names, **kw)
 
     bench.add_arguments(_WithoutConfig())
+    p.add_argument("--server", action="store_true",
+                   help="instead: async send and push-consume throughput through `rmqstore serve` over loopback")
 
 
 def cmd_bench(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    if args.server:
+        from . import server
+
+        return server.cli_bench_server(args, cfg)
     from . import bench
 
     bench.run(args)
@@ -476,6 +495,13 @@ COMMANDS: list[Command] = [
     Command("stats", "per topic and queue: count, bytes, first/last store time, messages per minute",
             cmd_stats, _stats_args,
             epilog="examples:\n  rmqstore stats ./my-store\n  rmqstore stats --engine spark --plot rates.png ./my-store"),
+    Command("serve", "run a RocketMQ 4.x name server and broker over the store", _serve_run, _serve_args,
+            description="One process serving RocketMQ's remoting protocol: a name server (namesrvAddr, default "
+                        "127.0.0.1:9876) and a broker on listenPort (10911) and the VIP port listenPort - 2, "
+                        "bound to brokerIP1 (loopback by default). RocketMQ 4.x clients (Java, Go, C++) and "
+                        "rmqstore.client talk to it. SIGTERM shuts down cleanly.",
+            epilog="example:\n  rmqstore serve -c broker.conf ./my-store",
+            config_overrides=lambda args: __import__("rmqstore.server", fromlist=["x"]).cli_config_overrides(args)),
     Command("bench", "measure put, dispatch and read throughput (JSON on stdout)", cmd_bench, _bench_args,
             epilog="example:\n  rmqstore bench --scale small"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
