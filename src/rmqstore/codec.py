@@ -700,28 +700,37 @@ def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
     return batch, int(ends[-1])
 
 
-def parse_dispatch_columns(buf, base_offset: int, at_read_end: bool,
-                           delay_levels: list[int] | None = None) -> tuple[DispatchBatch, int, str, str | None]:
+def parse_dispatch(buf, base_offset: int, at_read_end: bool, delay_levels: list[int] | None = None
+                   ) -> tuple[DispatchBatch | list[DispatchRequest], int, str, str | None]:
     """Validate and parse every whole record of buf (commitlog bytes from base_offset), column-wise.
 
     Returns (batch, position reached, outcome, error reason): outcome PARSE_MORE when buf ends inside
     a record (or exactly at a record boundary), PARSE_BLANK at an END_OF_FILE record, PARSE_END at zero
     bytes, PARSE_ERROR at bytes that are no record (the position is the bad record's). Plain records are
-    parsed with numpy, the rest (IPv6 hosts, RocketMQ 5 records, delayed messages) one by one.
+    parsed with numpy, the rest (IPv6 hosts, RocketMQ 5 records, delayed messages) one by one; when
+    there are few records the result is a plain list of DispatchRequest.
     """
     batch, pos = _parse_v4_prefix(buf, base_offset)
     rest = memoryview(buf)[pos:] if pos else buf
     reqs, end, outcome, reason = _parse_dispatch_scalar(rest, base_offset + pos, at_read_end, delay_levels)
-    more = DispatchBatch.from_requests(reqs)
-    return (batch.concat(more) if batch is not None else more), pos + end, outcome, reason
+    if batch is None:
+        return reqs, pos + end, outcome, reason   # a few records: numpy would cost more than it saves
+    return batch.concat(DispatchBatch.from_requests(reqs)), pos + end, outcome, reason
 
 
 def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool,
                          delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
     """parse_dispatch_columns, as a list of DispatchRequest (their `properties` hold only what the store
     reads, and may be empty)."""
-    batch, pos, outcome, reason = parse_dispatch_columns(buf, base_offset, at_read_end, delay_levels)
-    return batch.requests(), pos, outcome, reason
+    batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
+    return (batch if isinstance(batch, list) else batch.requests()), pos, outcome, reason
+
+
+def parse_dispatch_columns(buf, base_offset: int, at_read_end: bool,
+                           delay_levels: list[int] | None = None) -> tuple[DispatchBatch, int, str, str | None]:
+    """parse_dispatch, always as a DispatchBatch."""
+    batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
+    return (DispatchBatch.from_requests(batch) if isinstance(batch, list) else batch), pos, outcome, reason
 
 
 # --- consume queue --------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ class Dispatcher:
 
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
         """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""
-        batch, pos, outcome, reason = codec.parse_dispatch_columns(data, start, at_read_end, self.delay_levels)
+        batch, pos, outcome, reason = codec.parse_dispatch(data, start, at_read_end, self.delay_levels)
         if len(batch):
             self.dispatch(batch)
         err = None
@@ -126,6 +126,9 @@ class Dispatcher:
         """Feed parsed records to the consume queues (grouped per queue, in order) and the index, then
         tell listeners which queues grew."""
         if isinstance(batch, list):
+            if len(batch) < 64:
+                self._dispatch_requests(batch)
+                return
             batch = codec.DispatchBatch.from_requests(batch)
         n = len(batch)
         if not n:
@@ -149,7 +152,28 @@ class Dispatcher:
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets.tolist(),
                                                    batch.store_timestamps.tolist(), batch.sys_flags.tolist())
-        last_ts = int(batch.store_timestamps[-1])
+        self._arrived(grown, int(batch.store_timestamps[-1]), n)
+
+    def _dispatch_requests(self, reqs: list[codec.DispatchRequest]) -> None:
+        """The same for a few records, without numpy's fixed costs."""
+        if not reqs:
+            return
+        by_queue: dict[tuple[str, int], list] = {}
+        for r in reqs:
+            tran = r.sys_flag & _TRAN_MASK
+            if tran != _PREPARED and tran != _ROLLBACK:
+                by_queue.setdefault((r.topic, r.queue_id), []).append(
+                    (r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
+        find = self.consume_queues.find_or_create
+        grown = []
+        for (topic, qid), units in by_queue.items():
+            find(topic, qid).put_units(units)
+            grown.append((topic, qid, units[-1][3] + 1))
+        if self.index_service is not None:
+            self.index_service.build_index_batch(reqs)
+        self._arrived(grown, reqs[-1].store_timestamp, len(reqs))
+
+    def _arrived(self, grown: list[tuple[str, int, int]], last_ts: int, n: int) -> None:
         self.last_dispatched_timestamp = last_ts
         self.dispatched_messages += n
         if self._listeners:
