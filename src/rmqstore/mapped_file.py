@@ -46,6 +46,17 @@ def _zero_tail(mf: "MappedFile", pos: int) -> None:
         pos = end
 
 
+def _holds_no_data(path: Path) -> bool:
+    """True if the file is all zero bytes (created, never written)."""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(len(_ZERO_CHUNK))
+            if not chunk:
+                return True
+            if chunk != _ZERO_CHUNK[:len(chunk)]:
+                return False
+
+
 class MappedFile:
     """One fixed-size file mapped into memory."""
 
@@ -230,9 +241,10 @@ class MappedFileQueue:
         for i, n in enumerate(names):
             p = self.store_path / n
             size = p.stat().st_size
-            if size < self.mapped_file_size and i == len(names) - 1:
-                # A last file cut short: killed between creating and sizing it (RocketMQ then fails to start,
-                # #9728 / PR 6903), or truncated by a copy. Its missing tail is zeros; recovery keeps what is valid.
+            if size < self.mapped_file_size and all(_holds_no_data(self.store_path / m) for m in names[i + 1:]):
+                # The last file with data cut short (only empty files after it): killed between creating and
+                # sizing it (RocketMQ then fails to start, #9728 / PR 6903), or truncated by a copy. Its
+                # missing tail is zeros; recovery keeps what is valid.
                 log.warning("%s: %d bytes instead of %d (cut short by a crash or a copy?): extended with zeros, "
                             "recovery keeps its valid part", p, size, self.mapped_file_size)
                 os.truncate(p, self.mapped_file_size)
