@@ -7,6 +7,9 @@ import zlib
 from dataclasses import dataclass, field
 
 from .. import codec
+from ..consumer import ConsumeFromWhere, PullStatus  # noqa: F401  (shared with the in-process API)
+from ..producer import SendStatus  # noqa: F401
+from ..transaction import LocalTransactionState  # noqa: F401
 from ..remoting.codes import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, ResponseCode)
 
@@ -176,13 +179,6 @@ def decode_messages(data: bytes, broker_name: str | None = None) -> list[Message
     return out
 
 
-class SendStatus(enum.Enum):
-    SEND_OK = "SEND_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
-
-
 @dataclass
 class SendResult:
     send_status: SendStatus
@@ -195,22 +191,9 @@ class SendResult:
     trace_on: bool = True
 
 
-class LocalTransactionState(enum.Enum):
-    COMMIT_MESSAGE = "COMMIT_MESSAGE"
-    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
-    UNKNOW = "UNKNOW"
-
-
 @dataclass
 class TransactionSendResult(SendResult):
     local_transaction_state: LocalTransactionState = LocalTransactionState.UNKNOW
-
-
-class PullStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
 
 
 @dataclass
@@ -227,12 +210,6 @@ class ConsumeStatus(enum.Enum):
     """ConsumeConcurrentlyStatus."""
     CONSUME_SUCCESS = "CONSUME_SUCCESS"
     RECONSUME_LATER = "RECONSUME_LATER"
-
-
-class ConsumeFromWhere(enum.Enum):
-    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
-    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
 
 
 class MessageModel(enum.Enum):
