@@ -132,3 +132,17 @@ def test_serve_starts_and_stops_cleanly_on_sigterm(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_wrong_geometry_is_refused_not_repaired(tmp_path):
+    """A store of 64 KiB files opened without its config must not have its files grown to 1 GiB."""
+    conf = tmp_path / "c.conf"
+    conf.write_text("mapedFileSizeCommitLog=65536\n")
+    store = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "rmqstore", "load", "-c", conf, store],
+                       input=json.dumps({"topic": "T", "body": "00"}) + "\n", capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = rmq("dump", store, check=False)
+    assert r.returncode == 2 and "another configuration" in r.stderr and "Traceback" not in r.stderr
+    assert (store / "commitlog" / ("0" * 20)).stat().st_size == 65536

@@ -319,3 +319,38 @@ def test_issue_2264_4707_4042_disk_full(tmp_path, caplog):
         with MessageStore.open(path, small_config(diskSpaceWarningLevelRatio="0.97")) as store:
             assert store.put_message(_msg("under 97 %")).status is PutMessageStatus.PUT_OK
         os.unlink(ballast)
+
+
+def test_issue_3613_8438_query_by_key_checks_topic_and_key_and_drops_duplicates(tmp_path):
+    """RocketMQ's store compares only the 32-bit hash of "topic#key": keys with the same Java hashCode
+    ("Aa" and "BB" collide; so do "Aa#k" and "BB#k", i.e. topic Aa vs topic BB) and a key listed twice in
+    KEYS come back as extra or duplicate results. The raw lookup keeps that (it is RocketMQ's contract,
+    checked against the golden dumps); the user-facing queries (store.find_messages_by_key,
+    Producer.query_message, `rmqstore query`) must not. A naive query returning the raw matches fails."""
+    from rmqstore import codec
+    from rmqstore.producer import Producer
+
+    assert codec.java_string_hash("T#Aa") == codec.java_string_hash("T#BB")
+    assert codec.java_string_hash("Aa#k") == codec.java_string_hash("BB#k")
+    with MessageStore.open(tmp_path / "s", small_config()) as store:
+        rs = store.put_messages([
+            Message("T", b"wanted", properties={"KEYS": "Aa Aa"}),       # the key twice
+            Message("T", b"collision", properties={"KEYS": "BB"}),       # same hash, other key
+            Message("Aa", b"topic Aa", properties={"KEYS": "k"}),
+            Message("BB", b"topic BB", properties={"KEYS": "k"}),        # same hash, other topic
+        ])
+        store.wait_dispatched()
+        raw = [m.commit_log_offset for m in store.query_message("T", "Aa", 64).messages]
+        assert sorted(raw) == sorted([rs[0].append_result.wrote_offset] * 2 + [rs[1].append_result.wrote_offset])
+        assert [m.body for m in store.find_messages_by_key("T", "Aa")] == [b"wanted"]
+        assert [m.body for m in store.find_messages_by_key("Aa", "k")] == [b"topic Aa"]
+        assert [m.body for m in Producer(store, "g").query_message("BB", "k")] == [b"topic BB"]
+        assert Producer(store, "g").view_message(rs[1].append_result.msg_id).body == b"collision"
+    conf = tmp_path / "small.conf"
+    cfg = small_config()
+    conf.write_text(cfg.to_properties())
+    r = subprocess.run([sys.executable, "-m", "rmqstore", "query", "-c", str(conf), str(tmp_path / "s"), "T", "Aa"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")})
+    assert r.returncode == 0, r.stderr
+    assert [bytes.fromhex(json.loads(l)["body"]) for l in r.stdout.splitlines()] == [b"wanted"]

@@ -241,7 +241,11 @@ class MappedFileQueue:
         for i, n in enumerate(names):
             p = self.store_path / n
             size = p.stat().st_size
-            if size < self.mapped_file_size and all(_holds_no_data(self.store_path / m) for m in names[i + 1:]):
+            # A short file is only repaired where the geometry is not in doubt: an empty file, or one after
+            # files of the configured size. Otherwise the config is likelier wrong than the file.
+            geometry_known = size == 0 or len(files) > 0
+            if size < self.mapped_file_size and geometry_known and \
+                    all(_holds_no_data(self.store_path / m) for m in names[i + 1:]):
                 # The last file with data cut short (only empty files after it): killed between creating and
                 # sizing it (RocketMQ then fails to start, #9728 / PR 6903), or truncated by a copy. Its
                 # missing tail is zeros; recovery keeps what is valid.
@@ -250,9 +254,11 @@ class MappedFileQueue:
                 os.truncate(p, self.mapped_file_size)
                 self.repaired.append((str(p), size))
             elif size != self.mapped_file_size:
+                hint = ("; only the last file of a directory may be short" if files else
+                        "; was the store written with another configuration (mappedFileSize..., pass its "
+                        "store.conf with -c)?")
                 raise CorruptStoreError(str(p), size, f"file size {size} does not match the configured size "
-                                        f"{self.mapped_file_size}" + ("; only the last file of a directory may be "
-                                                                       "short" if size < self.mapped_file_size else ""))
+                                        f"{self.mapped_file_size}" + hint)
             mf = MappedFile(self.store_path / n, self.mapped_file_size, create=False,
                             use_write_buffer=self.use_write_buffer)
             mf.set_positions(self.mapped_file_size)

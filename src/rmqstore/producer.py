@@ -39,7 +39,7 @@ from . import codec
 from .errors import RmqStoreError
 from .java_map import JavaHashMap
 from .local_broker import PROPERTY_WAIT_STORE_MSG_OK, LocalBroker
-from .message import Message, PutMessageResult, PutMessageStatus
+from .message import Message, MessageExt, PutMessageResult, PutMessageStatus
 from .topic_config import AUTO_CREATE_TOPIC_KEY_TOPIC, PERM_WRITE, MessageQueue, TopicNotExistError
 
 log = logging.getLogger(__name__)
@@ -323,6 +323,16 @@ class Producer:
         if not msg.born_timestamp:
             msg.born_timestamp = int(time.time() * 1000)
         return self._send_built([msg], msg.topic, queue, sharding_key, queue_selector)
+
+    def query_message(self, topic: str, key: str, max_num: int = 32, begin: int = 0,
+                      end: int = 2 ** 63 - 1) -> list[MessageExt]:
+        """DefaultMQProducer.queryMessage: the messages of topic carrying key (in KEYS or as UNIQ_KEY), each
+        once; index hash collisions and other topics' messages are dropped (RocketMQ #3613, #8438)."""
+        return self.store.find_messages_by_key(topic, key, max_num, begin, end)
+
+    def view_message(self, msg_id: str) -> MessageExt | None:
+        """DefaultMQProducer.viewMessage: a message by its store msgId (offsetMsgId)."""
+        return self.store.view_message_by_id(msg_id)
 
     def send_batch(self, topic: str, bodies: Iterable[bytes | str | Message], tags: str | None = None,
                    keys: str | Iterable[str] | None = None, properties: dict[str, str] | None = None,
