@@ -30,7 +30,7 @@ demo: $(VENV)/.stamp-spark
 	$(PY) -m rmqstore.demo
 
 bench: $(VENV)/.stamp-spark,bench
-	$(VENV)/bin/rmqstore bench --scale $(SCALE)
+	$(PY) -m rmqstore.benchsuite --scale $(SCALE)
 
 # Generated files only; the virtualenv stays (`make distclean` removes it too).
 clean:
