@@ -375,3 +375,14 @@ def fill_up(ballast: Path) -> None:
                 pass
     finally:
         os.close(fd)
+
+
+def wait_until(pred, timeout: float = 5.0, step: float = 0.005):
+    """pred() once it is truthy, polling until timeout (then its last value)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()

@@ -23,6 +23,7 @@ from rmqstore.local_broker import LocalBroker
 from rmqstore.producer import Producer
 from rmqstore.store import MessageStore
 from rmqstore.topic_config import MessageQueue
+from store_checks import wait_until
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -34,16 +35,6 @@ def cfg(**kw) -> StoreConfig:
                 message_delay_level=" ".join(["1s"] * 18))
     base.update(kw)
     return StoreConfig(**base)
-
-
-def wait_until(pred, timeout: float = 5.0, step: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from rmqstore.message import Message
 from rmqstore.producer import Producer
 from rmqstore.schedule import SCHEDULE_TOPIC, rewrite_delayed
 from rmqstore.store import MessageStore
+from store_checks import wait_until
 
 
 def cfg(**kw) -> StoreConfig:
@@ -19,16 +20,6 @@ def cfg(**kw) -> StoreConfig:
                 message_delay_level="1s 2s 3s")
     base.update(kw)
     return StoreConfig(**base)
-
-
-def wait_until(pred, timeout: float = 5.0, step: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 # --- java.util.HashMap iteration order, checked against Java 17 (outputs recorded here) -----------------

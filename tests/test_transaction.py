@@ -14,22 +14,13 @@ from rmqstore.local_broker import LocalBroker
 from rmqstore.store import MessageStore
 from rmqstore.transaction import LocalTransactionState as S
 from rmqstore.transaction import TransactionProducer
+from store_checks import wait_until
 
 
 def cfg(**kw) -> StoreConfig:
     base = dict(mapped_file_size_commit_log=4 << 20, mapped_file_size_consume_queue=60000)
     base.update(kw)
     return StoreConfig(**base)
-
-
-def wait_until(pred, timeout: float = 5.0, step: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 @pytest.fixture
