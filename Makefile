@@ -21,9 +21,9 @@ $(VENV)/.stamp-%: pyproject.toml | $(PY)
 	$(PY) -m pip install --disable-pip-version-check -q -e '.$(if $(filter base,$*),,[$*])'
 	@touch $@
 
-install: $(VENV)/.stamp-spark,test
+install: $(VENV)/.stamp-spark,test,bench
 
-test: $(VENV)/.stamp-spark,test
+test: $(VENV)/.stamp-spark,test,bench
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(VENV)/.stamp-spark
