@@ -7,7 +7,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from .. import codec
-from ..consumer import ConsumeFromWhere, PullStatus  # noqa: F401  (shared with the in-process API)
+from ..consumer import ConsumeConcurrentlyStatus, ConsumeFromWhere, PullStatus  # noqa: F401  (shared with the in-process API)
 from ..producer import SendStatus  # noqa: F401
 from ..transaction import LocalTransactionState  # noqa: F401
 from ..remoting.codes import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
@@ -206,10 +206,7 @@ class PullResult:
     suggest_which_broker_id: int = 0
 
 
-class ConsumeStatus(enum.Enum):
-    """ConsumeConcurrentlyStatus."""
-    CONSUME_SUCCESS = "CONSUME_SUCCESS"
-    RECONSUME_LATER = "RECONSUME_LATER"
+ConsumeStatus = ConsumeConcurrentlyStatus   # the listener's answer, shared with the in-process consumer
 
 
 class MessageModel(enum.Enum):
