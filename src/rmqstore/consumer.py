@@ -385,6 +385,28 @@ class _ConsumerBase:
     def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
         self.broker.offsets.commit_offset(self.group, mq.topic, mq.queue_id, offset)
 
+    def _leave_broker(self) -> None:
+        """The end of shutdown: stop watching arrivals, leave the group (its queues rebalance to the others),
+        write the offsets, forget the queues."""
+        broker = self.broker
+        if broker is not None:
+            broker.hub.unwatch(self._watched, self._arrival)
+            self._watched = set()
+            broker.registry.unregister(self)
+            if broker.offsets.dirty():
+                try:
+                    broker.offsets.persist()
+                except OSError as e:
+                    log.error("cannot persist consumer offsets: %s", e)
+        with self._pq_lock:
+            self._pqs.clear()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def persist_consumer_offset(self) -> None:
         """Commit every owned queue's safe offset and write consumerOffset.json now."""
         with self._pq_lock:
@@ -563,24 +585,7 @@ class PushConsumer(_ConsumerBase):
                 self._commit(pq, pq.safe_commit_offset())
                 pq.dropped = True
         self._running = False
-        broker = self.broker
-        if broker is not None:
-            broker.hub.unwatch(self._watched, self._arrival)
-            self._watched = set()
-            broker.registry.unregister(self)
-            if broker.offsets.dirty():
-                try:
-                    broker.offsets.persist()
-                except OSError as e:
-                    log.error("cannot persist consumer offsets: %s", e)
-        with self._pq_lock:
-            self._pqs.clear()
-
-    def __enter__(self) -> "PushConsumer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
+        self._leave_broker()
 
     # --- rebalance hooks ------------------------------------------------------------------------
     def _release_queue(self, pq: ProcessQueue) -> None:
@@ -850,23 +855,7 @@ class PullConsumer(_ConsumerBase):
             self._commit(pq, pq.safe_commit_offset())
             pq.dropped = True
         self._running = False
-        broker = self.broker
-        broker.hub.unwatch(self._watched, self._arrival)
-        self._watched = set()
-        broker.registry.unregister(self)
-        if broker.offsets.dirty():
-            try:
-                broker.offsets.persist()
-            except OSError as e:
-                log.error("cannot persist consumer offsets: %s", e)
-        with self._pq_lock:
-            self._pqs.clear()
-
-    def __enter__(self) -> "PullConsumer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
+        self._leave_broker()
 
     def _queues_changed(self) -> None:
         with self._pq_lock:
