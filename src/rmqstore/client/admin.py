@@ -174,12 +174,7 @@ class Admin:
     # --- offsets ------------------------------------------------------------------------------------
     def _queue_call(self, code: int, mq: MessageQueue, extra: dict | None = None, use_vip: bool = True):
         m = self._m()
-        addr = m.find_broker_addr(mq.broker_name)
-        if addr is None:
-            m.update_route(mq.topic)
-            addr = m.find_broker_addr(mq.broker_name)
-        if addr is None:
-            raise MQClientError(f"The broker[{mq.broker_name}] not exist")
+        addr = m.broker_addr_of(mq)
         fields = {"topic": mq.topic, "queueId": mq.queue_id}
         fields.update(extra or {})
         r = m.invoke(m.broker_channel(addr) if use_vip else addr, m.request(code, fields))

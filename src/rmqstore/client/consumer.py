@@ -383,12 +383,7 @@ class _ConsumerBase:
     # --- admin calls --------------------------------------------------------------------------------
     def _queue_call(self, code: int, mq: MessageQueue, extra: dict | None = None) -> RemotingCommand:
         mqc = self._mq()
-        addr = mqc.find_broker_addr(mq.broker_name)
-        if addr is None:
-            mqc.update_route(mq.topic)
-            addr = mqc.find_broker_addr(mq.broker_name)
-        if addr is None:
-            raise MQClientError(f"The broker[{mq.broker_name}] not exist")
+        addr = mqc.broker_addr_of(mq)
         fields = {"topic": mq.topic, "queueId": mq.queue_id}
         fields.update(extra or {})
         r = mqc.invoke(mqc.broker_channel(addr), mqc.request(code, fields))
@@ -712,12 +707,7 @@ class PullConsumer(_ConsumerBase):
         """One PULL_MESSAGE on a queue; with block, the broker holds it until a message arrives or
         broker_suspend_max_time_millis passes (pullBlockIfNotFound)."""
         mqc = self._mq()
-        addr = mqc.find_broker_addr(mq.broker_name)
-        if addr is None:
-            mqc.update_route(mq.topic)
-            addr = mqc.find_broker_addr(mq.broker_name)
-        if addr is None:
-            raise MQClientError(f"The broker[{mq.broker_name}] not exist")
+        addr = mqc.broker_addr_of(mq)
         sd = SubscriptionData.build(mq.topic, sub_expression)
         cmd = self._pull_command(mq, offset, max_nums, sd, block, 0, True)
         wait = max(timeout, self.broker_suspend_max_time_millis / 1000.0 + 5) if block else timeout

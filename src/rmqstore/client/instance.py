@@ -318,6 +318,17 @@ class MQClientInstance:
             return addrs[MASTER_ID]
         return None if only_master else next(iter(addrs.values()))
 
+    def broker_addr_of(self, mq: MessageQueue) -> str:
+        """The master address of the queue's broker, asking the name server once if it is not known yet;
+        MQClientError if there is none."""
+        addr = self.find_broker_addr(mq.broker_name)
+        if addr is None:
+            self.update_route(mq.topic)
+            addr = self.find_broker_addr(mq.broker_name)
+        if addr is None:
+            raise MQClientError(f"The broker[{mq.broker_name}] not exist")
+        return addr
+
     def find_broker_addr_by_topic(self, topic: str) -> str | None:
         route = self.routes.get(topic)
         if route is None:
