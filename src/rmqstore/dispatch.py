@@ -42,6 +42,7 @@ class Dispatcher:
         self.last_dispatched_timestamp = 0
         self.dispatched_messages = 0
         self.error: str | None = None
+        self.write_error: str | None = None     # the last failed write of a consume queue or index file
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         self._listeners: list[ArrivalListener] = []
         self._wake = threading.Event()
@@ -196,8 +197,16 @@ class Dispatcher:
         while not self._stop.is_set():
             try:
                 n = self.do_reput()
-            except Exception:
-                log.exception("dispatcher failed at offset %d", self.reput_from_offset)
+                self.write_error = None
+            except Exception as e:
+                # a consume queue or index write failed (a full disk): tried again every 0.1 s; meanwhile
+                # waiting for the dispatcher returns at once (write_error says why)
+                why = f"dispatch at offset {self.reput_from_offset} failed: {e}"
+                if why != self.write_error:
+                    log.exception("dispatcher failed at offset %d", self.reput_from_offset)
+                self.write_error = why
+                with self._idle:
+                    self._idle.notify_all()
                 n = 0
                 self._stop.wait(0.1)
             if n == 0:
@@ -213,7 +222,7 @@ class Dispatcher:
         import time
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self.reput_from_offset < target and self.error is None:
+            while self.reput_from_offset < target and self.error is None and self.write_error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -222,7 +231,7 @@ class Dispatcher:
         return self.reput_from_offset >= target
 
     def shutdown(self, drain: bool = True) -> None:
-        if drain and self.error is None:
+        if drain and self.error is None and self.write_error is None:
             self.wait_dispatched(timeout=30)
         self._stop.set()
         self._wake.set()

@@ -7,7 +7,12 @@ timestamp). Three positions move forward in it:
 
 `wrote` is where the next append goes; `committed` is what readers may see (equal to `wrote` unless a
 transient write buffer is used: then appends go to an off-file buffer and `commit()` copies them into
-the mapping); `flushed` is what msync has put on disk. A MappedFileQueue is the ordered list of files of
+the file); `flushed` is what msync has put on disk.
+
+Appends go into the file with pwrite(2), reads come from the mapping: both are the same page cache, and
+msync of a range syncs the file's pages in that range however they were dirtied. Writing through the
+mapping would fault every fresh page of a sparse file in one at a time (13x slower than pwrite for a
+batch here, see BENCHMARKS.md) and turns ENOSPC into SIGBUS; pwrite gets an OSError that names it. A MappedFileQueue is the ordered list of files of
 one directory; the first file may have been deleted by cleanup, so offsets need not start at 0.
 """
 from __future__ import annotations
@@ -81,9 +86,9 @@ class MappedFile:
                                         f"file size {actual} does not match the configured size {file_size}")
             self._mm = mmap.mmap(fd, file_size)
         except OSError as e:
-            raise CorruptStoreError(str(self.path), 0, f"cannot map {file_size} bytes: {e.strerror}") from e
-        finally:
             os.close(fd)
+            raise CorruptStoreError(str(self.path), 0, f"cannot map {file_size} bytes: {e.strerror}") from e
+        self._fd = fd       # appends are pwrite()s to it (module docstring)
         self._buffer = bytearray(file_size) if use_write_buffer else None
         self.wrote_position = 0
         self.committed_position = 0
@@ -121,7 +126,7 @@ class MappedFile:
         if self._buffer is not None:
             self._buffer[pos:end] = data
         else:
-            self._mm[pos:end] = data
+            self._pwrite(pos, data)
         self.wrote_position = end
         return True
 
@@ -133,8 +138,16 @@ class MappedFile:
         if self._buffer is not None:
             self._buffer[pos:end] = data
         else:
-            self._mm[pos:end] = data
+            self._pwrite(pos, data)
         self.wrote_position = max(self.wrote_position, end)
+
+    def _pwrite(self, pos: int, data) -> None:
+        """All of data into the file at pos (an OSError, e.g. ENOSPC, propagates)."""
+        n = os.pwrite(self._fd, data, pos)
+        while n < len(data):        # a short write: only when the disk fills up or a signal interrupts
+            data = memoryview(data)[n:]
+            pos += n
+            n = os.pwrite(self._fd, data, pos)
 
     def commit(self, least_pages: int = 0) -> int:
         """Copy the write buffer's new bytes into the mapping (no-op without a buffer)."""
@@ -143,7 +156,7 @@ class MappedFile:
             return self.committed_position
         start, end = self.committed_position, self.wrote_position
         if end > start and self._able(start, end, least_pages):
-            self._mm[start:end] = self._buffer[start:end]
+            self._pwrite(start, memoryview(self._buffer)[start:end])
             self.committed_position = end
         return self.committed_position
 
@@ -196,6 +209,7 @@ class MappedFile:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            os.close(self._fd)
             try:
                 self._mm.close()
             except BufferError:  # a reader still holds a view: the mapping goes with the last one

@@ -130,7 +130,7 @@ class MessageStore:
                 log.error("%s: final flush failed (%s): keeping the abort file so the next open recovers",
                           self.path, e)
         self._release_files()
-        if ok and self.dispatcher.error is None:
+        if ok and self.dispatcher.error is None and self.dispatcher.write_error is None:
             self.abort_file.remove()
         self.lock.release()
 
