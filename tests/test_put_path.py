@@ -296,6 +296,37 @@ def test_columnar_path_is_taken(tmp_path, monkeypatch):
     assert _records_masked(tmp_path / "a" / "commitlog") == _records_masked(tmp_path / "b" / "commitlog")
 
 
+def test_columnar_results_are_a_lazy_sequence(tmp_path):
+    """The columnar path answers a PutMessageResults: each way of reading it says what the per-message
+    results say, and a failed sync flush turns every appended message into FLUSH_DISK_TIMEOUT."""
+    from rmqstore import bench
+    from rmqstore.message import PutMessageResults
+    cl = CommitLog(tmp_path, StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024}))
+    cl.load()
+    try:
+        msgs = bench.generate_messages(600, 100, 3)
+        rs = cl.put_messages(msgs[:300])
+        assert type(rs) is PutMessageResults and len(rs) == 300 and rs.all_ok and rs.status is PutMessageStatus.PUT_OK
+        one = [rs[i] for i in range(300)]           # built one at a time, before the whole list exists
+        assert rs[-1] == one[-1] and rs[10:12] == one[10:12] and list(rs) == one and rs == one
+        assert rs.msg_ids == [r.append_result.msg_id for r in one]
+        assert rs.msg_ids[7] == codec.create_message_id(*codec.parse_host(cl.default_store_host)[:2],
+                                                        one[7].append_result.wrote_offset)
+        assert rs.wrote_offsets == [r.append_result.wrote_offset for r in one]
+        assert rs.queue_offsets == [i // 3 for i in range(300)]
+        assert rs.wrote_bytes == sum(r.append_result.wrote_bytes for r in one) and rs.ok_count == 300
+        with pytest.raises(IndexError):
+            rs[300]
+        cl.on_appended = lambda offset: False
+        late = cl.put_messages(msgs[300:])
+        assert type(late) is PutMessageResults and late.appended == 300 and late.ok_count == 0
+        assert late.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and not late.all_ok
+        assert {r.status for r in late} == {PutMessageStatus.FLUSH_DISK_TIMEOUT}
+        assert late[0].append_result.logics_offset == 100     # appended all the same: the offsets went on
+    finally:
+        cl.shutdown()
+
+
 def test_result_fields(tmp_path):
     cl = CommitLog(tmp_path, _small_config())
     cl.load()

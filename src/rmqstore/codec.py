@@ -144,6 +144,16 @@ def create_message_id(store_addr: bytes, store_port: int, phy_offset: int) -> st
     return (store_addr + struct.pack(">iq", store_port, phy_offset)).hex().upper()
 
 
+def create_message_ids_v4(store_addr: bytes, store_port: int, phy_offsets) -> list[str]:
+    """create_message_id for many offsets (an int64 array) of one IPv4 store host, in one pass."""
+    import numpy as np
+    raw = np.empty(len(phy_offsets), [("addr", "V4"), ("port", ">i4"), ("offset", ">i8")])
+    raw["addr"] = np.void(store_addr)
+    raw["port"] = store_port
+    raw["offset"] = phy_offsets
+    return raw.tobytes().hex(" ", 16).upper().split(" ") if len(raw) else []
+
+
 def decode_message_id(msg_id: str) -> tuple[str, int]:
     """A msgId back to (store host 'ip:port', commitlog offset)."""
     try:

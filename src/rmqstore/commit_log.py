@@ -23,9 +23,9 @@ import struct
 import threading
 import time
 import zlib
-from itertools import chain, repeat
+from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .config import StoreConfig
 from .errors import CorruptStoreError
 from .mapped_file import MappedFile, MappedFileQueue
 from .message import (AppendMessageResult, AppendMessageStatus, Message, MessageExt, PutMessageResult,
-                      PutMessageStatus)
+                      PutMessageResults, PutMessageStatus)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ _HDR_V4 = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_
                     ("born_addr", "S4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "S4"),
                     ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")])
 assert _HDR_V4.itemsize == _HEADER_V4.size
-_ID_V4 = np.dtype([("addr", "S4"), ("port", ">i4"), ("offset", ">i8")])   # a v4 msgId's 16 bytes
 _chop_cache: dict[tuple[int, int], struct.Struct] = {}
 
 
@@ -249,8 +248,9 @@ class CommitLog:
             return PutMessageResult(_FLUSH_TIMEOUT, result.append_result)
         return result
 
-    def put_messages(self, msgs: Iterable[Message]) -> list[PutMessageResult]:
-        """Append messages in order, under one lock hold; one result per message."""
+    def put_messages(self, msgs: Iterable[Message]) -> Sequence[PutMessageResult]:
+        """Append messages in order, under one lock hold; one result per message (a PutMessageResults
+        when the columnar path took the batch: the same sequence, built on access)."""
         if not isinstance(msgs, list):
             msgs = list(msgs)
         n = len(msgs)
@@ -280,11 +280,15 @@ class CommitLog:
                     results[i] = PutMessageResult(_PUT_OK, AppendMessageResult(
                         _APPEND_OK, phys, size, id_prefix + "%016X" % phys, now, qoff))
         hook = self.on_appended
-        if hook is not None and any(r.status is _PUT_OK for r in results):
+        if hook is not None and (results.appended if type(results) is PutMessageResults
+                                 else any(r.status is _PUT_OK for r in results)):
             if not hook(self.queue.get_max_wrote_position()):
-                for i, r in enumerate(results):
-                    if r.status is _PUT_OK:
-                        results[i] = PutMessageResult(_FLUSH_TIMEOUT, r.append_result)
+                if type(results) is PutMessageResults:
+                    results.mark_flush_failed(_FLUSH_TIMEOUT)
+                else:
+                    for i, r in enumerate(results):
+                        if r.status is _PUT_OK:
+                            results[i] = PutMessageResult(_FLUSH_TIMEOUT, r.append_result)
         return results  # type: ignore[return-value]
 
     # --- encoding (outside the lock) ---------------------------------------------------------------
@@ -544,7 +548,7 @@ class CommitLog:
             mf.store_timestamp = now
             self.queue.store_timestamp = now
 
-    def _put_columnar(self, b: _Batch) -> list[PutMessageResult]:
+    def _put_columnar(self, b: _Batch) -> PutMessageResults:
         n, hdr, ends, sizes = b.n, b.hdr, b.ends, b.sizes
         phys = np.empty(n, np.int64)
         q = self.queue
@@ -605,17 +609,9 @@ class CommitLog:
                 self.begin_time_in_lock = 0
         if i < n:
             log.error("%s: cannot create the next commitlog file", q.store_path)
-        ids_raw = np.empty(i, _ID_V4)
-        ids_raw["addr"] = b.store_addr
-        ids_raw["port"] = b.store_port
-        ids_raw["offset"] = phys[:i]
-        ids = ids_raw.tobytes().hex(" ", 16).upper().split(" ") if i else []
-        results = list(map(PutMessageResult, repeat(_PUT_OK, i), map(
-            AppendMessageResult, repeat(_APPEND_OK, i), phys[:i].tolist(), sizes[:i].tolist(), ids,
-            repeat(now, i), qoff[:i].tolist())))
-        if i < n:
-            results.extend(PutMessageResult(_CREATE_FAILED) for _ in range(n - i))
-        return results
+        addr, port = b.store_addr, b.store_port
+        return PutMessageResults(n, i, phys, sizes, qoff, now,
+                                 lambda: codec.create_message_ids_v4(addr, port, phys[:i]), _CREATE_FAILED)
 
     # --- read path ------------------------------------------------------------------------------
     def get_min_offset(self) -> int:

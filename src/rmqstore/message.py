@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Callable
 
 from . import codec
 
@@ -157,6 +160,99 @@ class PutMessageResult:
         a = self.append_result
         return {"status": self.status.value, "msgId": a.msg_id if a else None,
                 "wroteOffset": a.wrote_offset if a else None, "logicsOffset": a.logics_offset if a else None}
+
+
+class PutMessageResults(Sequence):
+    """What put_messages answers for a batch the columnar path took: one PutMessageResult per message, made
+    only when asked for. The batch's figures stay columns (RocketMQ answers a MessageExtBatch with ONE
+    PutMessageResult: first offset, total bytes, comma-joined msgIds); indexing and iterating give the
+    per-message results, the properties below give the columns without building them.
+
+    The first `appended` messages were appended; the rest (a file could not be created) failed with
+    `failed_status`. `status` is the batch's: PUT_OK when every message is, else the first other status.
+    """
+    __slots__ = ("appended", "_n", "_ok_status", "failed_status", "_offsets", "_sizes", "_queue_offsets",
+                 "store_timestamp", "_make_ids", "_ids", "_items")
+
+    def __init__(self, n: int, appended: int, offsets, sizes, queue_offsets, store_timestamp: int,
+                 make_ids: Callable[[], list[str]], failed_status: "PutMessageStatus | None" = None):
+        self._n, self.appended = n, appended
+        self._ok_status = PutMessageStatus.PUT_OK
+        self.failed_status = failed_status
+        self._offsets, self._sizes, self._queue_offsets = offsets, sizes, queue_offsets    # int arrays
+        self.store_timestamp = store_timestamp
+        self._make_ids, self._ids, self._items = make_ids, None, None
+
+    def mark_flush_failed(self, status: "PutMessageStatus") -> None:
+        """The appended messages were not flushed in time: they answer status (FLUSH_DISK_TIMEOUT)."""
+        self._ok_status, self._items = status, None
+
+    @property
+    def status(self) -> "PutMessageStatus":
+        return self._ok_status if self.appended else (self.failed_status or self._ok_status)
+
+    @property
+    def ok_count(self) -> int:
+        """How many messages answer PUT_OK."""
+        return self.appended if self._ok_status is PutMessageStatus.PUT_OK else 0
+
+    @property
+    def all_ok(self) -> bool:
+        return self.ok_count == self._n
+
+    @property
+    def wrote_offsets(self) -> list[int]:
+        """Commitlog offsets of the appended messages."""
+        return self._offsets[:self.appended].tolist()
+
+    @property
+    def queue_offsets(self) -> list[int]:
+        return self._queue_offsets[:self.appended].tolist()
+
+    @property
+    def wrote_bytes(self) -> int:
+        return int(self._sizes[:self.appended].sum())
+
+    @property
+    def msg_ids(self) -> list[str]:
+        if self._ids is None:
+            self._ids = self._make_ids() if self.appended else []
+        return self._ids
+
+    def _all(self) -> list["PutMessageResult"]:
+        if self._items is None:
+            k, st, now = self.appended, self._ok_status, self.store_timestamp
+            items = list(map(PutMessageResult, repeat(st, k), map(
+                AppendMessageResult, repeat(AppendMessageStatus.PUT_OK, k), self.wrote_offsets,
+                self._sizes[:k].tolist(), self.msg_ids, repeat(now, k), self.queue_offsets)))
+            items.extend(PutMessageResult(self.failed_status) for _ in range(self._n - k))
+            self._items = items
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if self._items is not None or not isinstance(i, int):
+            return self._all()[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("put result index out of range")
+        if i >= self.appended:
+            return PutMessageResult(self.failed_status)
+        return PutMessageResult(self._ok_status, AppendMessageResult(
+            AppendMessageStatus.PUT_OK, int(self._offsets[i]), int(self._sizes[i]), self.msg_ids[i],
+            self.store_timestamp, int(self._queue_offsets[i])))
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"PutMessageResults({self._n} messages, {self.appended} appended, {self.status.value})"
 
 
 @dataclass(slots=True)
