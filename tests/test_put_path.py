@@ -18,6 +18,7 @@ from conftest import golden_store, read_jsonl
 
 from rmqstore import codec
 from rmqstore.commit_log import CommitLog
+from rmqstore.message_batch import MessageBatch
 from rmqstore.config import StoreConfig
 from rmqstore.message import Message, PutMessageStatus
 
@@ -296,6 +297,62 @@ def test_columnar_path_is_taken(tmp_path, monkeypatch):
     assert _records_masked(tmp_path / "a" / "commitlog") == _records_masked(tmp_path / "b" / "commitlog")
 
 
+@st.composite
+def _message_batches(draw):
+    n = draw(st.integers(0, 60))
+    names = draw(st.lists(_prop_names, unique=True, max_size=3))
+    props = {k: draw(st.one_of(_prop_values, st.lists(_prop_values, min_size=n, max_size=n))) for k in names}
+    sizes = draw(st.sampled_from(["same", "mixed", "one too big"]))
+    if sizes == "same":
+        bodies = [bytes([i % 256]) * 40 for i in range(n)]
+    else:
+        bodies = [draw(st.binary(max_size=300)) for _ in range(n)]
+        if sizes == "one too big" and n:
+            bodies[draw(st.integers(0, n - 1))] = bytes(3000)
+    qids = draw(st.one_of(st.integers(0, 3), st.lists(st.integers(0, 70), min_size=n, max_size=n)))
+    born = draw(st.one_of(st.integers(0, 1 << 45), st.lists(st.integers(0, 1 << 45), min_size=n, max_size=n)))
+    return MessageBatch(draw(_topics), bodies, queue_ids=qids, properties=props, born_timestamp=born,
+                        flag=draw(st.integers(-5, 5)), sys_flag=draw(st.sampled_from([0, 0, 4, 8, 12])),
+                        born_host=draw(_hosts), store_host=draw(st.one_of(st.none(), _hosts)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(batches=st.lists(_message_batches(), min_size=1, max_size=4))
+def test_message_batch_equals_its_messages_one_by_one(batches, tmp_path_factory):
+    """A MessageBatch (columns) writes the records and answers the results that its messages put one at
+    a time do: the columnar path for plain batches, the general path for IPv6 hosts or a refused message."""
+    cfg = _small_config()
+    da, db = tmp_path_factory.mktemp("mb"), tmp_path_factory.mktemp("single")
+    a, b = CommitLog(da, cfg), CommitLog(db, cfg)
+    a.load()
+    b.load()
+    try:
+        ra, rb = [], []
+        for mb in batches:
+            ra.extend(a.put_messages(mb))
+            rb.extend(b.put_message(m) for m in mb.to_messages())
+        assert [_result_tuple(r) for r in ra] == [_result_tuple(r) for r in rb]
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert _records_masked(da / "commitlog") == _records_masked(db / "commitlog")
+
+
+def test_message_batch_checks_its_columns():
+    with pytest.raises(ValueError, match="property 'KEYS' has 1 values for 2 bodies"):
+        MessageBatch("T", [b"a", b"b"], keys=["k"])
+    with pytest.raises(ValueError, match="queue_ids has 3 values for 2 bodies"):
+        MessageBatch("T", [b"a", b"b"], queue_ids=[0, 1, 2])
+    with pytest.raises(TypeError, match="property 'TAGS' must be a str or a sequence of str, not int"):
+        MessageBatch("T", [b"a"], tags=5)
+    mb = MessageBatch("T", [b"a", b"b"], queue_ids=[2, 3], tags="x", keys=["k1", "k2 k3"], properties={"u": "v"})
+    ms = mb.to_messages()
+    assert [(m.queue_id, m.tags, m.keys, m.properties["u"]) for m in ms] == \
+        [(2, "x", ["k1"], "v"), (3, "x", ["k2", "k3"], "v")]
+    assert ms[0].born_timestamp == mb.born_timestamp > 0
+
+
 def test_columnar_results_are_a_lazy_sequence(tmp_path):
     """The columnar path answers a PutMessageResults: each way of reading it says what the per-message
     results say, and a failed sync flush turns every appended message into FLUSH_DISK_TIMEOUT."""
@@ -463,3 +520,22 @@ def test_bench_runs(tmp_path, capsys):
         assert res["workloads"][w]["ok"] == 3000 and res["workloads"][w]["msgs_per_s"] > 0
     assert res["workloads"]["put"]["bytes"] == res["workloads"]["put_batch"]["bytes"]
     assert res["machine"]["cores"] >= 1
+
+
+def test_message_batch_takes_the_columnar_path(tmp_path, monkeypatch):
+    calls = []
+    real = CommitLog._put_columnar
+    monkeypatch.setattr(CommitLog, "_put_columnar", lambda self, b: calls.append(b.n) or real(self, b))
+    cl = CommitLog(tmp_path, StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024}))
+    cl.load()
+    try:
+        keys = [f"k{i}" for i in range(500)]
+        rs = cl.put_messages(MessageBatch("T", [b"x" * (i % 7) for i in range(500)], queue_ids=[i % 4 for i in range(500)],
+                                          tags="t", keys=keys))
+        assert calls == [500] and rs.all_ok and rs.queue_offsets == [i // 4 for i in range(500)]
+        got = [cl.look_message_by_offset(o) for o in rs.wrote_offsets[::97]]
+        assert [(m.keys, m.tags, m.body) for m in got] == [([f"k{i}"], "t", b"x" * (i % 7)) for i in range(0, 500, 97)]
+        ipv6 = cl.put_messages(MessageBatch("T", [b"y"] * 20, born_host="[::1]:5"))   # another header layout
+        assert calls == [500] and all(r.ok for r in ipv6)
+    finally:
+        cl.shutdown()

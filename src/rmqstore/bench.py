@@ -11,7 +11,8 @@ Workloads are registered with `@workload("name", "help")`; a workload is a funct
 `BenchContext` and returning a dict. Workloads of the commitlog alone:
 
 - `put`        one `CommitLog.put_message` call per message (from --threads producer threads);
-- `put_batch`  `CommitLog.put_messages` with batches of --batch messages.
+- `put_batch`  `CommitLog.put_messages` with batches of --batch messages (lists of Messages);
+- `put_columns` the same batches as `MessageBatch`es (columns: no Message object per message).
 
 MB are 10**6 bytes of commitlog written (records and END_OF_FILE blanks).
 
@@ -37,10 +38,11 @@ from pathlib import Path
 from typing import Callable
 
 from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from .message import Message
+from .message import Message, PutMessageResults
+from .message_batch import MessageBatch
 
 SCALES = {"small": 100_000, "full": 1_000_000}
-DEFAULT_WORKLOADS = "put,put_batch"
+DEFAULT_WORKLOADS = "put,put_batch,put_columns"
 TOPIC = "BenchTopic"
 TAG = "TagA"
 BORN_HOST = "10.0.0.1:50000"
@@ -277,12 +279,52 @@ def _wl_put_batch(ctx: BenchContext) -> dict:
 
         def job(t: int, bs: list[list[Message]]):
             put = cl.put_messages
-            ok = 0
-            for b in bs:
-                for r in put(b):
-                    if r.ok:
-                        ok += 1
-            counts[t] = ok
+            counts[t] = sum(ok_count(put(b)) for b in bs)
+
+        _quiet_gc()
+        try:
+            timing = _timed_threads([lambda t=t, b=b: job(t, b) for t, b in enumerate(batches)])
+        finally:
+            gc.unfreeze()
+        out = _figures(len(msgs), sum(counts), cl.get_max_offset() - cl.get_min_offset(), timing)
+        out.update(threads=len(parts), batch=size)
+        if flusher is not None:
+            out["flushes"] = flusher.flushes
+        return out
+    finally:
+        cl.shutdown()
+
+
+def ok_count(results) -> int:
+    """How many results of a put_messages call are PUT_OK (without building a PutMessageResults' items)."""
+    if type(results) is PutMessageResults:
+        return results.ok_count
+    return sum(1 for r in results if r.ok)
+
+
+def batch_columns(msgs: list[Message]) -> dict:
+    """The MessageBatch arguments for messages of one topic and born host that share their property names
+    (what generate_messages makes): the same messages as columns."""
+    names = list(msgs[0].properties)
+    return {"topic": msgs[0].topic, "bodies": [m.body for m in msgs], "queue_ids": [m.queue_id for m in msgs],
+            "properties": {k: [m.properties[k] for m in msgs] for k in names},
+            "born_timestamp": [m.born_timestamp for m in msgs], "born_host": msgs[0].born_host}
+
+
+@workload("put_columns", "CommitLog.put_messages of a MessageBatch (columns) of --batch messages "
+                         "(--threads producers); the MessageBatch is made in the timed loop")
+def _wl_put_columns(ctx: BenchContext) -> dict:
+    msgs = ctx.messages()
+    size = max(1, ctx.args.batch)
+    cl, flusher = open_commit_log(ctx, "put_columns")
+    try:
+        parts = _split(msgs, max(1, ctx.args.threads))
+        batches = [[batch_columns(p[i:i + size]) for i in range(0, len(p), size)] for p in parts]
+        counts = [0] * len(parts)
+
+        def job(t: int, bs: list[dict]):
+            put = cl.put_messages
+            counts[t] = sum(ok_count(put(MessageBatch(**b))) for b in bs)
 
         _quiet_gc()
         try:

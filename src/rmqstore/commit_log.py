@@ -10,7 +10,7 @@ Three ways in, one byte layout (tests/test_put_path.py holds them to RocketMQ's 
 - put_message: one message, encoded by _encode (topic, hosts and "topic-queueId" keys come from caches),
   packed with the header Struct and written with one write;
 - put_messages, general path (_append_locked): any batch, message by message, one write per file;
-- put_messages, columnar path (_encode_columnar / _put_columnar): a batch of at least _COLUMNAR_MIN valid
+- put_messages, columnar path (message_batch.encode_columns / _put_columnar): a batch of at least COLUMNAR_MIN valid
   messages with one topic and the same IPv4 hosts (what a producer sends) is encoded a field at a time
   over the whole batch: numpy for the header fields and queue offsets, one str.join for all the
   properties when the messages share their property names, one hex() for all the msgIds. A batch it
@@ -23,7 +23,6 @@ import struct
 import threading
 import time
 import zlib
-from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -33,6 +32,8 @@ from . import codec
 from .config import StoreConfig
 from .errors import CorruptStoreError
 from .mapped_file import MappedFile, MappedFileQueue
+from .message_batch import (COLUMNAR_MIN, INT32, INT64, EncodedBatch, MessageBatch, NotColumnar, chop,
+                            encode_columns, int_column, props_from_columns, props_of_dicts)
 from .message import (AppendMessageResult, AppendMessageStatus, Message, MessageExt, PutMessageResult,
                       PutMessageResults, PutMessageStatus)
 
@@ -54,95 +55,6 @@ _crc32 = zlib.crc32
 _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
 _CACHE_LIMIT = 4096     # entries of the topic and host caches before they start over
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-# --- the columnar batch path ---------------------------------------------------------------------------
-# Batches of at least this many messages that share topic and hosts (IPv4) are encoded column by column:
-# numpy for the fixed header fields, one C-level pass per field for the rest. Others take the general path.
-_COLUMNAR_MIN = 16
-_COLUMNAR_MAX_QUEUES = 64           # distinct queue ids in one batch
-# The IPv4 record header (codec.HEADER_V4) as a numpy record: the same 88 bytes, big-endian.
-_HDR_V4 = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
-                    ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
-                    ("born_addr", "S4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "S4"),
-                    ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")])
-assert _HDR_V4.itemsize == _HEADER_V4.size
-_chop_cache: dict[tuple[int, int], struct.Struct] = {}
-
-
-def _chop(data: bytes, size: int, n: int) -> tuple[bytes, ...]:
-    """data (n pieces of size bytes, back to back) as n bytes objects, in one C call."""
-    s = _chop_cache.get((size, n))
-    if s is None:
-        if len(_chop_cache) > 64:
-            _chop_cache.clear()
-        s = _chop_cache[(size, n)] = struct.Struct(f"{size}s" * n)
-    return s.unpack(data)
-
-
-class _NotColumnar(Exception):
-    """This batch is for the general path (raised before anything was written or counted)."""
-
-
-def _int_column(values: list, n: int, bounds: tuple[int, int]):
-    """A message field of the batch: a plain int if it is the same for all, else an int64 array."""
-    v0 = values[0]
-    if type(v0) is int and values.count(v0) == n:
-        if bounds[0] <= v0 <= bounds[1]:
-            return v0
-        raise _NotColumnar
-    try:
-        a = np.fromiter(values, np.int64, n)
-    except (TypeError, ValueError, OverflowError):
-        raise _NotColumnar from None
-    if a.tolist() != values or a.min() < bounds[0] or a.max() > bounds[1]:
-        raise _NotColumnar      # floats, out of range: the general path refuses them one by one
-    return a
-
-
-def _props_columns(dicts: list, n: int):
-    """The PROPERTIES fields of a batch: (buffer, stride_pad, lengths, pieces).
-
-    buffer holds them back to back, each followed by stride_pad separator bytes; pieces() gives them as
-    a list of bytes. When every message has the same property names in the same order (a producer's
-    messages do), they are built with one str.join over the whole batch instead of one per message.
-    """
-    d0 = dicts[0]
-    try:
-        if d0:
-            names = list(d0)
-            k = len(names)
-            flat = list(chain.from_iterable(dicts))
-            if len(flat) == k * n and flat == names * n:
-                values = list(chain.from_iterable(map(dict.values, dicts)))
-                stride = 2 * k + 1
-                parts: list = [None] * (stride * n)
-                for j, name in enumerate(names):
-                    parts[2 * j::stride] = [("\x02" + name if j else name) + "\x01"] * n
-                    parts[2 * j + 1::stride] = values[j::k]
-                parts[2 * k::stride] = ["\x02\x00"] * n
-                raw = "".join(parts).encode()
-                buf = np.frombuffer(raw, np.uint8)
-                ends = np.flatnonzero(buf == 0)
-                if len(ends) == n:          # no NUL of its own in a name or value
-                    lens = np.diff(ends, prepend=-1) - 1
-                    return buf, 1, lens, lambda: raw.split(b"\x00")[:n]
-        elif not any(dicts):
-            return np.zeros(0, np.uint8), 0, np.zeros(n, np.int64), lambda: [b""] * n
-    except TypeError:
-        pass            # not all dicts, or names / values that are not str: encoded one by one
-    pieces = [_props_bytes(d) if d else b"" for d in dicts]
-    buf = np.frombuffer(b"".join(pieces), np.uint8)
-    return buf, 0, np.fromiter(map(len, pieces), np.int64, n), lambda: pieces
-
-
-class _Batch:
-    """A columnar batch, encoded except for what the lock assigns (queue offset, physical offset, store
-    timestamp). The records are either rows of one 2-D array (every record the same size) or pieces."""
-    __slots__ = ("n", "sizes", "ends", "hdr", "rows", "bodies", "mids", "props", "keys", "codes", "rank",
-                 "counts", "store_addr", "store_port", "id_prefix")
-
 
 class CommitLog:
     """The commitlog of one store directory."""
@@ -248,22 +160,33 @@ class CommitLog:
             return PutMessageResult(_FLUSH_TIMEOUT, result.append_result)
         return result
 
-    def put_messages(self, msgs: Iterable[Message]) -> Sequence[PutMessageResult]:
-        """Append messages in order, under one lock hold; one result per message (a PutMessageResults
-        when the columnar path took the batch: the same sequence, built on access)."""
-        if not isinstance(msgs, list):
-            msgs = list(msgs)
-        n = len(msgs)
-        if n <= 1:
-            return [self.put_message(msgs[0])] if n else []
+    def put_messages(self, msgs: Iterable[Message] | MessageBatch) -> Sequence[PutMessageResult]:
+        """Append messages (a list of Messages or a MessageBatch) in order, under one lock hold; one result
+        per message (a PutMessageResults when the columnar path took the batch: built on access)."""
         results = None
-        if n >= _COLUMNAR_MIN:
-            try:
-                batch = self._encode_columnar(msgs)
-            except (_NotColumnar, AttributeError, TypeError, ValueError):
-                batch = None    # the general path refuses (or raises for) what it must, message by message
-            if batch is not None:
-                results = self._put_columnar(batch)
+        if isinstance(msgs, MessageBatch):
+            if len(msgs) >= COLUMNAR_MIN:
+                try:
+                    batch = self._encode_message_batch(msgs)
+                except (NotColumnar, AttributeError, TypeError, ValueError):
+                    batch = None
+                if batch is not None:
+                    results = self._put_columnar(batch)
+            if results is None:
+                msgs = msgs.to_messages()
+        elif not isinstance(msgs, list):
+            msgs = list(msgs)
+        if results is None:
+            n = len(msgs)
+            if n <= 1:
+                return [self.put_message(msgs[0])] if n else []
+            if n >= COLUMNAR_MIN:
+                try:
+                    batch = self._encode_columnar(msgs)
+                except (NotColumnar, AttributeError, TypeError, ValueError):
+                    batch = None    # the general path refuses (or raises for) what it must, message by message
+                if batch is not None:
+                    results = self._put_columnar(batch)
         if results is None:
             encoded = [self._encode(m) for m in msgs]
             results = [None] * n
@@ -369,8 +292,21 @@ class CommitLog:
                 born[0], born[1], store[0], store[1], msg.reconsume_times, msg.prepared_transaction_offset, body,
                 tail, key, store[4])
 
-    def _encode_columnar(self, msgs: list[Message]) -> _Batch | None:
-        """Encode a batch column by column; None (or _NotColumnar) if it is one for the general path."""
+    def _columnar_target(self, topic, born_host, store_host):
+        """(topic info, born host, store host) for the columnar path; None for the general path (an illegal
+        topic or host, or IPv6 hosts: another header layout)."""
+        try:
+            ti = self._topic(topic)
+            born = self._host(born_host)
+            store = self._host(store_host or self.default_store_host)
+        except (ValueError, TypeError, AttributeError):
+            return None
+        if ti is None or born[2] or store[3]:
+            return None
+        return ti, born, store
+
+    def _encode_columnar(self, msgs: list[Message]) -> EncodedBatch | None:
+        """Encode a list of Messages column by column; None (or NotColumnar) if it is one for the general path."""
         n = len(msgs)
         topics = [m.topic for m in msgs]
         topic = topics[0]
@@ -380,114 +316,46 @@ class CommitLog:
         store_hosts = [m.store_host for m in msgs]
         if born_hosts.count(born_hosts[0]) != n or store_hosts.count(store_hosts[0]) != n:
             return None
-        try:
-            ti = self._topic(topic)
-            born = self._host(born_hosts[0])
-            store = self._host(store_hosts[0] or self.default_store_host)
-        except (ValueError, TypeError, AttributeError):
+        target = self._columnar_target(topic, born_hosts[0], store_hosts[0])
+        if target is None:
             return None
-        if ti is None or born[2] or store[3]:
-            return None     # an illegal topic, or IPv6 hosts (another header layout)
-        queue_ids = _int_column([m.queue_id for m in msgs], n, _INT32)
-        sys_flags = _int_column([m.sys_flag for m in msgs], n, _INT32)
-        flags = _int_column([m.flag for m in msgs], n, _INT32)
-        born_ts = _int_column([m.born_timestamp for m in msgs], n, _INT64)
-        reconsume = _int_column([m.reconsume_times for m in msgs], n, _INT32)
-        prepared = _int_column([m.prepared_transaction_offset for m in msgs], n, _INT64)
+        queue_ids = int_column([m.queue_id for m in msgs], n, INT32)
+        sys_flags = int_column([m.sys_flag for m in msgs], n, INT32)
+        flags = int_column([m.flag for m in msgs], n, INT32)
+        born_ts = int_column([m.born_timestamp for m in msgs], n, INT64)
+        reconsume = int_column([m.reconsume_times for m in msgs], n, INT32)
+        prepared = int_column([m.prepared_transaction_offset for m in msgs], n, INT64)
         try:
-            props, pad, plens, pieces = _props_columns([m.properties for m in msgs], n)
+            props = props_of_dicts([m.properties for m in msgs], n)
         except (ValueError, TypeError, AttributeError):
             return None     # properties that cannot be encoded: the general path refuses the message
         bodies = [m.body for m in msgs]
         if None in bodies:
             bodies = [b"" if b is None else b for b in bodies]
-        blens = np.fromiter(map(len, bodies), np.int64, n)
-        crcs = np.fromiter(map(_crc32, bodies), np.int64, n)
-        crcs &= 0x7FFFFFFF
-        piece = ti[0]
-        hsz = _HEADER_V4.size
-        sizes = blens + plens + (hsz + len(piece) + 2)
-        big = int(sizes.max())
-        if big > self.config.max_message_size or big + _BLANK_MIN > self.file_size or int(plens.max()) > _MAX_PROPS:
-            return None     # some message is refused: the general path says which
+        return encode_columns(n, topic, *target, queue_ids, sys_flags, flags, born_ts, reconsume, prepared, props,
+                              bodies, self.config.max_message_size, self.file_size)
 
-        # queue offsets: each message's rank among the earlier ones of its queue that take an offset
-        # (prepared and rolled-back messages take none); the lock adds each queue's next offset
-        take = (sys_flags & codec.TRANSACTION_PREPARED_TYPE) == 0
-        keys_of = ti[1]
-        if isinstance(queue_ids, int):
-            keys = [keys_of.get(queue_ids) or keys_of.setdefault(queue_ids, f"{topic}-{queue_ids}")]
-            codes = None if isinstance(take, bool) else np.where(take, 0, 1).astype(np.int16)
-        else:
-            lo, hi = int(queue_ids.min()), int(queue_ids.max())
-            if 0 <= lo and hi < _COLUMNAR_MAX_QUEUES:      # the usual queue ids: they are the codes
-                uniq, codes = range(hi + 1), queue_ids.astype(np.int16)
-            else:
-                uniq, codes = np.unique(queue_ids, return_inverse=True)
-                if len(uniq) > _COLUMNAR_MAX_QUEUES:
-                    return None
-                uniq, codes = uniq.tolist(), codes.astype(np.int16)
-            keys = [keys_of.get(q) or keys_of.setdefault(q, f"{topic}-{q}") for q in uniq]
-            if take is False:
-                codes[:] = len(keys)
-            elif take is not True:
-                codes[~take] = len(keys)        # a pseudo-queue whose offsets are all 0
-        if codes is None:
-            rank = np.arange(n) if take else np.zeros(n, np.int64)
-            counts = [n if take else 0]
-        else:
-            order = np.argsort(codes, kind="stable")
-            grouped = codes[order]
-            rank = np.empty(n, np.int64)
-            rank[order] = np.arange(n) - np.searchsorted(grouped, grouped)
-            counts = np.bincount(codes, minlength=len(keys) + 1).tolist()
-            if counts[len(keys)]:
-                rank[codes == len(keys)] = 0
-
-        b = _Batch()
-        b.n, b.sizes, b.ends = n, sizes, np.cumsum(sizes)
-        b.keys, b.codes, b.rank, b.counts = keys, codes, rank, counts
-        b.store_addr, b.store_port, b.id_prefix = store[0], store[1], store[4]
-        blen0, plen0 = int(blens[0]), int(plens[0])
-        if int(blens.min()) == int(blens.max()) and int(plens.min()) == plen0 == int(plens.max()):
-            # every record the same size: rows of one array, the header written in place
-            rs = int(sizes[0])
-            rows = np.empty((n, rs), np.uint8)
-            p = hsz
-            if blen0:
-                rows[:, p:p + blen0] = np.frombuffer(b"".join(bodies), np.uint8).reshape(n, blen0)
-            p += blen0
-            tl = np.frombuffer(piece + _pack_len(plen0), np.uint8)
-            rows[:, p:p + len(tl)] = tl
-            p += len(tl)
-            if plen0:
-                rows[:, p:] = props.reshape(n, plen0 + pad)[:, :plen0]
-            hdr = np.ndarray((n,), _HDR_V4, rows, 0, (rs,))
-            b.rows, b.bodies, b.mids, b.props = rows, None, None, None
-        else:
-            # pieces for one b"".join: header, body, TOPICLENGTH TOPIC PROPERTIESLENGTH, properties
-            hdr = np.empty(n, _HDR_V4)
-            mids = np.empty(n, [("topic", f"S{len(piece)}"), ("plen", ">i2")])
-            mids["topic"] = piece
-            mids["plen"] = plens
-            b.rows, b.bodies, b.props = None, bodies, pieces()
-            b.mids = _chop(mids.tobytes(), len(piece) + 2, n)
-        hdr["total"] = sizes
-        hdr["magic"] = _MAGIC
-        hdr["crc"] = crcs
-        hdr["queue_id"] = queue_ids
-        hdr["flag"] = flags
-        hdr["sys_flag"] = sys_flags & ~0x30
-        hdr["born_ts"] = born_ts
-        hdr["born_addr"] = born[0]
-        hdr["born_port"] = born[1]
-        hdr["store_addr"] = store[0]
-        hdr["store_port"] = store[1]
-        hdr["reconsume"] = reconsume
-        hdr["prepared"] = prepared
-        hdr["body_len"] = blens
-        b.hdr = hdr
-        return b
+    def _encode_message_batch(self, mb: MessageBatch) -> EncodedBatch | None:
+        """Encode a MessageBatch; None (or NotColumnar) if it is one for the general path."""
+        n = len(mb)
+        target = self._columnar_target(mb.topic, mb.born_host, mb.store_host)
+        if target is None:
+            return None
+        qids, born_ts = mb.queue_ids, mb.born_timestamp
+        queue_ids = int_column(qids if type(qids) is list else mb.column("queue_ids"), n, INT32)
+        born_ts = int_column(born_ts if type(born_ts) is list else mb.column("born_timestamp"), n, INT64)
+        sys_flags = int_column([mb.sys_flag], 1, INT32)
+        flags = int_column([mb.flag], 1, INT32)
+        names, columns = mb.property_columns()
+        try:
+            props = props_from_columns(names, columns, n) if names else props_of_dicts([{}] * n, n)
+        except (ValueError, TypeError):
+            return None
+        if props is None:
+            return None
+        bodies = mb.bodies if type(mb.bodies) is list else list(mb.bodies)
+        return encode_columns(n, mb.topic, *target, queue_ids, sys_flags, flags, born_ts, 0, 0, props, bodies,
+                              self.config.max_message_size, self.file_size)
 
     # --- appending (under the lock) ----------------------------------------------------------------
     def _roll(self, mf: MappedFile, pos: int) -> MappedFile | None:
@@ -548,7 +416,7 @@ class CommitLog:
             mf.store_timestamp = now
             self.queue.store_timestamp = now
 
-    def _put_columnar(self, b: _Batch) -> PutMessageResults:
+    def _put_columnar(self, b: EncodedBatch) -> PutMessageResults:
         n, hdr, ends, sizes = b.n, b.hdr, b.ends, b.sizes
         phys = np.empty(n, np.int64)
         q = self.queue
@@ -581,7 +449,7 @@ class CommitLog:
                         else:
                             m = k - i
                             parts: list = [None] * (4 * m)
-                            parts[0::4] = _chop(hdr[i:k].tobytes(), _HEADER_V4.size, m)
+                            parts[0::4] = chop(hdr[i:k].tobytes(), _HEADER_V4.size, m)
                             parts[1::4] = b.bodies[i:k]
                             parts[2::4] = b.mids[i:k]
                             parts[3::4] = b.props[i:k]
