@@ -41,7 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bench import generate_messages, machine_info
+from .bench import batch_columns, generate_messages, machine_info, ok_count
+from .message_batch import MessageBatch
 from .config import SYNC_FLUSH, StoreConfig
 
 TOPIC = "BenchTopic"
@@ -220,11 +221,12 @@ class Suite:
 
         # rmqstore, batched; then dispatch (consume queues + key index) on the same store
         s = _open(self.dir(f"{key}-rmq"), _rmq_config(p))
+        s.commit_log.dispatch_hints = None      # "dispatch alone" reads every record back from the commitlog
         with _NoGC():
             t0 = time.perf_counter()
             ok = 0
             for b in batches:
-                ok += sum(1 for r in s.put_messages(b) if r.ok)
+                ok += ok_count(s.put_messages(b))
             el = time.perf_counter() - t0
             t1 = time.perf_counter()
             _dispatch_all(s)
@@ -235,6 +237,24 @@ class Suite:
         t.add("rmqstore put_messages + dispatch (CQ + key index)", _rate(n, el + el_d),
               f"{_fmt_rate(_rate(n, el + el_d))} (dispatch alone {_fmt_rate(_rate(n, el_d))})")
         chunks, nbytes = _commitlog_chunks(s, len(batches))
+
+        # rmqstore, the same batches as columns (MessageBatch, made in the timed loop)
+        try:
+            cols = [batch_columns(b) for b in batches]
+            sc = _open(self.dir(f"{key}-rmq-cols"), _rmq_config(p))
+            with _NoGC():
+                t0 = time.perf_counter()
+                okc = sum(ok_count(sc.put_messages(MessageBatch(**c))) for c in cols)
+                el_c = time.perf_counter() - t0
+            assert okc == n, f"rmqstore MessageBatch: {okc} of {n} puts ok"
+            mb_c = sc.commit_log.get_max_offset()
+            sc.close()
+            del cols
+            shutil.rmtree(self.work / f"{key}-rmq-cols", ignore_errors=True)
+            t.add(f"rmqstore MessageBatch (columns, batches of {BATCH})", _rate(n, el_c),
+                  f"{_fmt_rate(_rate(n, el_c))}, {mb_c / el_c / 1e6:,.0f} MB/s")
+        except Exception as e:  # noqa: BLE001
+            t.error("rmqstore MessageBatch", e)
         if keep:
             self.state["rmq"] = s
             self.state["rmq_path"] = self.work / f"{key}-rmq"
@@ -333,8 +353,9 @@ class Suite:
         t.add("limit: in-memory copy (bytearray.extend)", _rate(n, el),
               f"{_fmt_rate(_rate(n, el))}, {nbytes / el / 1e6:,.0f} MB/s")
         t.notes.append(f"rmqstore rows: the store with its dispatcher not running (the '+ dispatch' row adds a "
-                       f"synchronous do_reput building consume queues and the key index; the e2e table runs "
-                       f"both concurrently). Commitlog bytes: {nbytes:,}. queuelib and persist-queue store the "
+                       f"synchronous do_reput building consume queues and the key index from the records read "
+                       f"back from the commitlog; the e2e table runs both concurrently, where the dispatcher "
+                       f"takes the columns of columnar puts instead of parsing them). Commitlog bytes: {nbytes:,}. queuelib and persist-queue store the "
                        f"body only; sqlite stores body, topic, queue, tag, key and maintains the key index.")
         return t
 
@@ -597,34 +618,37 @@ class Suite:
                          "until wait_dispatched", "msg/s", True)
         msgs = generate_messages(n, 100, QUEUES, TOPIC)
         batches = [msgs[i:i + BATCH] for i in range(0, n, BATCH)]
-        d = self.dir("e2e")
-        s = _open(d, _rmq_config(self.p), services=True)
-        lags = []
-        stop = threading.Event()
+        for name, inputs, ref in (("rmqstore put + dispatch", batches, True),
+                                  ("rmqstore MessageBatch put + dispatch", [batch_columns(b) for b in batches], False)):
+            d = self.dir("e2e")
+            s = _open(d, _rmq_config(self.p), services=True)
+            lags = []
+            stop = threading.Event()
 
-        def sample():
-            while not stop.is_set():
-                lags.append(s.dispatch_behind_bytes())
-                stop.wait(0.01)
+            def sample():
+                while not stop.is_set():
+                    lags.append(s.dispatch_behind_bytes())
+                    stop.wait(0.01)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        with _NoGC():
-            sampler.start()
-            t0 = time.perf_counter()
-            for b in batches:
-                s.put_messages(b)
-            t_put = time.perf_counter() - t0
-            ok = s.wait_dispatched(timeout=600)
-            el = time.perf_counter() - t0
-            stop.set()
-            sampler.join()
-        s.close()
-        shutil.rmtree(d, ignore_errors=True)
-        lag_txt = (f"lag max {max(lags) / 1e6:,.1f} MB, mean {statistics.fmean(lags) / 1e6:,.1f} MB "
-                   f"({len(lags)} samples)") if lags else "no lag samples"
-        t.add("rmqstore put + dispatch", _rate(n, el),
-              f"{_fmt_rate(_rate(n, el))} (puts alone {_fmt_rate(_rate(n, t_put))}; {lag_txt})"
-              + ("" if ok else " NOT DISPATCHED"), ref=True)
+            sampler = threading.Thread(target=sample, daemon=True)
+            columns = not ref
+            with _NoGC():
+                sampler.start()
+                t0 = time.perf_counter()
+                for b in inputs:
+                    s.put_messages(MessageBatch(**b) if columns else b)
+                t_put = time.perf_counter() - t0
+                ok = s.wait_dispatched(timeout=600)
+                el = time.perf_counter() - t0
+                stop.set()
+                sampler.join()
+            s.close()
+            shutil.rmtree(d, ignore_errors=True)
+            lag_txt = (f"lag max {max(lags) / 1e6:,.1f} MB, mean {statistics.fmean(lags) / 1e6:,.1f} MB "
+                       f"({len(lags)} samples)") if lags else "no lag samples"
+            t.add(name, _rate(n, el),
+                  f"{_fmt_rate(_rate(n, el))} (puts alone {_fmt_rate(_rate(n, t_put))}; {lag_txt})"
+                  + ("" if ok else " NOT DISPATCHED"), ref=ref)
         t.add("RocketMQ 4.4.0 (reference figure from the issue, not run here)", RMQ_44_E2E,
               _fmt_rate(RMQ_44_E2E))
         return t
@@ -693,9 +717,12 @@ def targets(tables: list[Table], scale: str, n_100: int) -> list[tuple[str, str,
     def add(name, measured, fmt, ok):
         out.append((name, fmt if measured is not None else "not measured", None if measured is None else ok))
 
-    a, b = v("append_100B", "rmqstore put_messages ("), v("append_100B", "sqlite3")
+    a, am, b = v("append_100B", "rmqstore MessageBatch"), v("append_100B", "rmqstore put_messages ("), \
+        v("append_100B", "sqlite3")
     ratio = a / b if a and b else None
-    add("batched append >= 5x sqlite3 batched inserts (100 B)", ratio, f"{ratio:.1f}x" if ratio else "", ratio and ratio >= 5)
+    add("batched append >= 5x sqlite3 batched inserts (100 B, MessageBatch)", ratio,
+        f"{ratio:.1f}x" + (f" (lists of Messages: {am / b:.1f}x)" if am else "") if ratio else "",
+        ratio and ratio >= 5)
     c = v("consume", "rmqstore batch_read (list")
     add("consume by queue >= 1,000,000 msg/s (batched)", c, _fmt_rate(c) if c else "", c and c >= 1e6)
     k = v("key_lookup", "rmqstore find_messages_by_key")
@@ -710,8 +737,10 @@ def targets(tables: list[Table], scale: str, n_100: int) -> list[tuple[str, str,
         rs is not None and rs < 5)
     lp = v("long_poll", "rmqstore median")
     add("long-poll median < 5 ms", lp, f"{lp:.2f} ms" if lp else "", lp is not None and lp < 5)
-    e = v("e2e", "rmqstore put + dispatch")
-    add("end to end > 218,000 msg/s (RocketMQ 4.4.0)", e, _fmt_rate(e) if e else "", e is not None and e > RMQ_44_E2E)
+    e, em = v("e2e", "rmqstore MessageBatch put + dispatch"), v("e2e", "rmqstore put + dispatch")
+    add("end to end > 218,000 msg/s (RocketMQ 4.4.0; MessageBatch)", e,
+        _fmt_rate(e) + (f" (lists of Messages: {_fmt_rate(em)})" if em else "") if e else "",
+        e is not None and e > RMQ_44_E2E)
     s1, s16 = v("sync_append", "rmqstore SYNC_FLUSH, 1 "), v("sync_append", "rmqstore SYNC_FLUSH, 16")
     g = s16 / s1 if s1 and s16 else None
     add("sync flush: 16 threads several (>= 3) times 1 thread (group commit)", g, f"{g:.1f}x" if g else "",
@@ -785,9 +814,14 @@ def reading(tables: list[Table]) -> list[str]:
     rb, rs, rq, rw = (v("append_100B", "rmqstore put_messages ("), v("append_100B", "sqlite3"),
                       v("append_100B", "queuelib"), v("append_100B", "limit: os.write"))
     rd = v("append_100B", "rmqstore put_messages + dispatch")
+    rc = v("append_100B", "rmqstore MessageBatch")
+    if rc and rs:
+        out.append(f"- Appends of 100 B as columns (MessageBatch): {cmp(rc, rs)} sqlite3's batched inserts "
+                   f"({rc / rs:.1f}x; target 5x), {rc / rb:.1f}x the same batches given as lists of Messages."
+                   if rb else f"- Appends of 100 B as columns (MessageBatch): {cmp(rc, rs)} sqlite3.")
     if rb and rs:
-        out.append(f"- Appends of 100 B: rmqstore batched is {cmp(rb, rs)} sqlite3's batched, indexed "
-                   f"inserts ({rb / rs:.1f}x; target 5x); once the consume queues and key index are built too "
+        out.append(f"- Appends of 100 B: rmqstore batched (lists of Messages) is {cmp(rb, rs)} sqlite3's batched, "
+                   f"indexed inserts ({rb / rs:.1f}x); once the consume queues and key index are built too "
                    f"(the fair comparison with sqlite's index) it is {cmp(rd, rs)} sqlite."
                    + (f" queuelib's FifoDiskQueue (body only, no index, no metadata) is {rq / rb:.1f}x faster "
                       f"than rmqstore batched." if rq and rq > rb else "")
@@ -819,10 +853,12 @@ def reading(tables: list[Table]) -> list[str]:
     if r1 and r2:
         out.append(f"- Restart: {r1:.2f} s after a clean shutdown, {r2:.2f} s after SIGKILL (what recovery re-did "
                    f"is in the recovery line under the table).")
-    e = v("e2e", "rmqstore put + dispatch")
+    e, ec = v("e2e", "rmqstore put + dispatch"), v("e2e", "rmqstore MessageBatch put + dispatch")
     if e:
-        out.append(f"- End to end: {e:,.0f} msg/s, {e / RMQ_44_E2E:.2f}x RocketMQ 4.4.0's {RMQ_44_E2E:,} msg/s "
-                   f"on this machine: the dispatcher and the puts compete for the GIL.")
+        out.append(f"- End to end: {e:,.0f} msg/s with lists of Messages"
+                   + (f", {ec:,.0f} msg/s with MessageBatch ({ec / RMQ_44_E2E:.2f}x" if ec else f" ({e / RMQ_44_E2E:.2f}x")
+                   + f" RocketMQ 4.4.0's {RMQ_44_E2E:,} msg/s on this machine): the dispatcher and the puts "
+                     f"compete for the GIL.")
     lp = v("long_poll", "rmqstore median")
     if lp:
         out.append(f"- Long polling: median {lp:.2f} ms from send to listener.")

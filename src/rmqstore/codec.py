@@ -454,6 +454,15 @@ def _cached_tags_code(tags: str) -> int:
     return java_string_hash(tags)
 
 
+def tags_codes(tags, n: int):
+    """The consume queue tags codes (java hashCode; 0 without tags) of n messages: tags is one str (or None)
+    for all, or one per message."""
+    import numpy as np
+    if tags is None or isinstance(tags, str):
+        return np.full(n, _cached_tags_code(tags) if tags else 0, np.int64)
+    return np.fromiter([_cached_tags_code(t) if t else 0 for t in tags], np.int64, n)
+
+
 # Outcomes of parse_dispatch_batch.
 PARSE_MORE, PARSE_BLANK, PARSE_END, PARSE_ERROR = "more", "blank", "end", "error"
 

@@ -55,6 +55,7 @@ _crc32 = zlib.crc32
 _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
 _CACHE_LIMIT = 4096     # entries of the topic and host caches before they start over
+DISPATCH_HINTS_MAX = 256    # batches handed to the dispatcher and not taken yet
 
 class CommitLog:
     """The commitlog of one store directory."""
@@ -73,6 +74,8 @@ class CommitLog:
         # Called with the max wrote offset after each append, outside the lock: the flush policy hook.
         # False turns the appended messages' results into FLUSH_DISK_TIMEOUT.
         self.on_appended: Callable[[int], bool] | None = None
+        # start offset -> DispatchBatch of records the columnar path wrote, for the dispatcher (None: off)
+        self.dispatch_hints: dict[int, codec.DispatchBatch] | None = None
         # Encodings that do not depend on the message: topic -> (TOPICLENGTH + TOPIC, {queueId: key}),
         # host -> (address, port, sysFlag bit as born host, as store host, msgId prefix).
         self._topics: dict = {}
@@ -325,15 +328,21 @@ class CommitLog:
         born_ts = int_column([m.born_timestamp for m in msgs], n, INT64)
         reconsume = int_column([m.reconsume_times for m in msgs], n, INT32)
         prepared = int_column([m.prepared_transaction_offset for m in msgs], n, INT64)
+        dicts = [m.properties for m in msgs]
         try:
-            props = props_of_dicts([m.properties for m in msgs], n)
+            props = props_of_dicts(dicts, n)
         except (ValueError, TypeError, AttributeError):
             return None     # properties that cannot be encoded: the general path refuses the message
         bodies = [m.body for m in msgs]
         if None in bodies:
             bodies = [b"" if b is None else b for b in bodies]
-        return encode_columns(n, topic, *target, queue_ids, sys_flags, flags, born_ts, reconsume, prepared, props,
-                              bodies, self.config.max_message_size, self.file_size)
+        b = encode_columns(n, topic, *target, queue_ids, sys_flags, flags, born_ts, reconsume, prepared, props,
+                           bodies, self.config.max_message_size, self.file_size)
+        if b is not None and self.dispatch_hints is not None and topic != codec.SCHEDULE_TOPIC:
+            b.dispatch = (topic, codec.tags_codes([d.get(codec.PROPERTY_TAGS) for d in dicts], n),
+                          [d.get(codec.PROPERTY_KEYS) or None for d in dicts],
+                          [d.get(codec.PROPERTY_UNIQ_KEY) or None for d in dicts])
+        return b
 
     def _encode_message_batch(self, mb: MessageBatch) -> EncodedBatch | None:
         """Encode a MessageBatch; None (or NotColumnar) if it is one for the general path."""
@@ -354,8 +363,14 @@ class CommitLog:
         if props is None:
             return None
         bodies = mb.bodies if type(mb.bodies) is list else list(mb.bodies)
-        return encode_columns(n, mb.topic, *target, queue_ids, sys_flags, flags, born_ts, 0, 0, props, bodies,
-                              self.config.max_message_size, self.file_size)
+        b = encode_columns(n, mb.topic, *target, queue_ids, sys_flags, flags, born_ts, 0, 0, props, bodies,
+                           self.config.max_message_size, self.file_size)
+        if b is not None and self.dispatch_hints is not None and mb.topic != codec.SCHEDULE_TOPIC:
+            keys, uniqs = mb.property(codec.PROPERTY_KEYS), mb.property(codec.PROPERTY_UNIQ_KEY)
+            b.dispatch = (mb.topic, codec.tags_codes(mb.property(codec.PROPERTY_TAGS), n),
+                          [keys or None] * n if keys is None or isinstance(keys, str) else [k or None for k in keys],
+                          [uniqs or None] * n if uniqs is None or isinstance(uniqs, str) else [u or None for u in uniqs])
+        return b
 
     # --- appending (under the lock) ----------------------------------------------------------------
     def _roll(self, mf: MappedFile, pos: int) -> MappedFile | None:
@@ -436,6 +451,7 @@ class CommitLog:
                 hdr["store_ts"] = now
                 # place the records file by file; a record that does not fit goes behind a blank record
                 i = 0
+                segments = []                               # (first, end) record index of each file's run
                 mf = q.get_last_mapped_file(0)
                 while mf is not None:
                     pos = mf.wrote_position
@@ -455,6 +471,7 @@ class CommitLog:
                             parts[3::4] = b.props[i:k]
                             data = b"".join(parts)
                         mf.write_at(pos, data)
+                        segments.append((i, k))
                         pos += int(ends[k - 1]) - done
                         i = k
                     if i == n or (k == i and pos == 0):     # done, or it fits no file (cannot happen:
@@ -477,9 +494,29 @@ class CommitLog:
                 self.begin_time_in_lock = 0
         if i < n:
             log.error("%s: cannot create the next commitlog file", q.store_path)
+        if b.dispatch is not None and self.dispatch_hints is not None:
+            self._hint_dispatcher(b, segments, phys, now)
         addr, port = b.store_addr, b.store_port
         return PutMessageResults(n, i, phys, sizes, qoff, now,
                                  lambda: codec.create_message_ids_v4(addr, port, phys[:i]), _CREATE_FAILED)
+
+    def _hint_dispatcher(self, b: EncodedBatch, segments: list, phys, now: int) -> None:
+        """Hand the dispatcher what it would parse back from the records just written: one DispatchBatch
+        per file's run, keyed by its first offset (Dispatcher takes one only when its reput offset is there)."""
+        hints = self.dispatch_hints
+        topic, codes, keys, uniqs = b.dispatch
+        hdr, sizes = b.hdr, b.sizes
+        for a, k in segments:
+            h = hdr[a:k]
+            while len(hints) >= DISPATCH_HINTS_MAX:     # the dispatcher is far behind: it parses instead
+                try:
+                    hints.pop(next(iter(hints)), None)
+                except (StopIteration, RuntimeError):
+                    break
+            hints[int(phys[a])] = codec.DispatchBatch(
+                [topic], np.zeros(k - a, np.int64), h["queue_id"].astype(np.int64), phys[a:k], sizes[a:k],
+                codes[a:k], np.full(k - a, now, np.int64), h["queue_offset"].astype(np.int64),
+                h["sys_flag"].astype(np.int64), h["prepared"].astype(np.int64), keys[a:k], uniqs[a:k])
 
     # --- read path ------------------------------------------------------------------------------
     def get_min_offset(self) -> int:

@@ -5,6 +5,11 @@ It reads from `reput_from_offset` in chunks, parses every whole record of a chun
 the batch to the consume queues (only non-transactional and committed messages) and to the index
 (everything but rolled-back messages). An END_OF_FILE blank record moves it to the next file. Listeners
 registered with `add_listener` are told which queues received messages (the long-polling wake-up).
+
+Records the columnar put path wrote in this process come with their columns (CommitLog.dispatch_hints,
+the same DispatchBatch the parser would make of them): when the reput offset is where such a batch
+starts and its bytes are readable, it is dispatched without reading the records back. Anything else
+(another writer's records, a dispatcher that fell behind and saw the hints dropped, recovery) is parsed.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ class Dispatcher:
         self.reput_from_offset = 0
         self.last_dispatched_timestamp = 0
         self.dispatched_messages = 0
+        self.hinted_messages = 0        # of those, how many came with the writer's columns (not parsed)
         self.error: str | None = None
         self.write_error: str | None = None     # the last failed write of a consume queue or index file
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
@@ -85,6 +91,20 @@ class Dispatcher:
             reput = self.reput_from_offset
             if reput >= end:
                 return total
+            hints = cl.dispatch_hints
+            if hints:
+                hint = hints.pop(reput, None)
+                if hint is not None:
+                    hint_end = int(hint.offsets[-1] + hint.sizes[-1])
+                    if hint_end <= end:     # the writer's own columns for the records at reput: no parse
+                        self.dispatch(hint)
+                        self.hinted_messages += len(hint)
+                        total += len(hint)
+                        self.reput_from_offset = hint_end
+                        if self.on_progress is not None:
+                            self.on_progress(hint_end - max(cl.get_min_offset(), 0), end - max(cl.get_min_offset(), 0))
+                        continue
+                    hints[reput] = hint     # not all readable yet (a write buffer not committed)
             min_off = cl.get_min_offset()
             if reput < min_off:
                 log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",

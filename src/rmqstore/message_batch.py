@@ -92,6 +92,11 @@ class MessageBatch:
         v = getattr(self, name)
         return [v] * len(self.bodies) if isinstance(v, int) else list(v)
 
+    def property(self, name: str):
+        """A property's value: one str (or None) for all messages, or a list of one per message."""
+        v = self._props.get(name)
+        return v if v is None or isinstance(v, str) else list(v)
+
     def property_columns(self) -> tuple[list[str], list]:
         """(names, values): values[j] is one str or one str per message."""
         return list(self._props), [v if isinstance(v, str) else list(v) for v in self._props.values()]
@@ -207,7 +212,7 @@ class EncodedBatch:
     """A columnar batch, encoded except for what the lock assigns (queue offset, physical offset, store
     timestamp). The records are either rows of one 2-D array (every record the same size) or pieces."""
     __slots__ = ("n", "sizes", "ends", "hdr", "rows", "bodies", "mids", "props", "keys", "codes", "rank",
-                 "counts", "store_addr", "store_port", "id_prefix")
+                 "counts", "store_addr", "store_port", "id_prefix", "dispatch")
 
 
 
@@ -264,6 +269,7 @@ def encode_columns(n: int, topic: str, ti: tuple, born: tuple, store: tuple, que
             rank[codes == len(keys)] = 0
 
     b = EncodedBatch()
+    b.dispatch = None
     b.n, b.sizes, b.ends = n, sizes, np.cumsum(sizes)
     b.keys, b.codes, b.rank, b.counts = keys, codes, rank, counts
     b.store_addr, b.store_port, b.id_prefix = store[0], store[1], store[4]

@@ -87,6 +87,7 @@ class MessageStore:
             self._load_and_recover()
             self.abort_file.create()
             self._closed = False
+            self.commit_log.dispatch_hints = {}     # columnar puts hand the dispatcher their columns
             if start_services:
                 self.dispatcher.start()
                 from .flush import install_flush_services
