@@ -513,12 +513,16 @@ def test_bench_runs(tmp_path, capsys):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     res = bench.run(p.parse_args(["--messages", "3000", "--batch", "100", "--store", str(tmp_path / "s"),
-                                  "--workload", "put,put_batch"]))
+                                  "--workload", "put,put_batch,put_columns,e2e"]))
     printed = json.loads(capsys.readouterr().out)
     assert printed == res
-    for w in ("put", "put_batch"):
+    for w in ("put", "put_batch", "put_columns", "e2e"):
         assert res["workloads"][w]["ok"] == 3000 and res["workloads"][w]["msgs_per_s"] > 0
-    assert res["workloads"]["put"]["bytes"] == res["workloads"]["put_batch"]["bytes"]
+    assert res["workloads"]["put"]["bytes"] == res["workloads"]["put_batch"]["bytes"] \
+        == res["workloads"]["put_columns"]["bytes"] == res["workloads"]["e2e"]["bytes"]
+    e2e = res["workloads"]["e2e"]
+    assert e2e["all_dispatched"] and e2e["dispatched_from_put_columns"] + e2e["dispatched_parsed"] == 3000
+    assert e2e["lag_samples"] >= 1 and e2e["lag_max_bytes"] >= 0
     assert res["machine"]["cores"] >= 1
 
 

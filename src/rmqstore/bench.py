@@ -14,6 +14,9 @@ Workloads are registered with `@workload("name", "help")`; a workload is a funct
 - `put_batch`  `CommitLog.put_messages` with batches of --batch messages (lists of Messages);
 - `put_columns` the same batches as `MessageBatch`es (columns: no Message object per message).
 
+And of the whole store: `e2e`, MessageBatch puts with the dispatcher running until everything is in the
+consume queues and the index, with the dispatcher's lag (bytes behind the commitlog's end) sampled.
+
 MB are 10**6 bytes of commitlog written (records and END_OF_FILE blanks).
 
 With --repeat R each workload runs R times, each time in a fresh store; a temporary store is deleted after
@@ -42,7 +45,7 @@ from .message import Message, PutMessageResults
 from .message_batch import MessageBatch
 
 SCALES = {"small": 100_000, "full": 1_000_000}
-DEFAULT_WORKLOADS = "put,put_batch,put_columns"
+DEFAULT_WORKLOADS = "put,put_batch,put_columns,e2e"
 TOPIC = "BenchTopic"
 TAG = "TagA"
 BORN_HOST = "10.0.0.1:50000"
@@ -338,6 +341,49 @@ def _wl_put_columns(ctx: BenchContext) -> dict:
         return out
     finally:
         cl.shutdown()
+
+
+@workload("e2e", "MessageStore.put_messages of MessageBatches of --batch messages with the dispatcher running "
+                 "(consume queues and a key per message in the index), until all is dispatched; the "
+                 "dispatcher's lag sampled every 10 ms")
+def _wl_e2e(ctx: BenchContext) -> dict:
+    from .store import MessageStore
+    msgs = ctx.messages()
+    size = max(1, ctx.args.batch)
+    batches = [batch_columns(msgs[i:i + size]) for i in range(0, len(msgs), size)]
+    store = MessageStore.open(ctx.store_dir("e2e"), ctx.config)
+    try:
+        lags: list[int] = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                lags.append(store.dispatch_behind_bytes())
+                stop.wait(0.01)
+
+        sampler = threading.Thread(target=sample, name="lag-sampler", daemon=True)
+        _quiet_gc()
+        try:
+            sampler.start()
+            c0, t0 = time.process_time(), time.perf_counter()
+            ok = sum(ok_count(store.put_messages(MessageBatch(**b))) for b in batches)
+            t_put = time.perf_counter() - t0
+            dispatched = store.wait_dispatched(timeout=600)
+            timing = (time.perf_counter() - t0, time.process_time() - c0)
+        finally:
+            stop.set()
+            sampler.join()
+            gc.unfreeze()
+        out = _figures(len(msgs), ok, store.commit_log.get_max_offset() - store.commit_log.get_min_offset(), timing)
+        d = store.dispatcher
+        out.update(batch=size, all_dispatched=dispatched, puts_alone_msgs_per_s=round(len(msgs) / t_put),
+                   lag_max_bytes=max(lags, default=0),
+                   lag_mean_bytes=round(sum(lags) / len(lags)) if lags else 0, lag_samples=len(lags),
+                   dispatched_from_put_columns=d.hinted_messages, dispatched_parsed=d.dispatched_messages
+                   - d.hinted_messages)
+        return out
+    finally:
+        store.close()
 
 
 # --- command line --------------------------------------------------------------------------------
