@@ -562,7 +562,7 @@ _HEADER_V4_NP = None   # numpy dtype of HEADER_V4, built on first use (numpy is 
 _VECTOR_MIN_RECORDS = 64
 
 
-def _header_v4_dtype():
+def header_v4_dtype():
     global _HEADER_V4_NP
     if _HEADER_V4_NP is None:
         import numpy as np
@@ -670,7 +670,7 @@ def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
         return None, 0
     raw = np.frombuffer(buf, dtype=np.uint8)
     P = np.asarray(positions, dtype=np.int64)
-    hdr = raw[P[:, None] + np.arange(hsize)].view(_header_v4_dtype()).reshape(n)
+    hdr = raw[P[:, None] + np.arange(hsize)].view(header_v4_dtype()).reshape(n)
     total = hdr["total"].astype(np.int64)
     body_len = hdr["body_len"].astype(np.int64)
     last = length - 1

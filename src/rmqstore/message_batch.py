@@ -117,12 +117,7 @@ class MessageBatch:
 # numpy for the fixed header fields, one C-level pass per field for the rest. Others take the general path.
 COLUMNAR_MIN = 16
 _COLUMNAR_MAX_QUEUES = 64           # distinct queue ids in one batch
-# The IPv4 record header (codec.HEADER_V4) as a numpy record: the same 88 bytes, big-endian.
-_HDR_V4 = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
-                    ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
-                    ("born_addr", "S4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "S4"),
-                    ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")])
-assert _HDR_V4.itemsize == _HEADER_V4.size
+_HDR_V4 = codec.header_v4_dtype()     # the IPv4 record header as a numpy record (codec.HEADER_V4)
 _chop_cache: dict[tuple[int, int], struct.Struct] = {}
 
 
@@ -304,9 +299,9 @@ def encode_columns(n: int, topic: str, ti: tuple, born: tuple, store: tuple, que
     hdr["flag"] = flags
     hdr["sys_flag"] = sys_flags & ~0x30
     hdr["born_ts"] = born_ts
-    hdr["born_addr"] = born[0]
+    hdr["born_addr"] = np.void(born[0])
     hdr["born_port"] = born[1]
-    hdr["store_addr"] = store[0]
+    hdr["store_addr"] = np.void(store[0])
     hdr["store_port"] = store[1]
     hdr["reconsume"] = reconsume
     hdr["prepared"] = prepared
