@@ -221,7 +221,6 @@ class Suite:
 
         # rmqstore, batched; then dispatch (consume queues + key index) on the same store
         s = _open(self.dir(f"{key}-rmq"), _rmq_config(p))
-        s.commit_log.dispatch_hints = None      # "dispatch alone" reads every record back from the commitlog
         with _NoGC():
             t0 = time.perf_counter()
             ok = 0

@@ -87,7 +87,9 @@ class MessageStore:
             self._load_and_recover()
             self.abort_file.create()
             self._closed = False
-            self.commit_log.dispatch_hints = {}     # columnar puts hand the dispatcher their columns
+            # columnar puts hand the dispatcher thread their columns (not a synchronous do_reput: without the
+            # thread nobody would take them)
+            self.commit_log.dispatch_hints = {} if start_services else None
             if start_services:
                 self.dispatcher.start()
                 from .flush import install_flush_services
