@@ -270,19 +270,21 @@ def _wl_put(ctx: BenchContext) -> dict:
         cl.shutdown()
 
 
-@workload("put_batch", "CommitLog.put_messages, batches of --batch messages (--threads producers)")
-def _wl_put_batch(ctx: BenchContext) -> dict:
+def _batched(ctx: BenchContext, name: str, prepare: Callable[[list[Message]], object],
+             put_input: Callable[[object], object]) -> dict:
+    """Batches of --batch messages from --threads producers through CommitLog.put_messages; prepare makes
+    a batch's input before the clock starts, put_input what is put from it in the timed loop."""
     msgs = ctx.messages()
     size = max(1, ctx.args.batch)
-    cl, flusher = open_commit_log(ctx, "put_batch")
+    cl, flusher = open_commit_log(ctx, name)
     try:
         parts = _split(msgs, max(1, ctx.args.threads))
-        batches = [[p[i:i + size] for i in range(0, len(p), size)] for p in parts]
+        batches = [[prepare(p[i:i + size]) for i in range(0, len(p), size)] for p in parts]
         counts = [0] * len(parts)
 
-        def job(t: int, bs: list[list[Message]]):
+        def job(t: int, bs: list):
             put = cl.put_messages
-            counts[t] = sum(ok_count(put(b)) for b in bs)
+            counts[t] = sum(ok_count(put(put_input(b))) for b in bs)
 
         _quiet_gc()
         try:
@@ -296,6 +298,21 @@ def _wl_put_batch(ctx: BenchContext) -> dict:
         return out
     finally:
         cl.shutdown()
+
+
+def _same(x):
+    return x
+
+
+@workload("put_batch", "CommitLog.put_messages, batches of --batch messages (--threads producers)")
+def _wl_put_batch(ctx: BenchContext) -> dict:
+    return _batched(ctx, "put_batch", _same, _same)
+
+
+@workload("put_columns", "CommitLog.put_messages of a MessageBatch (columns) of --batch messages "
+                         "(--threads producers); the MessageBatch is made in the timed loop")
+def _wl_put_columns(ctx: BenchContext) -> dict:
+    return _batched(ctx, "put_columns", batch_columns, lambda kw: MessageBatch(**kw))
 
 
 def ok_count(results) -> int:
@@ -312,35 +329,6 @@ def batch_columns(msgs: list[Message]) -> dict:
     return {"topic": msgs[0].topic, "bodies": [m.body for m in msgs], "queue_ids": [m.queue_id for m in msgs],
             "properties": {k: [m.properties[k] for m in msgs] for k in names},
             "born_timestamp": [m.born_timestamp for m in msgs], "born_host": msgs[0].born_host}
-
-
-@workload("put_columns", "CommitLog.put_messages of a MessageBatch (columns) of --batch messages "
-                         "(--threads producers); the MessageBatch is made in the timed loop")
-def _wl_put_columns(ctx: BenchContext) -> dict:
-    msgs = ctx.messages()
-    size = max(1, ctx.args.batch)
-    cl, flusher = open_commit_log(ctx, "put_columns")
-    try:
-        parts = _split(msgs, max(1, ctx.args.threads))
-        batches = [[batch_columns(p[i:i + size]) for i in range(0, len(p), size)] for p in parts]
-        counts = [0] * len(parts)
-
-        def job(t: int, bs: list[dict]):
-            put = cl.put_messages
-            counts[t] = sum(ok_count(put(MessageBatch(**b))) for b in bs)
-
-        _quiet_gc()
-        try:
-            timing = _timed_threads([lambda t=t, b=b: job(t, b) for t, b in enumerate(batches)])
-        finally:
-            gc.unfreeze()
-        out = _figures(len(msgs), sum(counts), cl.get_max_offset() - cl.get_min_offset(), timing)
-        out.update(threads=len(parts), batch=size)
-        if flusher is not None:
-            out["flushes"] = flusher.flushes
-        return out
-    finally:
-        cl.shutdown()
 
 
 @workload("e2e", "MessageStore.put_messages of MessageBatches of --batch messages with the dispatcher running "
