@@ -22,7 +22,6 @@ import logging
 import struct
 import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -51,7 +50,7 @@ _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _PROPS_EXCEEDED = PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
 _CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
 _FLUSH_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT
-_crc32 = zlib.crc32
+_crc32 = codec.crc32
 _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
 _CACHE_LIMIT = 4096     # entries of the topic and host caches before they start over

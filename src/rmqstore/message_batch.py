@@ -5,7 +5,7 @@ values), what a producer that sends thousands of messages at a time has at hand,
 Arrow batch already is: no Message object per message. `CommitLog.put_messages` takes a MessageBatch or
 a list of Messages; either way a batch of at least COLUMNAR_MIN messages that share topic and (IPv4)
 hosts is encoded here a field at a time over the whole batch (encode_columns): numpy for the header
-fields and queue-offset ranks, one str.join for all the properties, one pass of zlib.crc32 over the
+fields and queue-offset ranks, one str.join for all the properties, one pass of codec.crc32 over the
 bodies. What the lock assigns (physical offset, queue offset, store timestamp) is filled in by the
 commitlog. A batch this cannot take (mixed topics, IPv6 hosts, a message to refuse) goes, as Messages,
 to the commitlog's general path, which answers each message with RocketMQ's status.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import struct
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -28,7 +27,7 @@ _HEADER_V4 = codec.HEADER_V4
 _MAGIC = codec.MESSAGE_MAGIC_CODE
 _BLANK_MIN = codec.END_FILE_MIN_BLANK_LENGTH
 _MAX_PROPS = codec.MAX_PROPERTIES_LENGTH
-_crc32 = zlib.crc32
+_crc32 = codec.crc32
 _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
 INT32 = (-(1 << 31), (1 << 31) - 1)
