@@ -541,5 +541,10 @@ def test_message_batch_takes_the_columnar_path(tmp_path, monkeypatch):
         assert [(m.keys, m.tags, m.body) for m in got] == [([f"k{i}"], "t", b"x" * (i % 7)) for i in range(0, 500, 97)]
         ipv6 = cl.put_messages(MessageBatch("T", [b"y"] * 20, born_host="[::1]:5"))   # another header layout
         assert calls == [500] and all(r.ok for r in ipv6)
+        import numpy as np
+        np_cols = cl.put_messages(MessageBatch("T", [b"z"] * 40, queue_ids=np.arange(40, dtype=np.int32) % 4,
+                                               born_timestamp=np.int64(1234)))       # numpy columns
+        assert calls == [500, 40] and np_cols.queue_offsets == [(145 if i % 4 == 0 else 125) + i // 4 for i in range(40)]
+        assert cl.look_message_by_offset(np_cols.wrote_offsets[-1]).born_timestamp == 1234
     finally:
         cl.shutdown()

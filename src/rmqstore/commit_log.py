@@ -350,8 +350,10 @@ class CommitLog:
         if target is None:
             return None
         qids, born_ts = mb.queue_ids, mb.born_timestamp
-        queue_ids = int_column(qids if type(qids) is list else mb.column("queue_ids"), n, INT32)
-        born_ts = int_column(born_ts if type(born_ts) is list else mb.column("born_timestamp"), n, INT64)
+        queue_ids = int_column(qids if type(qids) is list or type(qids) is np.ndarray else mb.column("queue_ids"),
+                               n, INT32)
+        born_ts = int_column(born_ts if type(born_ts) is list or type(born_ts) is np.ndarray
+                             else mb.column("born_timestamp"), n, INT64)
         sys_flags = int_column([mb.sys_flag], 1, INT32)
         flags = int_column([mb.flag], 1, INT32)
         names, columns = mb.property_columns()

@@ -30,6 +30,7 @@ _MAX_PROPS = codec.MAX_PROPERTIES_LENGTH
 _crc32 = codec.crc32
 _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
+_JUST_INT = {int}
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -38,7 +39,7 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 class MessageBatch:
     """Messages to one topic as columns; every sequence has one item per message (len(bodies)).
 
-    queue_ids, born_timestamp: one int for all, or one per message. properties: name -> one str for all,
+    queue_ids, born_timestamp: one int for all, or one per message (a list or a numpy int array). properties: name -> one str for all,
     or a sequence of str (one per message); tags and keys are shorthands for the TAGS and KEYS
     properties (keys: one str per message, several keys separated by a space). born_timestamp defaults
     to the batch's creation time in ms.
@@ -80,6 +81,8 @@ class MessageBatch:
             self.born_timestamp = time.time_ns() // 1_000_000
         for name in ("queue_ids", "born_timestamp"):
             v = getattr(self, name)
+            if isinstance(v, np.integer):
+                setattr(self, name, v := int(v))
             if not isinstance(v, int) and len(v) != n:
                 raise ValueError(f"MessageBatch: {name} has {len(v)} values for {n} bodies")
 
@@ -136,17 +139,25 @@ class NotColumnar(Exception):
 
 def int_column(values: list, n: int, bounds: tuple[int, int]):
     """A message field of the batch: a plain int if it is the same for all, else an int64 array."""
+    if isinstance(values, np.ndarray):     # a numpy column (of a MessageBatch): taken as it is if int
+        if values.dtype.kind not in "iu" or values.shape != (n,) or not n:
+            raise NotColumnar
+        if values.min() < bounds[0] or values.max() > bounds[1]:
+            raise NotColumnar
+        return values.astype(np.int64)
     v0 = values[0]
-    if type(v0) is int and values.count(v0) == n:
+    if type(v0) is int and values[-1] == v0 and values.count(v0) == n:
         if bounds[0] <= v0 <= bounds[1]:
             return v0
         raise NotColumnar
+    if set(map(type, values)) != _JUST_INT:
+        raise NotColumnar      # floats, bools, None: the general path refuses or takes them one by one
     try:
         a = np.fromiter(values, np.int64, n)
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:
         raise NotColumnar from None
-    if a.tolist() != values or a.min() < bounds[0] or a.max() > bounds[1]:
-        raise NotColumnar      # floats, out of range: the general path refuses them one by one
+    if a.min() < bounds[0] or a.max() > bounds[1]:
+        raise NotColumnar      # out of range: the general path refuses them one by one
     return a
 
 
