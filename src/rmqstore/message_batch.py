@@ -164,14 +164,26 @@ def int_column(values: list, n: int, bounds: tuple[int, int]):
 def props_from_columns(names: list[str], columns: list, n: int):
     """PROPERTIES of n messages that share their property names: one str.join over the whole batch.
     columns[j] is names[j]'s value for every message: one str, or a sequence of n str."""
-    k = len(names)
-    stride = 2 * k + 1
-    parts: list = [None] * (stride * n)
+    # the fixed text between the per-message values: constant values (one str, or a column of one
+    # value) go into it, so each message needs 1 + (number of varying columns) pieces
+    fixed, varying = [""], []
     for j, name in enumerate(names):
-        parts[2 * j::stride] = [("\x02" + name if j else name) + "\x01"] * n
         v = columns[j]
-        parts[2 * j + 1::stride] = [v] * n if isinstance(v, str) else v
-    parts[2 * k::stride] = ["\x02\x00"] * n
+        if not isinstance(v, str) and v and type(v[0]) is str and v[-1] == v[0] and v.count(v[0]) == n:
+            v = v[0]
+        fixed[-1] += ("\x02" + name if j else name) + "\x01"
+        if isinstance(v, str):
+            fixed[-1] += v
+        else:
+            varying.append(v)
+            fixed.append("")
+    fixed[-1] += "\x02\x00"
+    stride = 2 * len(varying) + 1
+    parts: list = [None] * (stride * n)
+    for j, v in enumerate(varying):
+        parts[2 * j::stride] = [fixed[j]] * n
+        parts[2 * j + 1::stride] = v
+    parts[stride - 1::stride] = [fixed[-1]] * n
     raw = "".join(parts).encode()
     buf = np.frombuffer(raw, np.uint8)
     ends = np.flatnonzero(buf == 0)
