@@ -68,7 +68,8 @@ class Dispatcher:
             pass
 
     def wakeup(self) -> None:
-        self._wake.set()
+        if not self._wake.is_set():     # set() takes the event's lock: not once per put when already set
+            self._wake.set()
 
     def dispatch_behind_bytes(self) -> int:
         return max(0, self.commit_log.get_max_offset() - self.reput_from_offset)

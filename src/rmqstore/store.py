@@ -177,7 +177,20 @@ class MessageStore:
 
     # --- put ------------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
-        return self.put_messages([msg])[0]
+        """Append one message (put_messages for one, without the batch's costs)."""
+        if self._closed or not self.running_flags.writeable:
+            return self.put_messages([msg])[0]      # refused there, with the reason logged
+        p = msg.properties
+        if p and codec.PROPERTY_DELAY in p:
+            msg = rewrite_delayed([msg], self.max_delay_level)[0]
+        try:
+            result = self.commit_log.put_message(msg)
+        except OSError as e:
+            self.running_flags.write_failed(str(e))
+            log.error("%s: write failed: %s", self.path, e)
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        self.dispatcher.wakeup()
+        return result
 
     def put_messages(self, msgs: Iterable[Message] | MessageBatch, *,
                      delay_rewrite: bool = True) -> Sequence[PutMessageResult]:
