@@ -302,6 +302,7 @@ def test_issue_2264_4707_4042_disk_full(tmp_path, caplog):
             state = svc.check_disk()                    # commitlog/ does not exist yet: its parent is measured
             assert 0.0 <= state.used < 0.2 and not state.space_full
             _put(store, [_msg(f"m{i}") for i in range(50)], acked)
+            assert store.wait_dispatched()      # readable before the disk fills (the read below must go on)
             fill_to(ballast, 0.93)
             svc.check_disk()
             with caplog.at_level("WARNING"):
