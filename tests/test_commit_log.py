@@ -252,3 +252,22 @@ def test_prepared_and_rollback_take_no_queue_offset(tmp_path):
     stored = [(m.sys_flag, m.queue_offset) for m in CommitLogReader(tmp_path).messages()]
     assert stored == list(zip(flags, want))
     cl.shutdown()
+
+
+def test_flush_and_commit_walk_thousands_of_full_files(tmp_path):
+    """One flush (and one commit of the write buffer) over more full files than Python's recursion limit."""
+    from rmqstore.message_batch import MessageBatch
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 4096, "transientStorePoolEnable": "true"})
+    cl = CommitLog(tmp_path, cfg)
+    cl.load()
+    try:
+        n = 60_000
+        assert cl.put_messages(MessageBatch("T", [b"x"] * n)).all_ok
+        q = cl.queue
+        assert len(q.files) > 1200
+        assert q.commit(0) is False and q.committed_where == cl.get_max_offset()
+        assert q.flush(0) is False and q.flushed_where == cl.get_max_offset()
+        assert q.flush(0) is True           # nothing left
+        assert cl.look_message_by_offset(q.files[-1].file_from_offset).body == b"x"
+    finally:
+        cl.shutdown()

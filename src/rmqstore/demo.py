@@ -78,8 +78,11 @@ def main() -> int:
 def library_tour() -> None:
     import threading
 
+    import time
+
     from .config import StoreConfig
     from .consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
+    from .message_batch import MessageBatch
     from .producer import Producer
     from .store import MessageStore
 
@@ -109,6 +112,21 @@ def library_tour() -> None:
               sorted(m.body.decode() for m in got))
         found = store.find_messages_by_key("Orders", "order-3")
         print("  query by key order-3:", [(m.queue_id, m.queue_offset, m.body.decode()) for m in found])
+
+
+    # a batch given as columns, the fastest way in (in a store of RocketMQ's default geometry: the demo
+    # store's 4 KiB files would hold 15 messages each)
+    with MessageStore.open(STORE / "batch-store", StoreConfig()) as store:
+        n = 100_000
+        batch = MessageBatch("Clicks", [b"click %d" % i for i in range(n)], queue_ids=[i % 4 for i in range(n)],
+                             tags="web", keys=[f"click-{i}" for i in range(n)])
+        t0 = time.perf_counter()
+        rs = store.put_messages(batch)
+        put_s = time.perf_counter() - t0
+        store.wait_dispatched()
+        print(f"  MessageBatch of {n:,} messages: all ok {rs.all_ok}, put in {put_s * 1000:.0f} ms, "
+              f"dispatched after {(time.perf_counter() - t0) * 1000:.0f} ms; 'click-77' is at queue offset "
+              f"{store.find_messages_by_key('Clicks', 'click-77')[-1].queue_offset} of queue 1")
 
 
 def pipeline_tour() -> None:

@@ -355,29 +355,27 @@ class MappedFileQueue:
 
     # --- writing --------------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> bool:
-        """Flush the file holding flushed_where; True if nothing was left to flush."""
-        mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
-        if mf is None:
-            return True
-        pos = mf.flush(least_pages)
-        where = mf.file_from_offset + pos
-        done = where == self.flushed_where
-        self.flushed_where = where
-        if pos == mf.file_size and self.last is not mf:  # a full file: go on with the next one
-            return self.flush(least_pages) and done
-        return done
+        """Flush from flushed_where on, file after file while they are full; True if nothing was left to
+        flush."""
+        return self._advance("flushed_where", MappedFile.flush, least_pages)
 
     def commit(self, least_pages: int = 0) -> bool:
-        mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
-        if mf is None:
-            return True
-        pos = mf.commit(least_pages)
-        where = mf.file_from_offset + pos
-        done = where == self.committed_where
-        self.committed_where = where
-        if pos == mf.file_size and self.last is not mf:
-            return self.commit(least_pages) and done
-        return done
+        """Commit (write buffer to file) from committed_where on, like flush."""
+        return self._advance("committed_where", MappedFile.commit, least_pages)
+
+    def _advance(self, attr: str, step, least_pages: int) -> bool:
+        done = True
+        while True:
+            at = getattr(self, attr)
+            mf = self.find_mapped_file_by_offset(at, at == 0)
+            if mf is None:
+                return done
+            pos = step(mf, least_pages)
+            where = mf.file_from_offset + pos
+            done = done and where == at
+            setattr(self, attr, where)
+            if pos != mf.file_size or self.last is mf:  # a full file that is not the last: go on
+                return done
 
     def truncate_dirty_files(self, offset: int) -> None:
         """Forget everything at and after offset: later files deleted, the file holding it cut there."""
