@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
+from _thread import allocate_lock as _allocate_lock
 from typing import TYPE_CHECKING
 
 from .config import SYNC_FLUSH
@@ -79,7 +81,7 @@ class ServiceThread:
 
     def shutdown(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self.wakeup()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -137,59 +139,121 @@ class FlushRealTimeService(ServiceThread):
 
 
 class GroupCommitService(ServiceThread):
-    """Sync flush: puts wait for an msync that covers their bytes; one msync serves all waiting puts."""
+    """Sync flush: puts wait for an msync that covers their bytes; one msync serves all waiting puts.
+
+    Each waiting put queues a request (its next offset and a one-shot lock it blocks on) and wakes the
+    flusher; the flusher takes every queued request after each flush (RocketMQ's requestsWrite /
+    requestsRead swap) and releases exactly those its flush covered, so a put wakes once, when its own
+    bytes are on disk, and never queues on a lock shared with the others. While requests are pending the
+    flusher flushes again at once (no interval wait): the puts that arrive during one msync ride on the
+    next. Released and not covered (flushed_where < next offset) means the put answers FLUSH_DISK_TIMEOUT:
+    after a failed flush (at once; `failed` is final, module docstring) and at shutdown."""
     name = "GroupCommitService"
 
     def __init__(self, store: "MessageStore"):
         super().__init__(10)
         self.store = store
-        self._cond = threading.Condition()
-        self._waiting = 0
+        self._requests: deque = deque()     # (next_offset, locked one-shot lock) of puts waiting; any thread
+        self._pending: list = []            # requests taken by run_once, not yet covered by a flush
+        self._run_lock = threading.Lock()   # one run_once at a time (tests call it beside the thread)
+        self._signal = threading.Lock()     # a binary semaphore: unlocked = the flusher has work
+        self._signal.acquire()
+        self._closing = False               # the thread's last round has begun: waiters do not queue on
+        self.flushes = 0                    # flush rounds that moved flushed_where
         self.failures = 0
         self.failed: str | None = None      # set by the first failed flush, never cleared (module docstring)
 
-    def on_appended(self, next_offset: int) -> bool:
-        """Called by the put path after appending: block until flushed past next_offset (or timeout).
-        False (the put answers FLUSH_DISK_TIMEOUT) on timeout and, at once, after a failed flush."""
-        q = self.store.commit_log.queue
-        deadline = time.monotonic() + self.store.config.sync_flush_timeout / 1000.0
-        with self._cond:
-            self._waiting += 1
+    def start(self) -> None:
+        self._closing = False
+        super().start()
+
+    def wakeup(self) -> None:
+        signal = self._signal
+        if signal.locked():                 # else: already signalled
             try:
-                self._wake.set()
-                while q.flushed_where < next_offset:
-                    if self.failed:
-                        log.warning("sync flush of offset %d failed (flushed to %d): %s", next_offset,
-                                    q.flushed_where, self.failed)
-                        return False
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self.stopped:
-                        log.warning("sync flush of offset %d timed out (flushed to %d)", next_offset, q.flushed_where)
-                        return False
-                    self._cond.wait(left)
-                return True
-            finally:
-                self._waiting -= 1
+                signal.release()
+            except RuntimeError:            # signalled by another thread in between
+                pass
+
+    def on_appended(self, next_offset: int) -> bool:
+        """Called by the put path after appending (outside the put lock): block until flushed past next_offset.
+        False (the put answers FLUSH_DISK_TIMEOUT) on timeout, at shutdown and, at once, after a failed flush."""
+        q = self.store.commit_log.queue
+        if q.flushed_where >= next_offset:
+            return True
+        if not self.failed and not self._closing:
+            done = _allocate_lock()
+            done.acquire()
+            self._requests.append((next_offset, done))
+            self.wakeup()
+            # _closing is set before the last round takes the requests: if it is still clear here, that
+            # round (or an earlier one) takes ours and releases it
+            if not self._closing:
+                done.acquire(True, self.store.config.sync_flush_timeout / 1000.0)
+        if q.flushed_where >= next_offset:
+            return True
+        if self.failed:
+            log.warning("sync flush of offset %d failed (flushed to %d): %s", next_offset, q.flushed_where,
+                        self.failed)
+        elif self._closing:
+            log.warning("sync flush of offset %d: not flushed at shutdown (flushed to %d)", next_offset,
+                        q.flushed_where)
+        else:
+            log.warning("sync flush of offset %d timed out (flushed to %d)", next_offset, q.flushed_where)
+        return False
 
     def _loop(self) -> None:
+        signal = self._signal
+        idle = 0                            # rounds in a row that left requests pending and flushed nothing
         while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            self.run_once()
+            if (self._pending or self._requests) and idle < 2:
+                signal.acquire(False)       # consume the wakeup of the requests this round takes
+            else:
+                signal.acquire(True, self.interval)
+            if self._stop.is_set():
+                break
+            try:
+                # a round that flushed nothing may still leave a request whose bytes came in after the
+                # flush: the next round covers it; two such rounds in a row would be a stuck request (no
+                # spinning on it: then wait for the next put or the interval)
+                idle = 0 if self.run_once() or not self._pending else idle + 1
+            except Exception:
+                log.exception("%s failed", self.name)
+                self._stop.wait(0.1)
+        self._closing = True
         self.run_once()
 
-    def run_once(self) -> None:
+    def run_once(self) -> bool:
+        """Flush (unless a flush failed before), then release every waiting put the flush covered, all of
+        them after a failure or in the last round; True if flushed_where moved."""
         store = self.store
-        if not self.failed:
-            try:
-                if store.config.transient_store_pool_enable:
-                    store.commit_log.queue.commit(0)
-                flush_commit_log(store, 0)
-            except OSError as e:
-                self.failures += 1
-                self.failed = flush_failed(store, "commitlog", e)
-        with self._cond:
-            self._cond.notify_all()
+        q = store.commit_log.queue
+        with self._run_lock:
+            before = q.flushed_where
+            if not self.failed:
+                try:
+                    if store.config.transient_store_pool_enable:
+                        q.commit(0)
+                    flush_commit_log(store, 0)
+                except OSError as e:
+                    self.failures += 1
+                    self.failed = flush_failed(store, "commitlog", e)
+            where = q.flushed_where
+            moved = where != before
+            if moved:
+                self.flushes += 1
+            pending, requests = self._pending, self._requests
+            while requests:
+                pending.append(requests.popleft())
+            release_all = self.failed or self._closing
+            keep = []
+            for r in pending:
+                if release_all or r[0] <= where:
+                    r[1].release()
+                else:
+                    keep.append(r)
+            self._pending = keep
+            return moved
 
 
 class CommitRealTimeService(ServiceThread):
