@@ -548,3 +548,18 @@ def test_message_batch_takes_the_columnar_path(tmp_path, monkeypatch):
         assert cl.look_message_by_offset(np_cols.wrote_offsets[-1]).born_timestamp == 1234
     finally:
         cl.shutdown()
+
+
+def test_bench_sync_flush_goes_through_group_commit(tmp_path, capsys):
+    """`rmqstore bench --flush sync` answers each put after the GroupCommitService's msync covers it; with
+    several producer threads some msyncs serve more than one put."""
+    import argparse
+
+    from rmqstore import bench
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    res = bench.run(p.parse_args(["--messages", "400", "--threads", "8", "--flush", "sync", "--workload", "put",
+                                  "--store", str(tmp_path / "s")]))
+    put = res["workloads"]["put"]
+    assert put["ok"] == 400 and put["threads"] == 8
+    assert 0 < put["flushes"] < 400

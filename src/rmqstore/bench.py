@@ -148,38 +148,29 @@ def machine_info() -> dict:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-class SyncFlusher:
-    """An on_appended hook for --flush sync: flush up to the offset before answering (group commit:
-    one msync covers every append that finished before it started)."""
-
-    def __init__(self, commit_log):
-        self.cl = commit_log
-        self.lock = threading.Lock()
-        self.flushes = 0
-
-    def __call__(self, offset: int) -> bool:
-        q = self.cl.queue
-        if q.flushed_where >= offset:
-            return True
-        with self.lock:
-            while q.flushed_where < offset:
-                before = q.flushed_where
-                self.cl.flush(0)
-                self.flushes += 1
-                if q.flushed_where == before:
-                    return False
-        return True
+@dataclass
+class PutTarget:
+    """What a put workload writes to: a CommitLog, the flush service answering its puts (SYNC_FLUSH) and
+    how to close it."""
+    commit_log: object
+    flusher: object | None
+    close: Callable[[], None]
 
 
-def open_commit_log(ctx: BenchContext, name: str):
+def open_commit_log(ctx: BenchContext, name: str) -> PutTarget:
+    """With ASYNC_FLUSH a CommitLog alone. With SYNC_FLUSH the commitlog of a MessageStore whose services
+    run: each put is answered by its GroupCommitService once an msync covers it (RocketMQ's group commit:
+    one msync serves every put waiting), the dispatcher builds queues and index meanwhile."""
+    if ctx.config.flush_disk_type == SYNC_FLUSH:
+        from .flush import GroupCommitService
+        from .store import MessageStore
+        store = MessageStore.open(ctx.store_dir(name), ctx.config)
+        svc = next(s for s in store.services if isinstance(s, GroupCommitService))
+        return PutTarget(store.commit_log, svc, store.close)
     from .commit_log import CommitLog
     cl = CommitLog(ctx.store_dir(name), ctx.config)
     cl.load()
-    flusher = None
-    if ctx.config.flush_disk_type == SYNC_FLUSH:
-        flusher = SyncFlusher(cl)
-        cl.on_appended = flusher
-    return cl, flusher
+    return PutTarget(cl, None, cl.shutdown)
 
 
 def _split(items: list, parts: int) -> list[list]:
@@ -243,7 +234,8 @@ def _quiet_gc():
 @workload("put", "CommitLog.put_message, one message per call (--threads producers)")
 def _wl_put(ctx: BenchContext) -> dict:
     msgs = ctx.messages()
-    cl, flusher = open_commit_log(ctx, "put")
+    target = open_commit_log(ctx, "put")
+    cl, flusher = target.commit_log, target.flusher
     try:
         parts = _split(msgs, max(1, ctx.args.threads))
         counts = [0] * len(parts)
@@ -267,7 +259,7 @@ def _wl_put(ctx: BenchContext) -> dict:
             out["flushes"] = flusher.flushes
         return out
     finally:
-        cl.shutdown()
+        target.close()
 
 
 def _batched(ctx: BenchContext, name: str, prepare: Callable[[list[Message]], object],
@@ -276,7 +268,8 @@ def _batched(ctx: BenchContext, name: str, prepare: Callable[[list[Message]], ob
     a batch's input before the clock starts, put_input what is put from it in the timed loop."""
     msgs = ctx.messages()
     size = max(1, ctx.args.batch)
-    cl, flusher = open_commit_log(ctx, name)
+    target = open_commit_log(ctx, name)
+    cl, flusher = target.commit_log, target.flusher
     try:
         parts = _split(msgs, max(1, ctx.args.threads))
         batches = [[prepare(p[i:i + size]) for i in range(0, len(p), size)] for p in parts]
@@ -297,7 +290,7 @@ def _batched(ctx: BenchContext, name: str, prepare: Callable[[list[Message]], ob
             out["flushes"] = flusher.flushes
         return out
     finally:
-        cl.shutdown()
+        target.close()
 
 
 def _same(x):
