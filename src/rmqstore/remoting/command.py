@@ -36,6 +36,8 @@ _json_loads = json.loads
 _enc = json.encoder.encode_basestring      # C: a JSON string literal, non-ASCII kept (as fastjson writes)
 _decoder = json.JSONDecoder()
 _raw_decode = _decoder.raw_decode
+_scan_once = _decoder.scan_once          # the C scanner: (value, end), StopIteration when there is none
+_new_command = object.__new__
 
 _opaque_counter = itertools.count(1)
 
@@ -257,10 +259,12 @@ def _to_int32(v: int) -> int:
 # --- decoding ---------------------------------------------------------------------------------------
 def decode_json_header(data: bytes | memoryview) -> RemotingCommand:
     try:
-        text = bytes(data).decode("utf-8")
-        h, end = _raw_decode(text)
+        text = str(data, "utf-8")
+        h, end = _scan_once(text, 0)
         if end != len(text) and text[end:].strip():
             raise ValueError("extra data after the header")
+    except StopIteration as e:
+        raise FrameError(f"JSON header: Expecting value: char {e.value}") from None
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise FrameError(f"JSON header: {e}") from None
     if h.__class__ is not dict:
@@ -281,7 +285,7 @@ def decode_json_header(data: bytes | memoryview) -> RemotingCommand:
     if remark is not None and remark.__class__ is not str:
         remark = str(remark)
     lang = get("language", "JAVA")
-    cmd = RemotingCommand.__new__(RemotingCommand)
+    cmd = _new_command(RemotingCommand)
     cmd.code = code
     cmd.language = lang if lang.__class__ is str else "OTHER"
     cmd.version = version
@@ -336,28 +340,49 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[RemotingCommand]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[RemotingCommand]:
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            src = buf
+        else:
+            src = data          # nothing buffered: frames are read straight from data (no copy)
         out = []
         pos = 0
-        n = len(buf)
+        n = len(src)
+        unpack = _I.unpack_from
+        max_frame = self.max_frame
         try:
             while n - pos >= 4:
-                length = _I.unpack_from(buf, pos)[0]
+                length = unpack(src, pos)[0]
                 if length < 4:
                     raise FrameError(f"frame length {length} is below the minimum of 4")
-                if length > self.max_frame:
-                    raise FrameTooLarge(f"frame length {length} exceeds the maximum of {self.max_frame}")
-                if n - pos - 4 < length:
+                if length > max_frame:
+                    raise FrameTooLarge(f"frame length {length} exceeds the maximum of {max_frame}")
+                end = pos + 4 + length
+                if end > n:
                     break
-                out.append(decode_frame(buf[pos + 4:pos + 4 + length]))
-                pos += 4 + length
+                ori = unpack(src, pos + 4)[0]
+                hl = ori & 0xFFFFFF
+                hend = pos + 8 + hl
+                if hend > end:
+                    raise FrameError(f"header length {hl} exceeds the frame ({length - 4} bytes after it)")
+                if ori >> 24 == 0:
+                    cmd = decode_json_header(src[pos + 8:hend])
+                    if hend < end:
+                        cmd.body = bytes(src[hend:end])
+                    out.append(cmd)
+                else:
+                    out.append(decode_frame(src[pos + 4:end]))
+                pos = end
         except FrameError:
             self._buf = bytearray()     # the stream cannot be resynchronised: drop what is buffered
             raise
-        if pos:
-            del buf[:pos]
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < n:
+            buf += src[pos:]            # a partial frame: kept for the next feed
         return out
 
 
