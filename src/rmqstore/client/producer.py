@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+import struct
 import zlib
 from typing import Callable
 
@@ -29,7 +30,8 @@ from ..remoting.body import UniqIdGenerator, encode_batch_entry
 from ..remoting.codes import (DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX, RequestCode,
                               ResponseCode)
-from ..remoting.command import RemotingCommand
+from ..remoting.codes import CURRENT_VERSION
+from ..remoting.command import RemotingCommand, next_opaque
 from .instance import MQClientInstance, TopicPublishInfo, TopicRoute, publish_info
 from .message import (LocalTransactionState, Message, MessageQueue, MQBrokerError, MQClientError, SendResult,
                       SendStatus, TransactionSendResult)
@@ -46,6 +48,7 @@ _RETRY_CODES = {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE
 _UNIQ = UniqIdGenerator()
 _enc = json.encoder.encode_basestring
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+_II = struct.Struct(">iI")
 
 
 class Producer:
@@ -73,7 +76,8 @@ class Producer:
         self._inflight_lock = threading.Lock()
         self._slot_freed = threading.Event()
         self._channels: dict[str, str] = {}             # broker name -> address to send to (VIP port)
-        self._enc_topics: dict[str, str] = {}
+        self._heads: dict[tuple[str, int], str] = {}     # (topic, code) -> the start of the send header
+        self._waiters = 0                               # threads waiting for a slot
         self._enc_group = _enc(group)
         self._enc_key = _enc(create_topic_key)
         self._enc_lang = _enc(language)
@@ -161,8 +165,16 @@ class Producer:
 
     def _request(self, msg: Message, mq: MessageQueue, *, sys_flag_extra: int = 0, code: int = RequestCode.SEND_MESSAGE_V2,
                  body: bytes | None = None, batch: bool = False) -> RemotingCommand:
+        cmd = RemotingCommand(code, language=self.language)
+        cmd.header, cmd.body = self._encode(msg, mq, cmd.opaque, sys_flag_extra, code, body, batch)
+        return cmd
+
+    def _encode(self, msg: Message, mq: MessageQueue, opaque: int, sys_flag: int = 0,
+                code: int = RequestCode.SEND_MESSAGE_V2, body: bytes | None = None,
+                batch: bool = False) -> tuple[bytes, bytes]:
+        """(header, body) of a send request: SendMessageRequestHeaderV2 as the Java client writes it,
+        encoded here directly (the hot path)."""
         body = msg.body if body is None else body
-        sys_flag = sys_flag_extra
         if not batch and len(body) >= self.compress_msg_body_over:
             body = zlib.compress(body, 5)
             sys_flag |= codec.SYSFLAG_COMPRESSED
@@ -170,25 +182,26 @@ class Producer:
         if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
             sys_flag |= codec.TRANSACTION_PREPARED_TYPE
         topic = msg.topic
-        j, l_field = "0", None
+        head = self._heads.get((topic, code))
+        if head is None:
+            head = self._heads[(topic, code)] = '{"code":%d,"extFields":{"a":%s,"b":%s,"c":%s,"d":"%d","e":"' % (
+                code, self._enc_group, _enc(topic), self._enc_key, self.default_topic_queue_nums)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            j = props.get("RECONSUME_TIME", "0")
+            j = _enc(props.get("RECONSUME_TIME", "0"))
             l_field = props.get("MAX_RECONSUME_TIMES")
-        cmd = RemotingCommand(code, body=body, language=self.language)
-        # SendMessageRequestHeaderV2 as the Java client writes it, encoded here directly (the hot path)
-        et = self._enc_topics.get(topic)
-        if et is None:
-            et = self._enc_topics[topic] = _enc(topic)
-        cmd.header = (
-            '{"code":%d,"extFields":{"a":%s,"b":%s,"c":%s,"d":"%d","e":"%d","f":"%d","g":"%d","h":"%d","i":%s,'
-            '"j":%s,"k":"false",%s"m":"%s"},"flag":0,"language":%s,"opaque":%d,"serializeTypeCurrentRPC":"JSON",'
-            '"version":%d}' % (
-                code, self._enc_group, et, self._enc_key, self.default_topic_queue_nums, mq.queue_id, sys_flag,
-                int(time.time() * 1000), msg.flag, _enc("".join([k + "\x01" + v + "\x02" for k, v in props.items()])),
-                _enc(j),
-                ('"l":%s,' % _enc(l_field)) if l_field is not None else "", "true" if batch else "false",
-                self._enc_lang, cmd.opaque, cmd.version)).encode("utf-8")
-        return cmd
+            tail = ('"j":%s,"k":"false","l":%s,' % (j, _enc(l_field))) if l_field is not None else \
+                '"j":%s,"k":"false",' % j
+        else:
+            tail = '"j":"0","k":"false",'
+        try:
+            p = "\x02".join(map("\x01".join, props.items())) + "\x02" if props else ""
+        except TypeError:
+            p = "".join([str(k) + "\x01" + str(v) + "\x02" for k, v in props.items()])
+        header = ('%s%d","f":"%d","g":"%d","h":"%d","i":%s,%s"m":"%s"},"flag":0,"language":%s,"opaque":%d,'
+                  '"serializeTypeCurrentRPC":"JSON","version":%d}' % (
+                      head, mq.queue_id, sys_flag, time.time_ns() // 1_000_000, msg.flag, _enc(p), tail,
+                      "true" if batch else "false", self._enc_lang, opaque, CURRENT_VERSION)).encode("utf-8")
+        return header, body
 
     @staticmethod
     def _result(resp: RemotingCommand, msg_id: str, mq: MessageQueue, addr: str) -> SendResult:
@@ -201,7 +214,8 @@ class Producer:
             offset = int(f.get("queueOffset", -1))
         except ValueError:
             raise MQClientError(f"bad send response from {addr}: {f}") from None
-        return SendResult(status, msg_id, f.get("msgId", ""), MessageQueue(mq.topic, mq.broker_name, queue_id), offset,
+        return SendResult(status, msg_id, f.get("msgId", ""),
+                          mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id), offset,
                           None, f.get("MSG_REGION"), f.get("TRACE_ON", "true") != "false")
 
     def _broker_addr(self, mq: MessageQueue) -> str:
@@ -281,72 +295,52 @@ class Producer:
             out.set_exception(e)
             return out
         timeout = self.send_msg_timeout if timeout is None else timeout
-        if not self._acquire_slot(timeout):
-            out.set_exception(MQClientError("too many asynchronous sends in flight"))
-            return out
-        out.add_done_callback(self._release_slot)
-        self._send_async_attempt(msg, uid, info, queue, out, time.monotonic() + timeout,
-                                 self.retry_times_when_send_async_failed, None)
+        # one of max_async_in_flight slots (RocketMQ's semaphoreAsyncValue); waits up to timeout
+        lock = self._inflight_lock
+        lock.acquire()
+        if self._inflight < self.max_async_in_flight:
+            self._inflight += 1
+            lock.release()
+        else:
+            lock.release()
+            if not self._acquire_slot(timeout):
+                out.set_exception(MQClientError("too many asynchronous sends in flight"))
+                return out
+        a = _AsyncSend()
+        a.producer, a.msg, a.uid, a.info, a.queue, a.out = self, msg, uid, info, queue, out
+        a.deadline, a.retries, a.mq, a.addr = time.monotonic() + timeout, self.retry_times_when_send_async_failed, None, None
+        a.attempt(None)
         return out
 
     def _acquire_slot(self, timeout: float) -> bool:
-        """One of max_async_in_flight slots (RocketMQ's semaphoreAsyncValue); waits up to timeout."""
-        deadline = None
+        """Wait up to timeout for a free slot. Waiters are woken when an eighth of the slots are free
+        again (so a waiting sender sends a batch, not one message per answer)."""
+        deadline = time.monotonic() + timeout
         while True:
             with self._inflight_lock:
                 if self._inflight < self.max_async_in_flight:
                     self._inflight += 1
                     return True
                 self._slot_freed.clear()
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + timeout
-            if now >= deadline:
-                return False
-            self._slot_freed.wait(min(0.05, deadline - now))
+                self._waiters += 1
+            try:
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                mq = self.mq
+                if mq is not None:
+                    mq.remoting.flush()     # what is queued goes out before this thread sleeps
+                self._slot_freed.wait(min(0.05, deadline - now))
+            finally:
+                with self._inflight_lock:
+                    self._waiters -= 1
 
     def _release_slot(self, _f=None) -> None:
         with self._inflight_lock:
             self._inflight -= 1
-            full = self._inflight + 1 >= self.max_async_in_flight
-        if full:
+            wake = self._waiters and self._inflight <= self.max_async_in_flight - max(1, self.max_async_in_flight >> 3)
+        if wake:
             self._slot_freed.set()
-
-    def _send_async_attempt(self, msg, uid, info, queue, out, deadline, retries_left, last_broker) -> None:
-        mq = queue if info is None else info.select(last_broker)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            out.set_exception(MQClientError(f"send of {msg!r} timed out"))
-            return
-
-        def retry_or_fail(exc: BaseException) -> None:
-            if retries_left > 0 and info is not None and not (isinstance(exc, MQBrokerError) and exc.code not in _RETRY_CODES):
-                self._send_async_attempt(msg, uid, info, queue, out, deadline, retries_left - 1, mq.broker_name)
-            elif not out.done():
-                out.set_exception(exc)
-
-        try:
-            addr = self._broker_addr(mq)
-            cmd = self._request(msg, mq)
-        except Exception as e:
-            retry_or_fail(e)
-            return
-
-        def on_response(resp, exc) -> None:
-            if exc is not None:
-                retry_or_fail(exc)
-                return
-            try:
-                res = self._result(resp, uid, mq, addr)
-            except Exception as e:
-                retry_or_fail(e)
-                return
-            if not out.done():
-                out.set_result(res)
-        try:
-            self._check().remoting.invoke_async(addr, cmd, left, on_response)
-        except Exception as e:
-            retry_or_fail(e)
 
     async def send_coro(self, msg: Message, timeout: float | None = None) -> SendResult:
         """`await producer.send_coro(msg)` from asyncio code (wraps send_async)."""
@@ -516,3 +510,60 @@ class Producer:
                   "transactionId": f.get("transactionId") or msg.msg_id}
         self._check().remoting.invoke_oneway(addr, RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=fields,
                                                                    language=self.language))
+
+
+class _AsyncSend:
+    """One send_async in flight, and the pending request of its connection (deadline, complete)."""
+    __slots__ = ("producer", "msg", "uid", "info", "queue", "out", "deadline", "retries", "mq", "addr")
+
+    def attempt(self, last_broker: str | None) -> None:
+        p = self.producer
+        info = self.info
+        mq = self.mq = self.queue if info is None else info.select(last_broker)
+        if self.deadline <= time.monotonic():
+            self.finish(None, MQClientError(f"send of {self.msg!r} timed out"))
+            return
+        try:
+            addr = self.addr = p._channels.get(mq.broker_name) or p._broker_addr(mq)
+            opaque = next_opaque()
+            header, body = p._encode(self.msg, mq, opaque)
+            conn = p._check().remoting.connection(addr)
+            conn.send_async(_II.pack(4 + len(header) + len(body), len(header)) + header + body, opaque, self)
+        except Exception as e:
+            self.retry_or_fail(e)
+
+    def complete(self, resp: RemotingCommand | None, exc: BaseException | None) -> None:
+        """The answer (or the error) of the request: a SendResult, or another attempt, or the error."""
+        if exc is None:
+            try:
+                res = self.producer._result(resp, self.uid, self.mq, self.addr)
+            except Exception as e:
+                exc = e
+            else:
+                self.finish(res, None)
+                return
+        self.retry_or_fail(exc)
+
+    def retry_or_fail(self, exc: BaseException) -> None:
+        if self.retries > 0 and self.info is not None and not (isinstance(exc, MQBrokerError)
+                                                                and exc.code not in _RETRY_CODES):
+            self.retries -= 1
+            self.attempt(self.mq.broker_name if self.mq is not None else None)
+        else:
+            self.finish(None, exc)
+
+    def finish(self, res: SendResult | None, exc: BaseException | None) -> None:
+        out = self.out
+        if self.producer is None:
+            return
+        p, self.producer = self.producer, None      # once
+        p._release_slot()
+        if out.done():
+            return
+        try:
+            if exc is None:
+                out.set_result(res)
+            else:
+                out.set_exception(exc)
+        except concurrent.futures.InvalidStateError:
+            pass
