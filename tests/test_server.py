@@ -717,3 +717,92 @@ def test_send_message_v1_header(server):
         assert rec.born_host.startswith("127.0.0.1:") and rec.store_host == server.broker_addr
     finally:
         c.close()
+
+
+def _read_frames(sock: socket.socket, count: int, timeout: float = 10.0) -> list[bytes]:
+    """count whole frames (with their length prefix) as the server wrote them."""
+    buf, out = b"", []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            data = sock.recv(1 << 20)
+        except socket.timeout:
+            break
+        if not data:
+            break
+        buf += data
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack_from(">i", buf)[0]:
+            n = 4 + struct.unpack_from(">i", buf)[0]
+            out.append(buf[:n])
+            buf = buf[n:]
+    return out
+
+
+def test_pipelined_sends_answer_as_the_general_path(server):
+    """Many sends in one read take the broker's batched path (one MessageBatch, answers encoded in bulk);
+    mixed ones (other property names, a binary header, a transaction half, a batch) the general one. Every
+    answer is byte for byte what RemotingCommand would encode, and every message is stored as sent."""
+    from rmqstore.remoting.command import decode_frame
+    topic = "PipeT"
+    c = Conn(server.vip_addr)
+    m = Conn(server.broker_addr)
+    try:
+        assert c.rpc(send_v2(topic, b"first", 0, "KEYS\x01k\x02")).code == 0      # creates the topic
+        sent: dict[int, list[tuple[bytes, dict]]] = {q: [] for q in range(4)}
+        sent[0].append((b"first", {"KEYS": "k"}))
+
+        def props_of(i, odd):
+            if odd == "names":
+                return {"TAGS": "T", "KEYS": f"k{i}", "UNIQ_KEY": f"U{i:030d}"}
+            if odd == "none":
+                return {}
+            return {"KEYS": f"k{i} x{i}", "WAIT": "true", "TAGS": "TagA", "UNIQ_KEY": f"U{i:030d}"}
+
+        def run(specs):
+            cmds = []
+            for i, odd in specs:
+                p = props_of(i, odd)
+                cmd = send_v2(topic, f"body-{i}-".encode() * (1 + i % 3), i % 4, codec.properties_to_string(p))
+                if odd == "binary":
+                    cmd.serialize_type = SerializeType.ROCKETMQ
+                cmds.append((cmd, p))
+            c.send_raw(b"".join(cmd.encode() for cmd, _ in cmds))
+            frames = _read_frames(c.sock, len(cmds))
+            assert len(frames) == len(cmds)
+            got = {}
+            for raw in frames:
+                r = decode_frame(raw[4:])
+                assert r.encode() == raw              # the generic encoder writes the same bytes
+                got[r.opaque] = r
+            for cmd, p in cmds:
+                r = got[cmd.opaque]
+                assert r.code == 0 and r.ext_fields["queueId"] == cmd.ext_fields["e"], r
+                assert r.serialize_type == cmd.serialize_type
+                q = int(cmd.ext_fields["e"])
+                assert int(r.ext_fields["queueOffset"]) == len(sent[q]), (r, len(sent[q]))
+                sent[q].append((cmd.body, p))
+                assert r.ext_fields["MSG_REGION"] == "DefaultRegion" and r.ext_fields["TRACE_ON"] == "true"
+
+        run([(i, "") for i in range(40)])                                       # uniform: one MessageBatch
+        run([(i, "names" if i == 50 else "none" if i == 60 else "binary" if i == 65 else "")
+             for i in range(40, 80)])                                            # mixed: Messages
+        run([(i, "none") for i in range(80, 120)])                               # no properties at all
+        run([(i, "names" if i == 130 else "") for i in range(120, 160)])         # plain, other names: Messages
+        for q in range(4):
+            recs = []
+            deadline = time.monotonic() + 5
+            while len(recs) < len(sent[q]) and time.monotonic() < deadline:
+                pull = {"consumerGroup": "pipe_cg", "topic": topic, "queueId": q, "queueOffset": len(recs),
+                        "maxMsgNums": 32, "sysFlag": 4, "commitOffset": 0, "suspendTimeoutMillis": 0,
+                        "subscription": "*", "subVersion": 1, "expressionType": "TAG"}
+                r = m.rpc(req(RequestCode.PULL_MESSAGE, pull))
+                if r.code == 0:
+                    recs += [codec.decode_record(x, 0) for x in _records(r.body)]
+                else:
+                    time.sleep(0.05)
+            assert [(x.body, x.properties, x.queue_offset) for x in recs] == \
+                [(b, p, i) for i, (b, p) in enumerate(sent[q])]
+    finally:
+        c.close()
+        m.close()

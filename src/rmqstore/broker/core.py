@@ -15,11 +15,13 @@ import random
 import re
 import struct
 import time
+from itertools import repeat
 from dataclasses import dataclass
 from typing import Callable
 
 from .. import codec
-from ..message import GetMessageStatus, Message, PutMessageResult, PutMessageStatus
+from ..message import GetMessageStatus, Message, PutMessageResult, PutMessageResults, PutMessageStatus
+from ..message_batch import COLUMNAR_MIN, MessageBatch
 from ..remoting import fastjson
 from ..remoting.body import BodyError, decode_batch
 from ..remoting.codes import (DEFAULT_TOPIC, DLQ_GROUP_TOPIC_PREFIX, MASTER_ID, PERM_READ, PERM_WRITE,
@@ -46,6 +48,9 @@ V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defau
             "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch"}
 V2_ALIAS = {v: k for k, v in V2_NAMES.items()}
 LONG_MAX = 2 ** 63 - 1
+INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1
+_II = struct.Struct(">iI")
+_enc = __import__("json").encoder.encode_basestring
 
 
 class HeaderError(Exception):
@@ -126,13 +131,19 @@ class Broker:
         self.region_id = region_id
         self.trace_on = "true" if trace_on else "false"
         self._base_fields = {PROPERTY_MSG_REGION: region_id, PROPERTY_TRACE_SWITCH: self.trace_on}
+        # the header of a SEND_MESSAGE_V2 answer, as RemotingCommand.encode_header writes it (opaque, msgId,
+        # queueId, queueOffset filled in)
+        base = ",".join(_enc(k) + ":" + _enc(v) for k, v in self._base_fields.items()).replace("%", "%%")
+        self._ok_header = ('{"code":0,"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d",' + base +
+                           '},"flag":1,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON","version":293}')
         self._valid_topics: set[str] = set()
         self.reject_transaction = reject_transaction
         self.store_host = f"{cfg.broker_ip1}:{cfg.listen_port}"
         self.broker_addr = self.store_host
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sync_flush = cfg.flush_disk_type == "SYNC_FLUSH"
-        self._puts: list[_PendingPut] = []
+        self._puts: list = []            # _PendingPut, or a tuple for a plain SEND_MESSAGE_V2 (_send_fast)
+        self._puts_general = False       # some of _puts is a _PendingPut
         self._touched: set = set()
         self._tx_groups: set[str] = set()
         self._put_scheduled = False
@@ -230,7 +241,43 @@ class Broker:
                 ResponseCode.SYSTEM_ERROR, f"request queueId[{qid}] is illegal, {tc} Producer: {ch.remote}", resp_fields)
         return tc, None
 
+    def _send_fast(self, ch: Channel, req: RemotingCommand, f: dict) -> bool:
+        """A SEND_MESSAGE_V2 of one plain message (no batch, retry topic, transaction, new topic or odd
+        field) to a known topic: queued for the next put as a tuple, without a Header or a Message. False
+        when send_message's general path must take it (it answers whatever is wrong)."""
+        try:
+            topic = f["b"]
+            qid = int(f["e"])
+            sys_flag = int(f["f"])
+            born_ts = int(f["g"])
+            flag = int(f["h"])
+            int(f["d"])
+            f["a"], f["c"]
+        except (KeyError, ValueError, TypeError):
+            return False
+        if f.get("m", "false") != "false" or f.get("j", "0") != "0" or topic not in self._valid_topics \
+                or topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return False
+        if not (0 <= sys_flag <= INT_MAX and INT_MIN <= flag <= INT_MAX and -LONG_MAX - 1 <= born_ts <= LONG_MAX):
+            return False
+        tc = self.topics.table.get(topic)
+        if tc is None or qid < 0 or (qid >= tc.write_queue_nums and qid >= tc.read_queue_nums):
+            return False
+        props = f.get("i") or ""
+        if PROPERTY_TRANSACTION_PREPARED in props or not self.store.running_flags.writeable:
+            return False
+        if tc.topic_filter_type == "MULTI_TAG":
+            sys_flag |= MULTI_TAGS_FLAG
+        self._puts.append((ch, req, topic, qid, flag, sys_flag, born_ts, props, req.body or b""))
+        if not self._put_scheduled:
+            self._put_scheduled = True
+            self.loop.call_soon(self._flush_puts)
+        return True
+
     def send_message(self, ch: Channel, req: RemotingCommand):
+        if req.code == RequestCode.SEND_MESSAGE_V2 and req.serialize_type == 0 and req.ext_fields is not None \
+                and self._send_fast(ch, req, req.ext_fields):
+            return None
         h = self._send_header(req)
         base = self._base_fields
         topic = h.str("topic")
@@ -330,6 +377,11 @@ class Broker:
         self._submit_put(msgs, done)
         return None
 
+    def _ok_frame(self, opaque: int, msg_id: str, qid: int, queue_offset: int) -> bytes:
+        """The encoded answer to a JSON SEND_MESSAGE_V2 whose message was put."""
+        h = (self._ok_header % (msg_id, qid, queue_offset, opaque)).encode()
+        return _II.pack(4 + len(h), len(h)) + h
+
     def _put_response(self, req: RemotingCommand, r: PutMessageResult, qid: int, base: dict) -> RemotingCommand:
         st = r.status
         if st is PutMessageStatus.PUT_OK:
@@ -352,6 +404,7 @@ class Broker:
     # --- the put queue: one store call per loop iteration -------------------------------------------
     def _submit_put(self, msgs: list[Message], done: Callable[[list[PutMessageResult]], None]) -> None:
         self._puts.append(_PendingPut(msgs, done))
+        self._puts_general = True
         if not self._put_scheduled:
             self._put_scheduled = True
             self.loop.call_soon(self._flush_puts)
@@ -359,42 +412,122 @@ class Broker:
     def _flush_puts(self) -> None:
         self._put_scheduled = False
         puts, self._puts = self._puts, []
+        general, self._puts_general = self._puts_general, False
         if not puts:
             return
-        flat = [m for p in puts for m in p.msgs]
+        payload = None if general else self._message_batch(puts)
+        if payload is None:
+            payload = []
+            for p in puts:
+                if type(p) is tuple:
+                    ch, req, topic, qid, flag, sys_flag, born_ts, props, body = p
+                    payload.append(Message(topic, body, qid, flag, sys_flag, born_ts, ch.remote, self.store_host, 0, 0,
+                                           codec.string_to_properties(props)))
+                else:
+                    payload.extend(p.msgs)
+        n = len(payload)
         if self.sync_flush:
-            fut = self.loop.run_in_executor(None, self._put_all, flat)
+            fut = self.loop.run_in_executor(None, self._put_all, payload)
             fut.add_done_callback(lambda f: self._deliver_puts(puts, f.result() if not f.exception() else
-                                                               self._failed(flat, f.exception())))
+                                                               self._failed(n, f.exception())))
         else:
             try:
-                results = self._put_all(flat)
+                results = self._put_all(payload)
             except Exception as e:
-                results = self._failed(flat, e)
+                results = self._failed(n, e)
             self._deliver_puts(puts, results)
 
-    def _put_all(self, msgs: list[Message]) -> list[PutMessageResult]:
+    def _message_batch(self, puts: list) -> MessageBatch | None:
+        """The plain sends of one loop iteration as one MessageBatch (columns: the store's cheapest way in)
+        when they come from one connection, to one topic, with the same flag, sysFlag and property names;
+        else None (they go as Messages)."""
+        n = len(puts)
+        if n < COLUMNAR_MIN:
+            return None
+        chs, _reqs, topics, qids, flags, sys_flags, borns, props, bodies = zip(*puts)
+        ch = chs[0]
+        if chs.count(ch) != n or topics.count(topics[0]) != n or flags.count(flags[0]) != n \
+                or sys_flags.count(sys_flags[0]) != n:
+            return None
+        # the properties "k\x01v\x02" * k of every message, split over the whole batch at once; only when
+        # each message has the same k names in the same order, each pair once (else Messages, parsed one
+        # by one, say what each message has)
+        k = props[0].count("\x02")
+        columns = {}
+        if k:
+            if list(map(str.count, props, repeat("\x02", n))).count(k) != n \
+                    or not all(map(str.endswith, props, repeat("\x02", n))):
+                return None
+            items = "".join(props).split("\x02")
+            items.pop()
+            if list(map(str.count, items, repeat("\x01", n * k))).count(1) != n * k:
+                return None
+            flat = "\x01".join(items).split("\x01")
+            names = flat[0:2 * k:2]
+            if len(set(names)) != k or flat[0::2] != names * n:
+                return None
+            step = 2 * k
+            columns = {names[j]: flat[2 * j + 1::step] for j in range(k)}
+        elif any(props):
+            return None
+        try:
+            return MessageBatch(topics[0], list(bodies), queue_ids=list(qids), properties=columns, flag=flags[0],
+                                sys_flag=sys_flags[0], born_timestamp=list(borns), born_host=ch.remote,
+                                store_host=self.store_host)
+        except (TypeError, ValueError):
+            return None
+
+    def _put_all(self, msgs) -> list[PutMessageResult]:
         return self.store.put_messages(msgs)
 
-    def _failed(self, msgs, exc) -> list[PutMessageResult]:
-        log.error("put of %d messages failed: %s", len(msgs), exc)
-        return [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR) for _ in msgs]
+    def _failed(self, n: int, exc) -> list[PutMessageResult]:
+        log.error("put of %d messages failed: %s", n, exc)
+        return [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR) for _ in range(n)]
 
-    def _deliver_puts(self, puts: list[_PendingPut], results: list[PutMessageResult]) -> None:
-        i = 0
-        self.stats["put"] += len(results)
-        for p in puts:
-            n = len(p.msgs)
-            try:
-                p.done(results[i:i + n])
-            except Exception:
-                log.exception("answering a put failed")
-            i += n
+    def _deliver_puts(self, puts: list, results) -> None:
+        n = len(results)
+        self.stats["put"] += n
+        touched = self._touched
+        if type(results) is PutMessageResults and results.all_ok and n == len(puts) and not any(
+                type(p) is not tuple for p in puts):
+            # every message put, every request a plain send: the answers as bytes, per connection
+            ids, qoffs = results.msg_ids, results.queue_offsets
+            ok_frame = self._ok_frame
+            frames: dict = {}
+            for i, p in enumerate(puts):
+                ch, req = p[0], p[1]
+                lst = frames.get(ch)
+                if lst is None:
+                    lst = frames[ch] = []
+                lst.append(ok_frame(req.opaque, ids[i], p[3], qoffs[i]))
+            for ch, lst in frames.items():
+                ch.send_frames(lst)
+        else:
+            i = 0
+            base = self._base_fields
+            for p in puts:
+                if type(p) is tuple:
+                    ch, req, qid = p[0], p[1], p[3]
+                    r = results[i]
+                    if r.status is PutMessageStatus.PUT_OK and req.serialize_type == 0:
+                        a = r.append_result
+                        ch.send_frames([self._ok_frame(req.opaque, a.msg_id, qid, a.logics_offset)])
+                    else:
+                        ch.send(self._put_response(req, r, qid, base))
+                        touched.add(ch)
+                    i += 1
+                    continue
+                k = len(p.msgs)
+                try:
+                    p.done(results[i:i + k])
+                except Exception:
+                    log.exception("answering a put failed")
+                i += k
         # Write the answers now, before this thread lets go of the GIL (the next select() would hand it to
         # the dispatcher thread that the put just woke, delaying every answer by its parse).
-        for ch in self._touched:
+        for ch in touched:
             ch.flush()
-        self._touched.clear()
+        touched.clear()
 
     def put_async(self, msgs: list[Message]) -> "asyncio.Future[list[PutMessageResult]]":
         fut = self.loop.create_future()

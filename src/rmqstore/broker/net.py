@@ -161,6 +161,16 @@ class Channel(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Write encoded frames now, after what is queued."""
+        if self.closed or self.transport is None:
+            return
+        if self._out:
+            frames = self._out + frames
+            self._out = []
+            self._out_bytes = 0
+        self.transport.write(b"".join(frames) if len(frames) > 1 else frames[0])
+
     def flush(self) -> None:
         """Write what is queued now (the scheduled flush then finds nothing)."""
         if self._out:
