@@ -25,6 +25,70 @@ _pack = codec.CQ_UNIT.pack
 _CQ_NP = np.dtype(codec.CQ_DTYPE)
 
 
+def search_by_time(ranges: list[tuple[int, int]], min_index: int, timestamp: int,
+                   unit: Callable[[int], tuple[int, int] | None], store_time: Callable[[int, int], int],
+                   min_phy_offset: int) -> int | None:
+    """RocketMQ's getOffsetInQueueByTime over a queue's files, as logical offsets.
+
+    ranges: [first, end) logical offsets of each file, in order; min_index: the queue's min offset;
+    unit(i): (commitlog offset, size) of unit i, or None; store_time(offset, size): the message's store
+    time, or -1 if it cannot be read. A file is chosen by its first message's store time, then the
+    seeds' binary search runs inside it (units whose message is below min_phy_offset count as older).
+    Returns the logical offset closest to timestamp, -1 for "the queue's min offset", None when a
+    message cannot be read (the caller answers 0, as RocketMQ does).
+    """
+    chosen = ranges[-1]
+    for j, (fs, fe) in enumerate(ranges):
+        first = max(min_index, fs)
+        if first >= fe:
+            continue
+        u = unit(first)
+        if u is None:
+            continue
+        o, s = u
+        if s <= 0 or s == codec.CQ_BLANK_SIZE:
+            continue
+        t = store_time(o, s)
+        if t >= timestamp:
+            chosen = ranges[max(0, j - 1)] if t > timestamp else (fs, fe)
+            break
+    fs, fe = chosen
+    low, high = max(min_index - fs, 0), fe - fs - 1
+    target = left = right = -1
+    left_v = right_v = -1
+    while high >= low:
+        mid = (low + high) // 2
+        u = unit(fs + mid)
+        if u is None:
+            break
+        o, s = u
+        if o < min_phy_offset:
+            low = mid + 1
+            left = mid
+            continue
+        t = store_time(o, s)
+        if t < 0:
+            return None
+        if t == timestamp:
+            target = mid
+            break
+        if t > timestamp:
+            high = mid - 1
+            right, right_v = mid, t
+        else:
+            low = mid + 1
+            left, left_v = mid, t
+    if target != -1:
+        off = target
+    elif left_v == -1:
+        off = right
+    elif right_v == -1:
+        off = left
+    else:
+        off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
+    return -1 if off < 0 else fs + off
+
+
 class ConsumeQueue:
     def __init__(self, topic: str, queue_id: int, root: str | Path, mapped_file_size: int):
         self.topic = topic
@@ -265,53 +329,15 @@ class ConsumeQueue:
         files = self.queue.files
         if not files:
             return 0
-        chosen = files[-1]
-        for mf in files:
-            first = mf.read(max(0, self.min_logic_offset - mf.file_from_offset), UNIT) \
-                if mf.file_from_offset <= self.min_logic_offset else mf.read(0, UNIT)
-            if first is None:
-                continue
-            o, s, _ = codec.CQ_UNIT.unpack(first)
-            if s <= 0 or s == codec.CQ_BLANK_SIZE:
-                continue
-            if store_time_of(o, s) >= timestamp:
-                chosen = files[max(0, files.index(mf) - 1)] if store_time_of(o, s) > timestamp else mf
-                break
-        mf = chosen
-        low = self.min_logic_offset - mf.file_from_offset if self.min_logic_offset > mf.file_from_offset else 0
-        high = mf.read_position - UNIT
-        mid = target = left = right = -1
-        left_v = right_v = -1
-        while high >= low:
-            mid = (low + high) // (2 * UNIT) * UNIT
-            o, s, _ = codec.CQ_UNIT.unpack(mf.read(mid, UNIT))
-            if o < min_phy_offset:
-                low = mid + UNIT
-                left = mid
-                continue
-            t = store_time_of(o, s)
-            if t < 0:
-                return 0
-            if t == timestamp:
-                target = mid
-                break
-            if t > timestamp:
-                high = mid - UNIT
-                right, right_v = mid, t
-            else:
-                low = mid + UNIT
-                left, left_v = mid, t
-        if target != -1:
-            off = target
-        elif left_v == -1:
-            off = right
-        elif right_v == -1:
-            off = left
-        else:
-            off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
-        if off < 0:
-            return self.get_min_offset_in_queue()
-        return (mf.file_from_offset + off) // UNIT
+        ranges = [(mf.file_from_offset // UNIT, (mf.file_from_offset + mf.read_position) // UNIT) for mf in files]
+
+        def unit(i):
+            u = self.get_unit(i)
+            return (u[0], u[1]) if u else None
+        found = search_by_time(ranges, self.min_logic_offset // UNIT, timestamp, unit, store_time_of, min_phy_offset)
+        if found is None:
+            return 0
+        return self.get_min_offset_in_queue() if found < 0 else found
 
     # --- maintenance ----------------------------------------------------------------------------
     def truncate_dirty_logic_files(self, phy_offset: int) -> None:

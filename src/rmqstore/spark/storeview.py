@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import codec
 from ..config import StoreConfig
+from ..consume_queue import search_by_time
 from ..index_file import IndexFile, key_hash
 from . import records as R
 
@@ -943,62 +944,11 @@ def offset_by_time(view: StoreView, qv: QueueView, timestamp: int, cache: FileCa
         o, s = qv.units(i, i + 1)
         return (int(o[0]), int(s[0])) if len(o) else None
 
-    def st(o, s):
-        return view.store_time(cache, o, s)
-    chosen = ranges[-1]
-    for j, (fs, fe) in enumerate(ranges):
-        first_i = max(lo_all, fs) if fs <= lo_all else fs
-        if first_i >= fe:
-            continue
-        u = unit(first_i)
-        if u is None:
-            continue
-        o, s = u
-        if s <= 0 or s == BLANK_SIZE:
-            continue
-        t = st(o, s)
-        if t >= timestamp:
-            chosen = ranges[max(0, j - 1)] if t > timestamp else (fs, fe)
-            break
-    fs, fe = chosen
-    low = lo_all - fs if lo_all > fs else 0
-    high = fe - fs - 1
-    target = left = right = -1
-    left_v = right_v = -1
-    phy_min = max(view.cl_min, 0)
-    while high >= low:
-        mid = (low + high) // 2
-        u = unit(fs + mid)
-        if u is None:
-            break
-        o, s = u
-        if o < phy_min:
-            low = mid + 1
-            left = mid
-            continue
-        t = st(o, s)
-        if t < 0:
-            return 0
-        if t == timestamp:
-            target = mid
-            break
-        if t > timestamp:
-            high = mid - 1
-            right, right_v = mid, t
-        else:
-            low = mid + 1
-            left, left_v = mid, t
-    if target != -1:
-        off = target
-    elif left_v == -1:
-        off = right
-    elif right_v == -1:
-        off = left
-    else:
-        off = right if abs(timestamp - left_v) > abs(timestamp - right_v) else left
-    if off < 0:
-        return qv.min_offset
-    return fs + off
+    found = search_by_time(ranges, lo_all, timestamp, unit, lambda o, s: view.store_time(cache, o, s),
+                           max(view.cl_min, 0))
+    if found is None:
+        return 0
+    return qv.min_offset if found < 0 else found
 
 
 def index_candidates(view: StoreView, topic: str, key: str) -> list[int]:
