@@ -85,43 +85,12 @@ class CommitLog:
 
     # --- put path -------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
-        # The usual message (topic, hosts and queue seen before, str properties, within the limits) is
-        # encoded right here; anything else by _encode, which also refuses what must be refused.
-        fast = False
-        try:
-            ti = self._topics.get(msg.topic)
-            props = msg.properties
-            p = ("\x02".join(map("\x01".join, props.items())) + "\x02").encode() if props else b""
-            hosts = self._hosts
-            born = hosts.get(msg.born_host)
-            store = hosts.get(msg.store_host or self.default_store_host)
-            fast = ti is not None and born is not None and store is not None and len(p) <= _MAX_PROPS
-        except (ValueError, TypeError, AttributeError):
-            pass
-        if fast:
-            sys_flag = (msg.sys_flag & ~0x30) | born[2] | store[3]
-            hs = _HS[sys_flag >> 4 & 3]
-            body = msg.body
-            if body is None:
-                body = b""
-            tail = b"".join((ti[0], _pack_len(len(p)), p))
-            size = hs.size + len(body) + len(tail)
-            queue_id = msg.queue_id
-            key = None if sys_flag & codec.TRANSACTION_PREPARED_TYPE else ti[1].get(queue_id)
-            fast = (size <= self.config.max_message_size and size + _BLANK_MIN <= self.file_size
-                    and (key is not None or sys_flag & codec.TRANSACTION_PREPARED_TYPE))
-        if fast:
-            crc = _crc32(body) & 0x7FFFFFFF
-            flag, born_ts, reconsume, prepared = (msg.flag, msg.born_timestamp, msg.reconsume_times,
-                                                  msg.prepared_transaction_offset)
-            born_addr, born_port = born[0], born[1]
-            store_addr, store_port, id_prefix = store[0], store[1], store[4]
-        else:
-            e = self._encode(msg)
-            if type(e) is not tuple:
-                return PutMessageResult(e)
-            (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
-             reconsume, prepared, body, tail, key, id_prefix) = e
+        """Append one message: encoded by _encode (which refuses what must be refused), placed under the lock."""
+        e = self._encode(msg)
+        if type(e) is not tuple:
+            return PutMessageResult(e)
+        (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
+         reconsume, prepared, body, tail, key, id_prefix) = e
         q = self.queue
         with self.put_lock:
             now = time.time_ns() // 1_000_000
