@@ -364,3 +364,95 @@ def test_two_brokers_behind_one_name_server(tmp_path):
             assert b.stop() == 0
     finally:
         assert a.stop() == 0
+
+
+# --- the send_async future -------------------------------------------------------------------------------
+def test_send_future_is_a_concurrent_future_with_its_semantics():
+    """SendFuture makes its Condition only when someone waits; everything else stays Future's."""
+    import concurrent.futures as cf
+    from rmqstore.client.producer import SendFuture
+
+    f = SendFuture()
+    assert isinstance(f, cf.Future) and not f.done() and not f.running() and not f.cancelled()
+    seen = []
+    f.add_done_callback(lambda x: seen.append(("before", x.result())))
+    f.set_result(5)
+    assert f.done() and f.result() == 5 and f.exception() is None and f._cond is None
+    f.add_done_callback(lambda x: seen.append(("after", x.result())))
+    assert seen == [("before", 5), ("after", 5)]
+    with pytest.raises(cf.InvalidStateError):
+        f.set_result(6)
+    with pytest.raises(cf.InvalidStateError):
+        f.set_exception(ValueError())
+    assert "finished returned int" in repr(f)
+
+    e = SendFuture()
+    e.set_exception(KeyError("k"))
+    assert isinstance(e.exception(), KeyError)
+    with pytest.raises(KeyError):
+        e.result()
+
+    c = SendFuture()
+    assert c.cancel() and c.cancelled() and c.done()
+    with pytest.raises(cf.CancelledError):
+        c.result(0)
+    with pytest.raises(cf.InvalidStateError):
+        c.set_result(1)
+
+    t = SendFuture()
+    with pytest.raises(cf.TimeoutError):
+        t.result(0.01)
+    with pytest.raises(cf.TimeoutError):
+        t.exception(0.01)
+
+    # waiters in other threads (the Condition is made then), wait() and as_completed()
+    for wait_kind in ("result", "wait", "as_completed", "callback"):
+        for _ in range(50):
+            w = SendFuture()
+            got = []
+            started = threading.Event()
+
+            def waiter():
+                started.set()
+                if wait_kind == "result":
+                    got.append(w.result(5))
+                elif wait_kind == "wait":
+                    done, _ = cf.wait([w], 5)
+                    got.append(next(iter(done)).result())
+                elif wait_kind == "as_completed":
+                    got.extend(x.result() for x in cf.as_completed([w], 5))
+                else:
+                    ev = threading.Event()
+                    w.add_done_callback(lambda x: (got.append(x.result()), ev.set()))
+                    ev.wait(5)
+            th = threading.Thread(target=waiter)
+            th.start()
+            started.wait(5)
+            w.set_result("ok")
+            th.join(5)
+            assert got == ["ok"], wait_kind
+
+    # asyncio.wrap_future
+    a = SendFuture()
+
+    async def main():
+        fut = asyncio.wrap_future(a)
+        asyncio.get_running_loop().call_later(0.01, a.set_result, "done")
+        return await asyncio.wait_for(fut, 5)
+    assert asyncio.run(main()) == "done"
+
+
+def test_async_sends_few_and_many_with_sync_sends_between(server, producer):
+    """The async frames a connection queues go out when few are queued (the writer thread) and when many are
+    (the sender itself), and a sync send in between is answered at once."""
+    topic = "AsyncFewMany"
+    futs = [producer.send_async(Message(topic, b"one"))]
+    assert futs[0].result(10).send_status is SendStatus.SEND_OK
+    for n in (1, 3, 63, 64, 65, 700):
+        futs = [producer.send_async(Message(topic, f"m{n}-{i}".encode(), keys=f"k{i}")) for i in range(n)]
+        r = producer.send(Message(topic, b"sync in between"))
+        assert r.send_status is SendStatus.SEND_OK
+        results = [f.result(10) for f in futs]
+        assert all(x.send_status is SendStatus.SEND_OK for x in results)
+        assert len({x.msg_id for x in results}) == n
+    assert producer._inflight == 0

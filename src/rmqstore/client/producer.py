@@ -284,7 +284,7 @@ class Producer:
                    timeout: float | None = None, *, queue: MessageQueue | None = None) -> concurrent.futures.Future:
         """Send without waiting: a Future of the SendResult (callback(result, error) too, in the client's
         reader thread). A failure is retried on another queue retryTimesWhenSendAsyncFailed times."""
-        out: concurrent.futures.Future = concurrent.futures.Future()
+        out: concurrent.futures.Future = SendFuture()
         if callback is not None:
             out.add_done_callback(lambda f: callback(None if f.exception() else f.result(), f.exception()))
         try:
@@ -510,6 +510,128 @@ class Producer:
                   "transactionId": f.get("transactionId") or msg.msg_id}
         self._check().remoting.invoke_oneway(addr, RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=fields,
                                                                    language=self.language))
+
+
+_LAZY = threading.Lock()
+_FINISHED = concurrent.futures._base.FINISHED
+_CANCELLED = (concurrent.futures._base.CANCELLED, concurrent.futures._base.CANCELLED_AND_NOTIFIED)
+_DONE = _CANCELLED + (_FINISHED,)
+
+
+class SendFuture(concurrent.futures.Future):
+    """The Future send_async answers: a concurrent.futures.Future whose Condition (and waiter and callback
+    lists) are made only when something waits on it (result() before it is done, wait(), as_completed())
+    or cancels it - most are done before anyone asks. Until then its state changes under one module lock;
+    once the Condition exists, everything is the base class's, under the Condition."""
+
+    def __init__(self):
+        self._cond = None
+        self._state = concurrent.futures._base.PENDING
+        self._result = None
+        self._exception = None
+        self._wl = None
+        self._cbs = None
+
+    @property
+    def _condition(self):
+        c = self._cond
+        if c is None:
+            with _LAZY:
+                c = self._cond
+                if c is None:
+                    c = self._cond = threading.Condition()
+        return c
+
+    @property
+    def _waiters(self):
+        w = self._wl
+        if w is None:
+            with _LAZY:
+                w = self._wl
+                if w is None:
+                    w = self._wl = []
+        return w
+
+    @property
+    def _done_callbacks(self):
+        cbs = self._cbs
+        if cbs is None:
+            with _LAZY:
+                cbs = self._cbs
+                if cbs is None:
+                    cbs = self._cbs = []
+        return cbs
+
+    def _invoke_callbacks(self):
+        cbs = self._cbs
+        if cbs:
+            for callback in cbs:
+                try:
+                    callback(self)
+                except Exception:
+                    concurrent.futures._base.LOGGER.exception("exception calling callback for %r", self)
+
+    def done(self):
+        return self._state in _DONE
+
+    def running(self):
+        return self._state == concurrent.futures._base.RUNNING
+
+    def cancelled(self):
+        return self._state in _CANCELLED
+
+    def result(self, timeout=None):
+        if self._state == _FINISHED and self._exception is None:
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        if self._state == _FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn):
+        with _LAZY:
+            if self._cond is not None:
+                now = None
+            elif self._state not in _DONE:
+                if self._cbs is None:
+                    self._cbs = [fn]
+                else:
+                    self._cbs.append(fn)
+                return
+            else:
+                now = True
+        if now is None:
+            super().add_done_callback(fn)
+            return
+        try:
+            fn(self)
+        except Exception:
+            concurrent.futures._base.LOGGER.exception("exception calling callback for %r", self)
+
+    def _set(self, result, exception) -> bool:
+        """Finish without a Condition (True), or leave it to the base class (False: one exists)."""
+        with _LAZY:
+            if self._cond is not None:
+                return False
+            state = self._state
+            if state not in _DONE:
+                self._result = result
+                self._exception = exception
+                self._state = _FINISHED
+        if state in _DONE:
+            raise concurrent.futures.InvalidStateError(f"{state}: {self!r}")
+        self._invoke_callbacks()
+        return True
+
+    def set_result(self, result):
+        if not self._set(result, None):
+            super().set_result(result)
+
+    def set_exception(self, exception):
+        if not self._set(None, exception):
+            super().set_exception(exception)
 
 
 class _AsyncSend:
