@@ -16,6 +16,7 @@ import re
 import struct
 import time
 from itertools import repeat
+from operator import add, attrgetter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,6 +51,7 @@ V2_ALIAS = {v: k for k, v in V2_NAMES.items()}
 LONG_MAX = 2 ** 63 - 1
 INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1
 _II = struct.Struct(">iI")
+_opaque_of = attrgetter("opaque")
 _enc = __import__("json").encoder.encode_basestring
 
 
@@ -182,6 +184,9 @@ class Broker:
 
     # --- entry ------------------------------------------------------------------------------------
     def handle(self, ch: Channel, req: RemotingCommand):
+        if req.code == 310 and req.serialize_type == 0 and req.ext_fields is not None \
+                and self._send_fast(ch, req, req.ext_fields):      # SEND_MESSAGE_V2, the hot path
+            return None
         h = self.handlers.get(req.code)
         if h is None:
             return not_supported(req)
@@ -275,9 +280,6 @@ class Broker:
         return True
 
     def send_message(self, ch: Channel, req: RemotingCommand):
-        if req.code == RequestCode.SEND_MESSAGE_V2 and req.serialize_type == 0 and req.ext_fields is not None \
-                and self._send_fast(ch, req, req.ext_fields):
-            return None
         h = self._send_header(req)
         base = self._base_fields
         topic = h.str("topic")
@@ -491,17 +493,25 @@ class Broker:
         if type(results) is PutMessageResults and results.all_ok and n == len(puts) and not any(
                 type(p) is not tuple for p in puts):
             # every message put, every request a plain send: the answers as bytes, per connection
-            ids, qoffs = results.msg_ids, results.queue_offsets
-            ok_frame = self._ok_frame
-            frames: dict = {}
-            for i, p in enumerate(puts):
-                ch, req = p[0], p[1]
-                lst = frames.get(ch)
-                if lst is None:
-                    lst = frames[ch] = []
-                lst.append(ok_frame(req.opaque, ids[i], p[3], qoffs[i]))
-            for ch, lst in frames.items():
-                ch.send_frames(lst)
+            chs, reqs, _t, qids = list(zip(*puts))[:4]
+            heads = list(map(str.encode, map(self._ok_header.__mod__, zip(
+                results.msg_ids, qids, results.queue_offsets, map(_opaque_of, reqs)))))
+            lens = list(map(len, heads))
+            parts = [None] * (2 * n)
+            parts[0::2] = map(_II.pack, map(add, lens, repeat(4, n)), lens)
+            parts[1::2] = heads
+            ch = chs[0]
+            if chs.count(ch) == n:
+                ch.send_frames(parts)
+            else:
+                frames: dict = {}
+                for i, ch in enumerate(chs):
+                    lst = frames.get(ch)
+                    if lst is None:
+                        lst = frames[ch] = []
+                    lst += parts[2 * i:2 * i + 2]
+                for ch, lst in frames.items():
+                    ch.send_frames(lst)
         else:
             i = 0
             base = self._base_fields

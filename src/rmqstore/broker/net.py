@@ -101,18 +101,25 @@ class Channel(asyncio.Protocol):
         self._serve(cmds)
 
     def _serve(self, cmds: list[RemotingCommand]) -> None:
+        handler = self.handler
         for i, cmd in enumerate(cmds):
             if self.closed:
                 return
             if self._paused:      # the peer is not reading its answers: serve the rest when it does
                 self._backlog[:0] = cmds[i:]
                 return
-            if cmd.is_response:
+            if cmd.flag & 1:      # a response to a request of ours
                 fut = self._pending.pop(cmd.opaque, None)
                 if fut is not None and not fut.done():
                     fut.set_result(cmd)
                 continue
-            self._dispatch(cmd)
+            try:
+                r = handler(self, cmd)
+            except Exception as e:
+                log.exception("request %s from %s failed", cmd.code_name, self.remote)
+                r = cmd.make_response(ResponseCode.SYSTEM_ERROR, _remark(e))
+            if r is not None:
+                self._answer(cmd, r)
 
     # --- requests -----------------------------------------------------------------------------
     def _dispatch(self, cmd: RemotingCommand) -> None:
@@ -121,8 +128,11 @@ class Channel(asyncio.Protocol):
         except Exception as e:
             log.exception("request %s from %s failed", cmd.code_name, self.remote)
             r = cmd.make_response(ResponseCode.SYSTEM_ERROR, _remark(e))
-        if r is None:
-            return
+        if r is not None:
+            self._answer(cmd, r)
+
+    def _answer(self, cmd: RemotingCommand, r) -> None:
+        """What the handler gave for cmd: a response to send, or an awaitable giving one."""
         if isinstance(r, RemotingCommand):
             if not cmd.is_oneway:
                 self.send(r)
