@@ -456,3 +456,32 @@ def test_async_sends_few_and_many_with_sync_sends_between(server, producer):
         assert all(x.send_status is SendStatus.SEND_OK for x in results)
         assert len({x.msg_id for x in results}) == n
     assert producer._inflight == 0
+
+
+def test_async_sends_end_when_the_server_dies(tmp_path):
+    """Frames queued or in flight when the connection goes: every future ends (sent, or failed), none hangs,
+    and every in-flight slot is given back."""
+    srv = ServerProcess(tmp_path / "store", CONF).start()
+    p = Producer("dying_pg", srv.namesrv_addr, max_async_in_flight=256).start()
+    try:
+        topic = "DyingT"
+        assert p.send(Message(topic, b"first")).send_status is SendStatus.SEND_OK
+        futs = []
+        killer = threading.Timer(0.2, srv.kill)
+        killer.start()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            futs.append(p.send_async(Message(topic, b"x" * 100, keys="k"), timeout=5))
+        killer.join()
+        ok = failed = 0
+        for f in futs:
+            try:
+                f.result(15)
+                ok += 1
+            except (MQClientError, ConnectionError):
+                failed += 1
+        assert ok + failed == len(futs) and ok > 0 and failed > 0, (ok, failed)
+        assert wait_until(lambda: p._inflight == 0, 5), p._inflight
+    finally:
+        p.shutdown()
+        srv.stop()

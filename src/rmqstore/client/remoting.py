@@ -129,10 +129,6 @@ class Connection:
         finally:
             self.close()
 
-    @staticmethod
-    def _complete(p, result, exc: BaseException | None = None) -> None:
-        p.complete(result, exc)
-
     # --- writing ------------------------------------------------------------------------------------
     def send(self, cmd: RemotingCommand, timeout: float | None, callback=None,
              want_future: bool = True) -> concurrent.futures.Future | None:
@@ -155,6 +151,10 @@ class Connection:
         if self.closed:
             raise RemotingSendError(f"connection to {self.addr} is closed")
         self.pending[opaque] = pending
+        if self.closed:       # closed meanwhile: answer here unless close() did
+            if self.pending.pop(opaque, None) is not None:
+                raise RemotingSendError(f"connection to {self.addr} is closed")
+            return
         q = self._queue
         q.append(data)
         if len(q) >= WRITE_BATCH and self._wlock.acquire(False):
