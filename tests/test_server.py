@@ -806,3 +806,19 @@ def test_pipelined_sends_answer_as_the_general_path(server):
     finally:
         c.close()
         m.close()
+
+
+def test_oneway_send_is_stored_and_not_answered(server):
+    c = Conn(server.vip_addr)
+    try:
+        assert c.rpc(send_v2("OnewayT", b"first", 0, "KEYS\x01a\x02")).code == 0
+        ow = send_v2("OnewayT", b"oneway", 0, "KEYS\x01b\x02")
+        ow.flag |= 2
+        last = send_v2("OnewayT", b"last", 0, "KEYS\x01c\x02")
+        c.send_raw(ow.encode() + last.encode())
+        frames = _read_frames(c.sock, 2, timeout=2.0)
+        from rmqstore.remoting.command import decode_frame
+        assert [decode_frame(f[4:]).opaque for f in frames] == [last.opaque]
+        assert decode_frame(frames[0][4:]).ext_fields["queueOffset"] == "2"     # the oneway one took offset 1
+    finally:
+        c.close()

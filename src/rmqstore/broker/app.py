@@ -226,7 +226,7 @@ class BrokerServer:
                 self.broker.release_all_held()
             except Exception:
                 log.exception("releasing held pulls failed")
-            self.broker._flush_puts()
+            self.broker.flush_all_puts()
         for s in self.servers:
             await s.stop()
         self.servers.clear()

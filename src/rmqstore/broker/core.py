@@ -16,7 +16,7 @@ import re
 import struct
 import time
 from itertools import repeat
-from operator import add, attrgetter
+from operator import add, attrgetter, itemgetter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,6 +52,11 @@ LONG_MAX = 2 ** 63 - 1
 INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1
 _II = struct.Struct(">iI")
 _opaque_of = attrgetter("opaque")
+_ext_of = attrgetter("ext_fields")
+_body_of = attrgetter("body")
+_V2_FIELDS = itemgetter("a", "b", "c", "d", "e", "f", "g", "h", "i")
+_J_OK = {None, "0"}
+_M_OK = {None, "false"}
 _enc = __import__("json").encoder.encode_basestring
 
 
@@ -146,6 +151,8 @@ class Broker:
         self.sync_flush = cfg.flush_disk_type == "SYNC_FLUSH"
         self._puts: list = []            # _PendingPut, or a tuple for a plain SEND_MESSAGE_V2 (_send_fast)
         self._puts_general = False       # some of _puts is a _PendingPut
+        self._puts_raw = False           # some of _puts is a (channel, SEND_MESSAGE_V2 request) to check
+        self._puts_fast = False          # some of _puts is a _send_fast tuple
         self._touched: set = set()
         self._tx_groups: set[str] = set()
         self._put_scheduled = False
@@ -184,9 +191,17 @@ class Broker:
 
     # --- entry ------------------------------------------------------------------------------------
     def handle(self, ch: Channel, req: RemotingCommand):
-        if req.code == 310 and req.serialize_type == 0 and req.ext_fields is not None \
-                and self._send_fast(ch, req, req.ext_fields):      # SEND_MESSAGE_V2, the hot path
+        if req.code == 310 and req.flag == 0 and req.serialize_type == 0 and req.ext_fields is not None:
+            # SEND_MESSAGE_V2, the hot path: checked with the others of this loop iteration (_sends_batch)
+            self._puts.append((ch, req))
+            self._puts_raw = True
+            if not self._put_scheduled:
+                self._put_scheduled = True
+                self.loop.call_soon(self._flush_puts)
             return None
+        return self._handle(ch, req)
+
+    def _handle(self, ch: Channel, req: RemotingCommand):
         h = self.handlers.get(req.code)
         if h is None:
             return not_supported(req)
@@ -247,9 +262,11 @@ class Broker:
         return tc, None
 
     def _send_fast(self, ch: Channel, req: RemotingCommand, f: dict) -> bool:
-        """A SEND_MESSAGE_V2 of one plain message (no batch, retry topic, transaction, new topic or odd
+        """A (not oneway) SEND_MESSAGE_V2 of one plain message (no batch, retry topic, transaction, new topic or odd
         field) to a known topic: queued for the next put as a tuple, without a Header or a Message. False
         when send_message's general path must take it (it answers whatever is wrong)."""
+        if req.flag:
+            return False
         try:
             topic = f["b"]
             qid = int(f["e"])
@@ -274,6 +291,7 @@ class Broker:
         if tc.topic_filter_type == "MULTI_TAG":
             sys_flag |= MULTI_TAGS_FLAG
         self._puts.append((ch, req, topic, qid, flag, sys_flag, born_ts, props, req.body or b""))
+        self._puts_fast = True
         if not self._put_scheduled:
             self._put_scheduled = True
             self.loop.call_soon(self._flush_puts)
@@ -330,8 +348,9 @@ class Broker:
             self.transaction_checker(h.str("producerGroup"))
 
         def done(results: list[PutMessageResult]) -> None:
-            ch.send(self._put_response(req, results[0], qid, base))
-            self._touched.add(ch)
+            if not req.flag & 2:         # a oneway send gets no answer
+                ch.send(self._put_response(req, results[0], qid, base))
+                self._touched.add(ch)
         self._submit_put([msg], done)
         return None
 
@@ -362,6 +381,8 @@ class Broker:
                         properties=e.properties) for e in entries]
 
         def done(results: list[PutMessageResult]) -> None:
+            if req.flag & 2:             # a oneway send gets no answer
+                return
             bad = next((r for r in results if r.status not in _SEND_OK), None)
             if bad is not None:
                 ch.send(self._put_response(req, bad, qid, base))
@@ -378,6 +399,18 @@ class Broker:
             ch.send(self._put_response(req, merged, qid, base))
         self._submit_put(msgs, done)
         return None
+
+    def _ok_frames(self, msg_ids, qids, queue_offsets, reqs) -> list[bytes]:
+        """The answers to JSON SEND_MESSAGE_V2s whose messages were put, as (length prefix, header) pieces
+        for one b"".join; encoded a column at a time."""
+        n = len(reqs)
+        heads = list(map(str.encode, map(self._ok_header.__mod__, zip(msg_ids, qids, queue_offsets,
+                                                                      map(_opaque_of, reqs)))))
+        lens = list(map(len, heads))
+        parts = [None] * (2 * n)
+        parts[0::2] = map(_II.pack, map(add, lens, repeat(4, n)), lens)
+        parts[1::2] = heads
+        return parts
 
     def _ok_frame(self, opaque: int, msg_id: str, qid: int, queue_offset: int) -> bytes:
         """The encoded answer to a JSON SEND_MESSAGE_V2 whose message was put."""
@@ -415,9 +448,19 @@ class Broker:
         self._put_scheduled = False
         puts, self._puts = self._puts, []
         general, self._puts_general = self._puts_general, False
+        raw, self._puts_raw = self._puts_raw, False
+        fast, self._puts_fast = self._puts_fast, False
         if not puts:
             return
-        payload = None if general else self._message_batch(puts)
+        qids = None
+        if raw:
+            got = None if general or fast else self._sends_batch(puts)
+            if got is None:
+                self._requeue(puts)
+                return
+            payload, qids = got
+        else:
+            payload = None if general else self._message_batch(puts)
         if payload is None:
             payload = []
             for p in puts:
@@ -431,18 +474,101 @@ class Broker:
         if self.sync_flush:
             fut = self.loop.run_in_executor(None, self._put_all, payload)
             fut.add_done_callback(lambda f: self._deliver_puts(puts, f.result() if not f.exception() else
-                                                               self._failed(n, f.exception())))
+                                                               self._failed(n, f.exception()), qids))
         else:
             try:
                 results = self._put_all(payload)
             except Exception as e:
                 results = self._failed(n, e)
-            self._deliver_puts(puts, results)
+            self._deliver_puts(puts, results, qids)
+
+    def flush_all_puts(self) -> None:
+        """Put what is queued now (at shutdown): _flush_puts until nothing is left (a flush may queue again
+        what it had to check one by one)."""
+        for _ in range(3):
+            if not self._puts:
+                return
+            self._flush_puts()
+
+    def _sends_batch(self, puts: list):
+        """(MessageBatch, queue ids) of the SEND_MESSAGE_V2s one loop iteration queued as they came, (channel,
+        request): checked and taken apart a field at a time over the whole batch. None unless every one is a
+        plain send (what _send_fast takes) from one connection to one topic with one flag and sysFlag."""
+        n = len(puts)
+        chs, reqs = zip(*puts)
+        ch = chs[0]
+        if chs.count(ch) != n:
+            return None
+        exts = list(map(_ext_of, reqs))
+        try:
+            _a, topics, _c, ds, es, fs, gs, hs, props = zip(*map(_V2_FIELDS, exts))
+        except (KeyError, TypeError):
+            return None
+        topic = topics[0]
+        if topics.count(topic) != n or fs.count(fs[0]) != n or hs.count(hs[0]) != n \
+                or topic not in self._valid_topics or topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return None
+        tc = self.topics.table.get(topic)
+        if tc is None:
+            return None
+        try:
+            sys_flag, flag = int(fs[0]), int(hs[0])
+            qids = list(map(int, es))
+            borns = list(map(int, gs))
+            for d in set(ds):
+                int(d)
+        except (ValueError, TypeError):
+            return None
+        if not (0 <= sys_flag <= INT_MAX and INT_MIN <= flag <= INT_MAX and min(qids) >= 0
+                and max(qids) < max(tc.write_queue_nums, tc.read_queue_nums)
+                and min(borns) >= -LONG_MAX - 1 and max(borns) <= LONG_MAX):
+            return None
+        if not set(map(dict.get, exts, repeat("j", n))) <= _J_OK or not set(map(dict.get, exts, repeat("m", n))) <= _M_OK:
+            return None
+        if not self.store.running_flags.writeable:
+            return None
+        columns = _property_columns(props, n)
+        if columns is None:
+            return None
+        bodies = list(map(_body_of, reqs))
+        if None in bodies:
+            bodies = [b or b"" for b in bodies]
+        if tc.topic_filter_type == "MULTI_TAG":
+            sys_flag |= MULTI_TAGS_FLAG
+        try:
+            return MessageBatch(topic, bodies, queue_ids=qids, properties=columns, flag=flag, sys_flag=sys_flag,
+                                born_timestamp=borns, born_host=ch.remote, store_host=self.store_host), qids
+        except (TypeError, ValueError):
+            return None
+
+    def _requeue(self, puts: list) -> None:
+        """Queue puts again, in order, each SEND_MESSAGE_V2 that came as it was checked by itself now: a plain
+        one as _send_fast's tuple, any other by the general path (which answers what is wrong)."""
+        for p in puts:
+            if type(p) is not tuple or len(p) != 2:
+                self._puts.append(p)
+                if type(p) is tuple:
+                    self._puts_fast = True
+                else:
+                    self._puts_general = True
+                continue
+            ch, req = p
+            if self._send_fast(ch, req, req.ext_fields):
+                continue
+            try:
+                r = self._handle(ch, req)
+            except Exception as e:
+                log.exception("request %s from %s failed", req.code_name, ch.remote)
+                r = req.make_response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+            if r is not None:
+                ch._answer(req, r)
+        if self._puts and not self._put_scheduled:
+            self._put_scheduled = True
+            self.loop.call_soon(self._flush_puts)
 
     def _message_batch(self, puts: list) -> MessageBatch | None:
-        """The plain sends of one loop iteration as one MessageBatch (columns: the store's cheapest way in)
-        when they come from one connection, to one topic, with the same flag, sysFlag and property names;
-        else None (they go as Messages)."""
+        """The plain sends of _send_fast's tuples as one MessageBatch when they come from one connection, to one
+        topic, with the same flag, sysFlag and property names; else None (they go as Messages)."""
         n = len(puts)
         if n < COLUMNAR_MIN:
             return None
@@ -451,26 +577,8 @@ class Broker:
         if chs.count(ch) != n or topics.count(topics[0]) != n or flags.count(flags[0]) != n \
                 or sys_flags.count(sys_flags[0]) != n:
             return None
-        # the properties "k\x01v\x02" * k of every message, split over the whole batch at once; only when
-        # each message has the same k names in the same order, each pair once (else Messages, parsed one
-        # by one, say what each message has)
-        k = props[0].count("\x02")
-        columns = {}
-        if k:
-            if list(map(str.count, props, repeat("\x02", n))).count(k) != n \
-                    or not all(map(str.endswith, props, repeat("\x02", n))):
-                return None
-            items = "".join(props).split("\x02")
-            items.pop()
-            if list(map(str.count, items, repeat("\x01", n * k))).count(1) != n * k:
-                return None
-            flat = "\x01".join(items).split("\x01")
-            names = flat[0:2 * k:2]
-            if len(set(names)) != k or flat[0::2] != names * n:
-                return None
-            step = 2 * k
-            columns = {names[j]: flat[2 * j + 1::step] for j in range(k)}
-        elif any(props):
+        columns = _property_columns(props, n)
+        if columns is None:
             return None
         try:
             return MessageBatch(topics[0], list(bodies), queue_ids=list(qids), properties=columns, flag=flags[0],
@@ -486,20 +594,26 @@ class Broker:
         log.error("put of %d messages failed: %s", n, exc)
         return [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR) for _ in range(n)]
 
-    def _deliver_puts(self, puts: list, results) -> None:
+    def _deliver_puts(self, puts: list, results, qids: list | None = None) -> None:
         n = len(results)
         self.stats["put"] += n
         touched = self._touched
-        if type(results) is PutMessageResults and results.all_ok and n == len(puts) and not any(
+        if qids is not None:
+            # _sends_batch's: one connection, (channel, request) pairs
+            ch = puts[0][0]
+            reqs = [p[1] for p in puts]
+            if type(results) is PutMessageResults and results.all_ok:
+                ch.send_frames(self._ok_frames(results.msg_ids, qids, results.queue_offsets, reqs))
+            else:
+                base = self._base_fields
+                for i, req in enumerate(reqs):
+                    ch.send(self._put_response(req, results[i], qids[i], base))
+                touched.add(ch)
+        elif type(results) is PutMessageResults and results.all_ok and n == len(puts) and not any(
                 type(p) is not tuple for p in puts):
             # every message put, every request a plain send: the answers as bytes, per connection
             chs, reqs, _t, qids = list(zip(*puts))[:4]
-            heads = list(map(str.encode, map(self._ok_header.__mod__, zip(
-                results.msg_ids, qids, results.queue_offsets, map(_opaque_of, reqs)))))
-            lens = list(map(len, heads))
-            parts = [None] * (2 * n)
-            parts[0::2] = map(_II.pack, map(add, lens, repeat(4, n)), lens)
-            parts[1::2] = heads
+            parts = self._ok_frames(results.msg_ids, qids, results.queue_offsets, reqs)
             ch = chs[0]
             if chs.count(ch) == n:
                 ch.send_frames(parts)
@@ -1086,6 +1200,32 @@ _PUT_CODES = {
                                          "[PC_SYNCHRONIZED]broker busy, start flow control for a while", False),
     PutMessageStatus.UNKNOWN_ERROR: (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR", False),
 }
+
+
+def _property_columns(props, n: int) -> dict | None:
+    """The properties ("k\\x01v\\x02" * k) of n messages as {name: [value of each message]}, split over the
+    whole batch at once; None unless each message has the same k names in the same order, each once, and
+    none is a transaction half (those go as Messages, parsed one by one)."""
+    p0 = props[0]
+    k = p0.count("\x02")
+    if not k:
+        return None if any(props) else {}
+    if list(map(str.count, props, repeat("\x02", n))).count(k) != n \
+            or not all(map(str.endswith, props, repeat("\x02", n))):
+        return None
+    joined = "".join(props)
+    if PROPERTY_TRANSACTION_PREPARED in joined:
+        return None
+    items = joined.split("\x02")
+    items.pop()
+    if list(map(str.count, items, repeat("\x01", n * k))).count(1) != n * k:
+        return None
+    flat = "\x01".join(items).split("\x01")
+    names = flat[0:2 * k:2]
+    if len(set(names)) != k or flat[0::2] != names * n:
+        return None
+    step = 2 * k
+    return {names[j]: flat[2 * j + 1::step] for j in range(k)}
 
 
 def _host(remote: str) -> str:
