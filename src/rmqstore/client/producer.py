@@ -76,7 +76,7 @@ class Producer:
         self._inflight_lock = threading.Lock()
         self._slot_freed = threading.Event()
         self._channels: dict[str, str] = {}             # broker name -> address to send to (VIP port)
-        self._heads: dict[tuple[str, int], str] = {}     # (topic, code) -> the start of the send header
+        self._heads: dict[tuple[str, int], str] = {}     # (topic, code) -> the send header's format
         self._waiters = 0                               # threads waiting for a slot
         self._enc_group = _enc(group)
         self._enc_key = _enc(create_topic_key)
@@ -182,10 +182,21 @@ class Producer:
         if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
             sys_flag |= codec.TRANSACTION_PREPARED_TYPE
         topic = msg.topic
-        head = self._heads.get((topic, code))
-        if head is None:
-            head = self._heads[(topic, code)] = '{"code":%d,"extFields":{"a":%s,"b":%s,"c":%s,"d":"%d","e":"' % (
-                code, self._enc_group, _enc(topic), self._enc_key, self.default_topic_queue_nums)
+        try:
+            p = "\x02".join(map("\x01".join, props.items())) + "\x02" if props else ""
+        except TypeError:
+            p = "".join([str(k) + "\x01" + str(v) + "\x02" for k, v in props.items()])
+        if not batch and topic[0] != "%":         # the usual send: one cached format, 6 values
+            fmt = self._heads.get((topic, code))
+            if fmt is None:
+                fmt = self._heads[(topic, code)] = (
+                    ('{"code":%d,"extFields":{"a":%s,"b":%s,"c":%s,"d":"%d","e":"' % (
+                        code, self._enc_group, _enc(topic), self._enc_key, self.default_topic_queue_nums)).replace("%", "%%")
+                    + '%d","f":"%d","g":"%d","h":"%d","i":%s,"j":"0","k":"false","m":"false"},"flag":0,"language":'
+                    + self._enc_lang.replace("%", "%%") + ',"opaque":%d,"serializeTypeCurrentRPC":"JSON","version":'
+                    + str(CURRENT_VERSION) + "}")
+            header = (fmt % (mq.queue_id, sys_flag, time.time_ns() // 1_000_000, msg.flag, _enc(p), opaque)).encode()
+            return header, body
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             j = _enc(props.get("RECONSUME_TIME", "0"))
             l_field = props.get("MAX_RECONSUME_TIMES")
@@ -193,10 +204,8 @@ class Producer:
                 '"j":%s,"k":"false",' % j
         else:
             tail = '"j":"0","k":"false",'
-        try:
-            p = "\x02".join(map("\x01".join, props.items())) + "\x02" if props else ""
-        except TypeError:
-            p = "".join([str(k) + "\x01" + str(v) + "\x02" for k, v in props.items()])
+        head = '{"code":%d,"extFields":{"a":%s,"b":%s,"c":%s,"d":"%d","e":"' % (
+            code, self._enc_group, _enc(topic), self._enc_key, self.default_topic_queue_nums)
         header = ('%s%d","f":"%d","g":"%d","h":"%d","i":%s,%s"m":"%s"},"flag":0,"language":%s,"opaque":%d,'
                   '"serializeTypeCurrentRPC":"JSON","version":%d}' % (
                       head, mq.queue_id, sys_flag, time.time_ns() // 1_000_000, msg.flag, _enc(p), tail,
@@ -284,7 +293,7 @@ class Producer:
                    timeout: float | None = None, *, queue: MessageQueue | None = None) -> concurrent.futures.Future:
         """Send without waiting: a Future of the SendResult (callback(result, error) too, in the client's
         reader thread). A failure is retried on another queue retryTimesWhenSendAsyncFailed times."""
-        out: concurrent.futures.Future = SendFuture()
+        out = _Send()
         if callback is not None:
             out.add_done_callback(lambda f: callback(None if f.exception() else f.result(), f.exception()))
         try:
@@ -306,10 +315,10 @@ class Producer:
             if not self._acquire_slot(timeout):
                 out.set_exception(MQClientError("too many asynchronous sends in flight"))
                 return out
-        a = _AsyncSend()
-        a.producer, a.msg, a.uid, a.info, a.queue, a.out = self, msg, uid, info, queue, out
-        a.deadline, a.retries, a.mq, a.addr = time.monotonic() + timeout, self.retry_times_when_send_async_failed, None, None
-        a.attempt(None)
+        out._producer, out._msg, out._uid, out._info, out._queue = self, msg, uid, info, queue
+        out._deadline, out._retries, out._mq, out._addr = (time.monotonic() + timeout,
+                                                           self.retry_times_when_send_async_failed, None, None)
+        out.attempt(None)
         return out
 
     def _acquire_slot(self, timeout: float) -> bool:
@@ -634,31 +643,30 @@ class SendFuture(concurrent.futures.Future):
             super().set_exception(exception)
 
 
-class _AsyncSend:
-    """One send_async in flight, and the pending request of its connection (deadline, complete)."""
-    __slots__ = ("producer", "msg", "uid", "info", "queue", "out", "deadline", "retries", "mq", "addr")
+class _Send(SendFuture):
+    """One send_async: its future, and the pending request of its connection (`_deadline`, `_on_answer`)."""
 
     def attempt(self, last_broker: str | None) -> None:
-        p = self.producer
-        info = self.info
-        mq = self.mq = self.queue if info is None else info.select(last_broker)
-        if self.deadline <= time.monotonic():
-            self.finish(None, MQClientError(f"send of {self.msg!r} timed out"))
+        p = self._producer
+        info = self._info
+        mq = self._mq = self._queue if info is None else info.select(last_broker)
+        if self._deadline <= time.monotonic():
+            self.finish(None, MQClientError(f"send of {self._msg!r} timed out"))
             return
         try:
-            addr = self.addr = p._channels.get(mq.broker_name) or p._broker_addr(mq)
+            addr = self._addr = p._channels.get(mq.broker_name) or p._broker_addr(mq)
             opaque = next_opaque()
-            header, body = p._encode(self.msg, mq, opaque)
+            header, body = p._encode(self._msg, mq, opaque)
             conn = p._check().remoting.connection(addr)
             conn.send_async(_II.pack(4 + len(header) + len(body), len(header)) + header + body, opaque, self)
         except Exception as e:
             self.retry_or_fail(e)
 
-    def complete(self, resp: RemotingCommand | None, exc: BaseException | None) -> None:
+    def _on_answer(self, resp: RemotingCommand | None, exc: BaseException | None) -> None:
         """The answer (or the error) of the request: a SendResult, or another attempt, or the error."""
         if exc is None:
             try:
-                res = self.producer._result(resp, self.uid, self.mq, self.addr)
+                res = self._producer._result(resp, self._uid, self._mq, self._addr)
             except Exception as e:
                 exc = e
             else:
@@ -667,25 +675,25 @@ class _AsyncSend:
         self.retry_or_fail(exc)
 
     def retry_or_fail(self, exc: BaseException) -> None:
-        if self.retries > 0 and self.info is not None and not (isinstance(exc, MQBrokerError)
-                                                                and exc.code not in _RETRY_CODES):
-            self.retries -= 1
-            self.attempt(self.mq.broker_name if self.mq is not None else None)
+        if self._retries > 0 and self._info is not None and not (isinstance(exc, MQBrokerError)
+                                                                  and exc.code not in _RETRY_CODES):
+            self._retries -= 1
+            self.attempt(self._mq.broker_name if self._mq is not None else None)
         else:
             self.finish(None, exc)
 
     def finish(self, res: SendResult | None, exc: BaseException | None) -> None:
-        out = self.out
-        if self.producer is None:
+        p = self._producer
+        if p is None:
             return
-        p, self.producer = self.producer, None      # once
+        self._producer = self._msg = self._info = self._queue = None      # once; and let them go
         p._release_slot()
-        if out.done():
+        if self._state in _DONE:        # cancelled meanwhile
             return
         try:
             if exc is None:
-                out.set_result(res)
+                self.set_result(res)
             else:
-                out.set_exception(exc)
+                self.set_exception(exc)
         except concurrent.futures.InvalidStateError:
             pass

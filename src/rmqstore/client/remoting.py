@@ -9,7 +9,7 @@ completes the pending requests (or hands server requests, e.g. NOTIFY_CONSUMER_I
 are failed by `scan_timeouts()` (RocketMQ's scanResponseTable), which the client instance calls every few
 hundred ms.
 
-A pending request is any object with `deadline` (time.monotonic()) and `complete(response, error)`;
+A pending request is any object with `_deadline` (time.monotonic()) and `_on_answer(response, error)`;
 `_Pending` is the one for futures and callbacks, hot paths (the producer's send_async) bring their own.
 """
 from __future__ import annotations
@@ -44,14 +44,14 @@ class RemotingSendError(ConnectionError):
 
 
 class _Pending:
-    __slots__ = ("future", "deadline", "callback")
+    __slots__ = ("future", "_deadline", "callback")
 
     def __init__(self, future, deadline, callback):
         self.future = future
-        self.deadline = deadline
+        self._deadline = deadline
         self.callback = callback
 
-    def complete(self, result, exc: BaseException | None = None) -> None:
+    def _on_answer(self, result, exc: BaseException | None = None) -> None:
         """Resolve: the future (synchronous invokes) and/or the callback(response, error)."""
         fut = self.future
         if fut is not None:
@@ -113,7 +113,7 @@ class Connection:
                         p = pending.pop(cmd.opaque, None)
                         if p is not None:
                             try:
-                                p.complete(cmd, None)
+                                p._on_answer(cmd, None)
                             except Exception:
                                 log.exception("completing a request to %s failed", self.addr)
                     elif self.on_request is not None:
@@ -243,10 +243,10 @@ class Connection:
     def scan_timeouts(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         for opaque, p in list(self.pending.items()):
-            if p.deadline < now:
+            if p._deadline < now:
                 if self.pending.pop(opaque, None) is not None:
                     try:
-                        p.complete(None, RemotingTimeoutError(f"wait response from {self.addr} timed out"))
+                        p._on_answer(None, RemotingTimeoutError(f"wait response from {self.addr} timed out"))
                     except Exception:
                         log.exception("completing a request to %s failed", self.addr)
 
@@ -270,7 +270,7 @@ class Connection:
         for opaque, p in list(self.pending.items()):
             if self.pending.pop(opaque, None) is not None:
                 try:
-                    p.complete(None, err)
+                    p._on_answer(None, err)
                 except Exception:
                     log.exception("completing a request to %s failed", self.addr)
         if self.on_close is not None:
