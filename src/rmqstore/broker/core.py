@@ -262,11 +262,23 @@ class Broker:
         return tc, None
 
     def _send_fast(self, ch: Channel, req: RemotingCommand, f: dict) -> bool:
-        """A (not oneway) SEND_MESSAGE_V2 of one plain message (no batch, retry topic, transaction, new topic or odd
-        field) to a known topic: queued for the next put as a tuple, without a Header or a Message. False
-        when send_message's general path must take it (it answers whatever is wrong)."""
-        if req.flag:
+        """Queue _fast_tuple's tuple for the next put; False when send_message's general path must take it."""
+        t = self._fast_tuple(ch, req, f)
+        if t is None:
             return False
+        self._puts.append(t)
+        self._puts_fast = True
+        if not self._put_scheduled:
+            self._put_scheduled = True
+            self.loop.call_soon(self._flush_puts)
+        return True
+
+    def _fast_tuple(self, ch: Channel, req: RemotingCommand, f: dict) -> tuple | None:
+        """A (not oneway) SEND_MESSAGE_V2 of one plain message (no batch, retry topic, transaction, new topic or
+        odd field) to a known topic, as a tuple for the put (no Header, no Message); None when send_message's
+        general path must take it (it answers whatever is wrong)."""
+        if req.flag:
+            return None
         try:
             topic = f["b"]
             qid = int(f["e"])
@@ -276,26 +288,21 @@ class Broker:
             int(f["d"])
             f["a"], f["c"]
         except (KeyError, ValueError, TypeError):
-            return False
+            return None
         if f.get("m", "false") != "false" or f.get("j", "0") != "0" or topic not in self._valid_topics \
                 or topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            return False
+            return None
         if not (0 <= sys_flag <= INT_MAX and INT_MIN <= flag <= INT_MAX and -LONG_MAX - 1 <= born_ts <= LONG_MAX):
-            return False
+            return None
         tc = self.topics.table.get(topic)
         if tc is None or qid < 0 or (qid >= tc.write_queue_nums and qid >= tc.read_queue_nums):
-            return False
+            return None
         props = f.get("i") or ""
         if PROPERTY_TRANSACTION_PREPARED in props or not self.store.running_flags.writeable:
-            return False
+            return None
         if tc.topic_filter_type == "MULTI_TAG":
             sys_flag |= MULTI_TAGS_FLAG
-        self._puts.append((ch, req, topic, qid, flag, sys_flag, born_ts, props, req.body or b""))
-        self._puts_fast = True
-        if not self._put_scheduled:
-            self._put_scheduled = True
-            self.loop.call_soon(self._flush_puts)
-        return True
+        return ch, req, topic, qid, flag, sys_flag, born_ts, props, req.body or b""
 
     def send_message(self, ch: Channel, req: RemotingCommand):
         h = self._send_header(req)
@@ -452,14 +459,22 @@ class Broker:
         fast, self._puts_fast = self._puts_fast, False
         if not puts:
             return
-        qids = None
+        qids = payload = None
         if raw:
-            got = None if general or fast else self._sends_batch(puts)
-            if got is None:
-                self._requeue(puts)
-                return
-            payload, qids = got
-        else:
+            got = None if general or fast or len(puts) < COLUMNAR_MIN else self._sends_batch(puts)
+            if got is not None:
+                payload, qids = got
+            else:       # each send checked by itself (a few sync sends, or a mixed batch)
+                checked = []
+                for p in puts:
+                    if type(p) is tuple and len(p) == 2:
+                        p = self._fast_tuple(p[0], p[1], p[1].ext_fields)
+                        if p is None:       # one for the general path: all again, in order
+                            self._requeue(puts)
+                            return
+                    checked.append(p)
+                puts = checked
+        if qids is None:
             payload = None if general else self._message_batch(puts)
         if payload is None:
             payload = []
