@@ -5,8 +5,9 @@
 
 Starts `python -m rmqstore.server` on a temporary store (a child process, free ports), then, with 256-byte
 bodies on a 4-queue topic: async sends with `in_flight` outstanding (as the RocketMQ numbers: 512), sync
-sends, and a push consumer draining the async backlog. Scales: "small" 10,000 messages, "full" 100,000,
-or an int. The real RocketMQ 4.4.0 broker on the reference 2-core machine: async send 17-22k msg/s,
+sends, and a push consumer draining the async backlog; also the CPU time per message of this process (the
+client) and of the server, over the async sends and over the consumption (Linux). Scales: "small" 10,000
+messages, "full" 100,000, or an int. The real RocketMQ 4.4.0 broker on the reference 2-core machine: async send 17-22k msg/s,
 sync 2.8-3.4k msg/s, push consume 13-38k msg/s.
 """
 from __future__ import annotations
@@ -20,6 +21,26 @@ import time
 from pathlib import Path
 
 SCALES = {"small": 10_000, "full": 100_000}
+
+
+def _cpu_seconds(pid: int | None = None) -> float | None:
+    """CPU time (user + system) of this process, or of process pid (Linux /proc); None if unknown."""
+    try:
+        if pid is None:
+            import resource
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, ImportError):
+        return None
+
+
+def _cpu_us_per_msg(before: tuple, after: tuple, n: int) -> dict:
+    """{"client": us, "server": us} of CPU per message between two (client, server) _cpu_seconds readings."""
+    return {side: (round((a - b) / n * 1e6, 1) if a is not None and b is not None and n else None)
+            for side, b, a in zip(("client", "server"), before, after)}
 
 
 def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight: int = 512, queues: int = 4,
@@ -52,6 +73,7 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
                 f.result(30)
             sent = 0
             errors = 0
+            cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
             t0 = time.perf_counter()
             futures = []
             for i in range(n):
@@ -65,6 +87,7 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
             t_async = time.perf_counter() - t0
             out["async_send_msgs_per_s"] = round(sent / t_async)
             out["async_send_errors"] = errors
+            out["async_send_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, (_cpu_seconds(), _cpu_seconds(srv.proc.pid)), n)
             lat = []
             t0 = time.perf_counter()
             for i in range(n_sync):
@@ -96,16 +119,19 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
                          consume_message_batch_max_size=32)
         c.subscribe(topic, "TagA")
         c.register_message_listener(listener)
+        cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
         t0 = time.perf_counter()
         c.start()
         try:
             done.wait(max(60.0, n / 1000))
             t_cons = time.perf_counter() - t0
+            cpu1 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
         finally:
             c.shutdown()
         out["push_consume_msgs_per_s"] = round(got[0] / t_cons) if got[0] else 0
         out["push_consume_from_first_msg_per_s"] = round(got[0] / (time.perf_counter() - first[0])) if got[0] else 0
         out["consumed"] = got[0]
+        out["push_consume_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, cpu1, got[0])
         out["reference_rocketmq_4_4_0"] = {"async_send_msgs_per_s": "17000-22000", "sync_send_msgs_per_s": "2800-3400",
                                            "push_consume_msgs_per_s": "13000-38000"}
     finally:

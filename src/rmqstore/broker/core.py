@@ -538,7 +538,8 @@ class Broker:
                 and max(qids) < max(tc.write_queue_nums, tc.read_queue_nums)
                 and min(borns) >= -LONG_MAX - 1 and max(borns) <= LONG_MAX):
             return None
-        if not set(map(dict.get, exts, repeat("j", n))) <= _J_OK or not set(map(dict.get, exts, repeat("m", n))) <= _M_OK:
+        if not (set(map(dict.get, exts, repeat("j", n))) <= _J_OK
+                and set(map(dict.get, exts, repeat("m", n))) <= _M_OK):
             return None
         if not self.store.running_flags.writeable:
             return None
