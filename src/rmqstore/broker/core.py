@@ -10,14 +10,15 @@ queue or its suspendTimeoutMillis passes.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import re
 import struct
 import time
+from dataclasses import dataclass
 from itertools import repeat
 from operator import add, attrgetter, itemgetter
-from dataclasses import dataclass
 from typing import Callable
 
 from .. import codec
@@ -57,7 +58,7 @@ _body_of = attrgetter("body")
 _V2_FIELDS = itemgetter("a", "b", "c", "d", "e", "f", "g", "h", "i")
 _J_OK = {None, "0"}
 _M_OK = {None, "false"}
-_enc = __import__("json").encoder.encode_basestring
+_enc = json.encoder.encode_basestring
 
 
 class HeaderError(Exception):

@@ -19,18 +19,17 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import struct
 import threading
 import time
-import struct
 import zlib
 from typing import Callable
 
 from .. import codec
 from ..remoting.body import UniqIdGenerator, encode_batch_entry
-from ..remoting.codes import (DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
+from ..remoting.codes import (CURRENT_VERSION, DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX, RequestCode,
                               ResponseCode)
-from ..remoting.codes import CURRENT_VERSION
 from ..remoting.command import RemotingCommand, next_opaque
 from .instance import MQClientInstance, TopicPublishInfo, TopicRoute, publish_info
 from .message import (LocalTransactionState, Message, MessageQueue, MQBrokerError, MQClientError, SendResult,
