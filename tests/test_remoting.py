@@ -175,6 +175,13 @@ def test_uniq_id_format():
     a, b = g.new_id(), g.new_id()
     assert len(a) == 32 and a[:8] == "C0000202" and a != b and int(a, 16) >= 0
     assert int(b[-4:], 16) == (int(a[-4:], 16) + 1) & 0xFFFF
+    # digits 20-28: milliseconds since the start of the month (local time), as MessageClientIDSetter
+    import time
+    t = time.localtime()
+    month_start = time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000
+    ids = [g.new_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert abs(int(ids[-1][20:28], 16) - (time.time() * 1000 - month_start)) < 1000
 
 
 # --- the capture ----------------------------------------------------------------------------------------

@@ -116,6 +116,7 @@ class UniqIdGenerator:
         self._counter = itertools.count()
         self._start = 0
         self._next_start = 0
+        self._head = (-1, "")
         self._set_start(time.time())
 
     def _set_start(self, now_s: float) -> None:
@@ -126,12 +127,16 @@ class UniqIdGenerator:
         self._next_start = int(time.mktime((nm[0], nm[1], 1, 0, 0, 0, 0, 0, -1)) * 1000)
 
     def new_id(self) -> str:
-        now = int(time.time() * 1000)
-        if now >= self._next_start:
-            with self._lock:
-                if now >= self._next_start:
-                    self._set_start(now / 1000)
-        return "%s%08X%04X" % (self.prefix, (now - self._start) & 0xFFFFFFFF, next(self._counter) & 0xFFFF)
+        now = time.time_ns() // 1_000_000
+        ms, head = self._head          # (millisecond, the id's first 28 digits): one per millisecond
+        if now != ms:
+            if now >= self._next_start:
+                with self._lock:
+                    if now >= self._next_start:
+                        self._set_start(now / 1000)
+            head = "%s%08X" % (self.prefix, (now - self._start) & 0xFFFFFFFF)
+            self._head = (now, head)
+        return head + "%04X" % (next(self._counter) & 0xFFFF)
 
 
 _LOCAL_IP: str | None = None
