@@ -765,32 +765,29 @@ def _machine_md(work: Path) -> list[str]:
     return lines
 
 
-VARIABILITY = """Run-to-run spread: two full-scale runs in a row while the suite was written (load average
-below 1 at the start of both) gave 1 KiB os.write / rmqstore 2.2x then 1.4x, restart after SIGKILL 6.5 s then
-5.2 s, end to end 99,000 then 130,000 msg/s, sync 16 / 1 threads 2.3x then 2.8x, batched append / sqlite 1.1x
-then 1.5x. Targets within ~30% of their threshold (1 KiB vs os.write, SIGKILL restart, group commit) can
-flip between runs; the others cannot. The os.write limit itself is noisy (1 KiB: 331 to 678 MB/s across
-those runs: page cache and writeback of the gigabytes the earlier workloads wrote), and in one run it came
-out below rmqstore's mmap appends."""
+VARIABILITY = """Run-to-run spread: this VM's write path is bimodal. The same pwrite loop of 270 MB into a fresh
+file took 0.06 s in one run and 0.7-1.2 s in the next while another process was writing or fsyncing on the
+same disk (journal and page-cache contention; the os.write limit row moves with it: 1.2M to 12M msg/s of
+100 B across runs of this session). In quiet runs MessageBatch appends were 1.3-1.6M msg/s against sqlite's
+0.31-0.32M (4.1-4.9x), lists of Messages 0.9-1.0M. Targets within ~30% of their threshold (batched append /
+sqlite, SIGKILL restart, group commit) can flip between runs; compare the load averages above."""
 
-HOT_SPOTS = """Hot spots (py-spy, `py-spy record -r 250`, on this machine while writing the suite):
+HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done about them):
 
-- put path (`MessageStore.put_messages` -> `CommitLog.put_messages`): about a third of the time is
-  `CommitLog._put_columnar` building one `PutMessageResult` + `AppendMessageResult` per message (commit_log.py,
-  the `results = list(map(PutMessageResult, ...))` line), ~45% is `CommitLog._encode_columnar` (of which
-  `_props_columns`, the properties string per message, ~17%), ~8% `MappedFile.write_at` (the copy into the
-  mapped file). The bytes themselves are cheap; the per-message Python objects are not.
-- dispatch (`Dispatcher._reput` -> `codec.parse_dispatch` -> `codec._parse_v4_prefix`): decoding every
-  record's properties string and the regex passes for TAGS/KEYS/UNIQ_KEY, then `IndexService.build_index_columns`
-  / `index_file.key_hashes` (Java String.hashCode per key). With the GIL, puts and dispatch share one core's
-  worth of Python, which is why end to end is about 1 / (1/put + 1/dispatch) and not the slower of the two.
-- restart after SIGKILL (`MessageStore.open` -> `recover_store`): the index file written after the last
-  checkpoint is discarded and rebuilt (as RocketMQ does), so the whole commitlog is re-dispatched: ~55% of
-  the open is `Dispatcher.do_reput` (`_parse_v4_prefix` again), ~35% `recover_commit_log` checking records
-  (`codec.check_record`, `codec.body_crc`). A clean open re-checks the last three commitlog files' CRCs.
-- sync flush (not profiled): each put waits in `GroupCommitService.on_appended` for an msync; one msync
-  does serve every waiting put (`notify_all`), but the woken threads re-take the condition's lock and the
-  GIL one after another before they can append again, so fewer than 16 puts ride on each msync.
+- put path: appends are pwrite()s (writing through the mapping faulted every fresh page in, 13x slower);
+  columnar batches answer one PutMessageResults (per-message result objects only when read); a MessageBatch
+  skips the Message objects. What is left per message of a MessageBatch (~0.65 us): the body CRC
+  (zlib-ng, ~0.06 us), the properties text (one str.join for the batch), numpy's fixed costs per batch.
+- dispatch: for columnar puts the dispatcher takes the writer's own columns (no parse); the rest is the
+  consume queue units and `IndexService.build_index_columns` (Java String.hashCode per key, slot chains).
+  Puts and dispatch share one core's worth of Python (the GIL), so end to end is about
+  1 / (1/put + 1/dispatch).
+- restart after SIGKILL: the index file written after the last checkpoint is discarded and rebuilt (as
+  RocketMQ does), so its messages are parsed and re-dispatched, plus the CRC check of the records from the
+  checkpoint's file.
+- sync flush: msync through mmap.flush() held the GIL (CPython), now fdatasync releases it; waiters are
+  released one by one when their own offset is flushed. The limit is now the hand-off of the GIL between
+  16 woken producer threads on 2 vCPUs (~5 puts per fdatasync).
 """
 
 
