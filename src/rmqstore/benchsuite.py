@@ -223,6 +223,23 @@ class Suite:
         except Exception as e:  # noqa: BLE001
             t.error("rmqstore put_message (1 at a time)", e)
 
+        # rmqstore, the same batches as columns (MessageBatch, made in the timed loop)
+        try:
+            cols = [batch_columns(b) for b in batches]
+            sc = _open(self.dir(f"{key}-rmq-cols"), _rmq_config(p))
+            with _NoGC():
+                t0 = time.perf_counter()
+                okc = sum(ok_count(sc.put_messages(MessageBatch(**c))) for c in cols)
+                el_c = time.perf_counter() - t0
+            assert okc == n, f"rmqstore MessageBatch: {okc} of {n} puts ok"
+            mb_c = sc.commit_log.get_max_offset()
+            sc.close()
+            del cols
+            shutil.rmtree(self.work / f"{key}-rmq-cols", ignore_errors=True)
+            t.add(f"rmqstore MessageBatch (columns, batches of {BATCH})", _rate(n, el_c),
+                  f"{_fmt_rate(_rate(n, el_c))}, {mb_c / el_c / 1e6:,.0f} MB/s")
+        except Exception as e:  # noqa: BLE001
+            t.error("rmqstore MessageBatch", e)
         # rmqstore, batched; then dispatch (consume queues + key index) on the same store
         s = _open(self.dir(f"{key}-rmq"), _rmq_config(p))
         with _NoGC():
@@ -241,23 +258,6 @@ class Suite:
               f"{_fmt_rate(_rate(n, el + el_d))} (dispatch alone {_fmt_rate(_rate(n, el_d))})")
         chunks, nbytes = _commitlog_chunks(s, len(batches))
 
-        # rmqstore, the same batches as columns (MessageBatch, made in the timed loop)
-        try:
-            cols = [batch_columns(b) for b in batches]
-            sc = _open(self.dir(f"{key}-rmq-cols"), _rmq_config(p))
-            with _NoGC():
-                t0 = time.perf_counter()
-                okc = sum(ok_count(sc.put_messages(MessageBatch(**c))) for c in cols)
-                el_c = time.perf_counter() - t0
-            assert okc == n, f"rmqstore MessageBatch: {okc} of {n} puts ok"
-            mb_c = sc.commit_log.get_max_offset()
-            sc.close()
-            del cols
-            shutil.rmtree(self.work / f"{key}-rmq-cols", ignore_errors=True)
-            t.add(f"rmqstore MessageBatch (columns, batches of {BATCH})", _rate(n, el_c),
-                  f"{_fmt_rate(_rate(n, el_c))}, {mb_c / el_c / 1e6:,.0f} MB/s")
-        except Exception as e:  # noqa: BLE001
-            t.error("rmqstore MessageBatch", e)
         if keep:
             self.state["rmq"] = s
             self.state["rmq_path"] = self.work / f"{key}-rmq"
