@@ -8,6 +8,7 @@ only came back by timing out counts as one that never returned. No timing is ass
 from __future__ import annotations
 
 import errno
+import tempfile
 import threading
 import time
 import types
@@ -16,6 +17,7 @@ import pytest
 
 from rmqstore.config import SYNC_FLUSH, StoreConfig
 from rmqstore.flush import GroupCommitService
+from rmqstore.lock import AbortFile
 from rmqstore.message import Message, PutMessageStatus
 from rmqstore.store import MessageStore, RunningFlags
 
@@ -51,7 +53,7 @@ def _service(timeout_ms: int = NEVER):
     cfg = StoreConfig(flush_disk_type=SYNC_FLUSH, sync_flush_timeout=timeout_ms)
     store = types.SimpleNamespace(commit_log=types.SimpleNamespace(queue=q), config=cfg, path="fake",
                                   checkpoint=types.SimpleNamespace(physic_msg_timestamp=0),
-                                  running_flags=RunningFlags())
+                                  running_flags=RunningFlags(), abort_file=AbortFile(tempfile.mkdtemp()))
     svc = GroupCommitService(store)
     return svc, q
 
@@ -226,3 +228,4 @@ def test_sync_flush_store_puts_are_flushed_when_acknowledged(tmp_path, threads):
         assert not errors, errors[:5]
         svc = next(s for s in store.services if isinstance(s, GroupCommitService))
         assert 0 < svc.flushes <= 40 * threads
+

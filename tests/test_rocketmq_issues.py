@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,11 @@ def test_issue_678_checkpoint_logics_timestamp_only_after_consume_queue_flush(tm
     assert again["logics"] == good and again["file"][1] == good    # ...that the checkpoint does not believe
     assert _step(steps, "put_after")["status"] == "SERVICE_NOT_AVAILABLE"
     assert _step(steps, "closed")["abort"] is True
+    # after a failed fsync the kernel may have dropped dirty pages: the next open must not trust the page
+    # cache of this boot (lock.AbortFile.distrust), whatever process ends up opening the store
+    from rmqstore.lock import AbortFile
+    assert AbortFile(store).read_note() is None
+    assert (store / "abort").read_text().startswith("rmqstore-abort " + "-" * 36)
     # the disk is gone (unmounted): the queues are rebuilt from the commitlog at the next open
     acked = [Acked(s["offset"], s["qoff"], s["msg_id"], s["topic"], s["queue"], s["key"], 0, 0)
              for s in steps if s["step"] == "put" and s["status"] == "PUT_OK"]
@@ -169,7 +175,7 @@ def test_issue_2706_sync_flush_with_failing_msync_answers_an_error(tmp_path):
     it (also after a later msync that the kernel reports as successful), the checkpoint does not move,
     later puts are refused, and the abort file stays. A naive port passing the OSError through the group
     commit's retry loop would answer PUT_OK after that lying retry."""
-    steps, _ = _run_flush_child("commitlog", tmp_path)
+    steps, store = _run_flush_child("commitlog", tmp_path)
     ok = [s for s in steps if s["step"] == "put"]
     assert len(ok) == 5 and all(s["status"] == "PUT_OK" for s in ok)
     flushed = _step(steps, "flushed")
@@ -182,6 +188,11 @@ def test_issue_2706_sync_flush_with_failing_msync_answers_an_error(tmp_path):
     assert again["flushed"] == flushed["flushed"] and again["physic"] == flushed["physic"]
     assert _step(steps, "put_after")["status"] == "SERVICE_NOT_AVAILABLE"
     assert _step(steps, "closed")["abort"] is True
+    # after a failed fsync the kernel may have dropped dirty pages: the next open must not trust the page
+    # cache of this boot (lock.AbortFile.distrust), whatever process ends up opening the store
+    from rmqstore.lock import AbortFile
+    assert AbortFile(store).read_note() is None
+    assert (store / "abort").read_text().startswith("rmqstore-abort " + "-" * 36)
 
 
 @pytest.mark.parametrize("empty", ["zeros", "zero-length"])
@@ -355,3 +366,81 @@ def test_issue_3613_8438_query_by_key_checks_topic_and_key_and_drops_duplicates(
                        env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")})
     assert r.returncode == 0, r.stderr
     assert [bytes.fromhex(json.loads(l)["body"]) for l in r.stdout.splitlines()] == [b"wanted"]
+
+
+# --- #1258: slow recovery --------------------------------------------------------------------------------
+def _killed_child_store(tmp_path: Path, puts: int) -> tuple[Path, list[Acked]]:
+    from store_checks import Child
+    path = tmp_path / "s"
+    child = Child(path, "ASYNC_FLUSH", "r", 12)
+    try:
+        assert child.ready.wait(60)
+        assert child.wait_puts(puts), child.err.decode()[-2000:]
+    finally:
+        child.kill()
+    return path, child.acked()
+
+
+def test_issue_1258_recovery_after_sigkill_redoes_only_the_tail(tmp_path):
+    """#1258: recovery after kill -9 took ten minutes, because RocketMQ 4.4.0 re-checks and re-dispatches
+    from the checkpoint's commitlog file and throws away every index file newer than the checkpoint (the
+    index checkpoint only moves when an index file fills). After SIGKILL the page cache still holds all
+    the dead process wrote: rmqstore notes the boot and the dispatched offset in the abort file, keeps the
+    index and re-dispatches only what was not dispatched. (`make bench` times it on 1,000,000 messages.)"""
+    from rmqstore.lock import boot_id
+    path, acked = _killed_child_store(tmp_path, 3000)
+    tag, boot, noted = (path / "abort").read_text().split()
+    assert (tag, boot) == ("rmqstore-abort", boot_id())
+    other = tmp_path / "other-boot"
+    shutil.copytree(path, other)
+    with MessageStore.open(path, small_config()) as store:
+        rep = store.recovery_report
+        assert rep.process_crash and not rep.clean_shutdown
+        assert rep.index_files_rebuilt == 0 and rep.index_files_dropped == 0, rep.summary()
+        assert rep.redispatched_from >= min(int(noted), rep.commitlog_end) - 4 * 2600, rep.summary()
+        assert rep.redispatched_messages < 100, rep.summary()
+        assert rep.commitlog_checked_from < rep.redispatched_from
+        verify_store(store, acked)
+    # The same files after a reboot (the abort file names another boot): the page cache may have lost
+    # anything the checkpoint does not vouch for, so recovery is RocketMQ's: index files newer than the
+    # checkpoint rebuilt, re-dispatch from the checkpoint's file.
+    (other / "abort").write_text(f"rmqstore-abort 00000000-0000-0000-0000-000000000000 {int(noted):020d}\n")
+    with MessageStore.open(other, small_config()) as store:
+        rep = store.recovery_report
+        assert not rep.process_crash
+        assert rep.index_files_rebuilt >= 1, rep.summary()
+        assert rep.redispatched_from <= rep.commitlog_checked_from
+        assert rep.redispatched_messages >= 100, rep.summary()
+        verify_store(store, acked)
+
+
+def test_issue_1258_index_puts_killed_before_the_header_write(tmp_path):
+    """A process killed after writing index entries and pointing slots at them, before the header that
+    counts them: the slots are moved back down their chains at recovery (the file is kept, not set aside
+    and rebuilt), and the uncounted entries stay invisible."""
+    path = tmp_path / "s"
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(HERE)!r})
+import numpy as np
+from rmqstore.index_file import key_hash
+from rmqstore.store import MessageStore
+from rmqstore.message import Message
+from store_checks import small_config, body_for
+s = MessageStore.open({str(path)!r}, small_config(), start_services=False)
+s.put_messages([Message("TopicA", body_for(f"k{{i}}", 100), queue_id=i % 2, properties={{"KEYS": f"k{{i}}"}})
+                for i in range(40)])
+s.dispatcher.do_reput()
+f = s.index_service.files[-1]
+h = np.array([key_hash(f"TopicA#k{{i}}") for i in range(5)], dtype=np.int64)
+f.put_hashes(h, np.full(5, 123456, dtype=np.int64), np.full(5, f.end_timestamp, dtype=np.int64))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -9, r.stderr[-2000:]
+    with MessageStore.open(path, small_config()) as store:
+        rep = store.recovery_report
+        assert rep.process_crash and rep.index_files_dropped == 0, rep.summary()
+        for i in range(40):
+            found = [m.commit_log_offset for m in store.find_messages_by_key("TopicA", f"k{i}")]
+            assert len(found) == 1 and found[0] != 123456, (i, found)

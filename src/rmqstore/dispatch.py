@@ -51,6 +51,8 @@ class Dispatcher:
         self.error: str | None = None
         self.write_error: str | None = None     # the last failed write of a consume queue or index file
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
+        # told the reput offset after each step: everything below it is written to the queues and index
+        self.on_dispatched: Callable[[int], None] | None = None
         self._listeners: list[ArrivalListener] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -103,6 +105,8 @@ class Dispatcher:
                         self.hinted_messages += len(hint)
                         total += len(hint)
                         self.reput_from_offset = hint_end
+                        if self.on_dispatched is not None:
+                            self.on_dispatched(hint_end)
                         if self.on_progress is not None:
                             self.on_progress(hint_end - max(cl.get_min_offset(), 0), end - max(cl.get_min_offset(), 0))
                         continue
@@ -127,6 +131,8 @@ class Dispatcher:
             if next_offset == self.reput_from_offset:
                 return total
             self.reput_from_offset = next_offset
+            if self.on_dispatched is not None:
+                self.on_dispatched(next_offset)
             if self.on_progress is not None:
                 self.on_progress(next_offset - max(min_off, 0), end - max(min_off, 0))
 

@@ -100,6 +100,7 @@ def flush_failed(store: "MessageStore", what: str, e: OSError) -> str:
     """Record a failed flush: the store refuses puts from now on; returns the reason."""
     why = f"{what} flush failed ({e.strerror or e}): nothing written since the last good flush is claimed durable"
     store.running_flags.write_failed(why)
+    store.abort_file.distrust()
     log.error("%s: %s; puts are refused and the abort file is kept", store.path, why)
     return why
 

@@ -546,6 +546,7 @@ class IndexService:
         self.on_full_file_flushed = on_full_file_flushed
         self._lock = threading.RLock()
         self._flushed_full_ts = 0               # endTimestamp of the newest full file known on disk
+        self.indexed_through = -1               # recovery: the message at this offset is indexed already
         self._last_name = ""
 
     # --- loading -----------------------------------------------------------------------------------
@@ -645,7 +646,8 @@ class IndexService:
         """Index one dispatched message: its UNIQ_KEY and each word of KEYS, as `topic#key`.
 
         Skipped: messages before the last file's endPhyOffset (indexed already; the message *at* it is
-        indexed again, as RocketMQ does after a restart) and rolled-back transaction messages.
+        indexed again, as RocketMQ does after a restart, unless recovery set indexed_through) and
+        rolled-back transaction messages.
         """
         if not self.config.message_index_enable:
             return
@@ -654,7 +656,7 @@ class IndexService:
             files = self.files
             f = files[-1] if files else None
             off = req.commit_log_offset
-            if f is not None and off < f.end_phy_offset:
+            if (f is not None and off < f.end_phy_offset) or off <= self.indexed_through:
                 return
             if req.sys_flag & ROLLBACK == ROLLBACK:
                 return
@@ -693,7 +695,7 @@ class IndexService:
         full: list[IndexFile] = []
         with self._lock:
             files = self.files
-            end = files[-1].end_phy_offset if files else 0
+            end = max(files[-1].end_phy_offset if files else 0, self.indexed_through + 1)
             keys: list[str] = []
             add = keys.append
             offs: list[int] = []

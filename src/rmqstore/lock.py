@@ -1,6 +1,19 @@
 """The store's `lock` file (held with an exclusive POSIX lock while the store is open, as RocketMQ's
 FileChannel.tryLock does) and its `abort` file (present while open: its presence at the next open means
-the last run did not shut down cleanly)."""
+the last run did not shut down cleanly).
+
+RocketMQ only checks whether `abort` exists. rmqstore also writes one line into it (AbortFile.LINE):
+
+    rmqstore-abort <boot id> <offset, 20 digits>\n
+
+the kernel's boot id (/proc/sys/kernel/random/boot_id) at open, and the commitlog offset below which the
+dispatcher has written every consume queue unit and index entry (updated at most every NOTE_INTERVAL s).
+When the next open finds the abort file with the same boot id, only the process died (SIGKILL, a crash):
+the page cache still holds everything it wrote, so recovery keeps the index files newer than the
+checkpoint and re-dispatches from that offset instead of the checkpoint's file (recovery.crash_note).
+A failed flush clears the boot id (`distrust`): after an fsync error the kernel may drop dirty pages, so
+the next open recovers as after a power loss. An empty abort file (RocketMQ's) means the same.
+"""
 from __future__ import annotations
 
 import errno
@@ -8,6 +21,8 @@ import fcntl
 import os
 import struct
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import StoreLockedError
@@ -71,20 +86,95 @@ def _lock_holder(fd: int) -> int | None:
         return None
 
 
+def boot_id() -> str | None:
+    """The running kernel's boot id (Linux), None where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            raw = f.read(64).strip().decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return raw if len(raw) == 36 and " " not in raw else None
+
+
+@dataclass(frozen=True)
+class CrashNote:
+    """What an abort file left by a run of this boot says (AbortFile.read_note)."""
+    boot_id: str
+    dispatched: int      # every consume queue unit and index entry below this commitlog offset was written
+
+
 class AbortFile:
+    LINE = "rmqstore-abort {boot} {offset:020d}\n"
+    NOTE_INTERVAL = 0.01            # seconds between two notes of the dispatched offset
+    _UNTRUSTED = "-" * 36
+
     def __init__(self, store_dir: str | Path):
         self.path = Path(store_dir) / "abort"
+        self._fd: int | None = None
+        self._boot = self._UNTRUSTED
+        self._last_note = 0.0
+        self._lock = threading.Lock()
 
     def exists(self) -> bool:
         return self.path.exists()
 
-    def create(self) -> None:
+    def read_note(self) -> CrashNote | None:
+        """The note of the run that left this abort file, if that run was in this boot and trusted its
+        page cache to the end; None otherwise (no file, RocketMQ's empty file, another boot, a failed flush)."""
+        try:
+            with open(self.path, "rb") as f:
+                parts = f.read(128).decode("ascii", "replace").split()
+        except OSError:
+            return None
+        now = boot_id()
+        if len(parts) != 3 or parts[0] != "rmqstore-abort" or now is None or parts[1] != now \
+                or not parts[2].isdigit():
+            return None
+        return CrashNote(parts[1], int(parts[2]))
+
+    def create(self, dispatched: int = 0) -> None:
+        """Create (or keep) the file, note this boot and the dispatched offset, and fsync it."""
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._boot = boot_id() or self._UNTRUSTED
+        self._fd = fd
+        self._write(dispatched)
         os.fsync(fd)
-        os.close(fd)
+
+    def _write(self, offset: int) -> None:
+        line = self.LINE.format(boot=self._boot, offset=max(offset, 0)).encode()
+        os.pwrite(self._fd, line, 0)
+        os.ftruncate(self._fd, len(line))
+
+    def note_dispatched(self, offset: int) -> None:
+        """Record that everything below offset is dispatched (throttled; the dispatcher calls it)."""
+        now = time.monotonic()
+        if now - self._last_note < self.NOTE_INTERVAL or self._fd is None:
+            return
+        self._last_note = now
+        with self._lock:
+            if self._fd is not None:
+                os.pwrite(self._fd, self.LINE.format(boot=self._boot, offset=max(offset, 0)).encode(), 0)
+
+    def distrust(self) -> None:
+        """A flush failed: the next open must not trust the page cache (see module docstring)."""
+        with self._lock:
+            self._boot = self._UNTRUSTED
+            if self._fd is not None:
+                try:
+                    self._write(0)
+                    os.fsync(self._fd)
+                except OSError:
+                    pass
 
     def remove(self) -> None:
+        self.close()
         try:
             self.path.unlink()
         except FileNotFoundError:
             pass
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

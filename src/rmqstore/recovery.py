@@ -16,6 +16,11 @@ recover_store(store) runs, in order:
 5. re-dispatch from the earliest point any consume queue or the index may lack (their own ends, queues that
    lost units, and after a crash the checkpoint's file as well). A unit or index entry already present is
    not written twice; queue offsets then go on from what the consume queues hold.
+
+After a crash of the process alone (the abort file names this boot: lock.AbortFile), the page cache holds
+everything the dead process wrote, so what the checkpoint does not vouch for is still there: index files
+newer than the checkpoint are kept (deep-checked, their slots pointing at unpublished entries repaired),
+and the re-dispatch starts at the offset the dispatcher last noted instead of the checkpoint's file.
 """
 from __future__ import annotations
 
@@ -73,6 +78,7 @@ class RecoveryReport:
     index_files_dropped: int = 0
     index_entries_dropped: int = 0
     index_files_rebuilt: int = 0           # after a crash: newer than the index checkpoint (RocketMQ's rule)
+    process_crash: bool = False            # the abort file named this boot: the page cache was trusted
     dropped: list[Dropped] = field(default_factory=list)                  # everything removed, in order
     redispatched_from: int = 0
     redispatched_messages: int = 0
@@ -85,7 +91,9 @@ class RecoveryReport:
         return bool(self.dropped or self.repaired_files)
 
     def summary(self) -> str:
-        parts = [f"{'clean' if self.clean_shutdown else 'abnormal'} shutdown",
+        kind = "clean" if self.clean_shutdown else "abnormal (process only, same boot)" if self.process_crash \
+            else "abnormal"
+        parts = [f"{kind} shutdown",
                  f"commitlog checked from {self.commitlog_checked_from}, ends at {self.commitlog_end}"]
         if self.dropped_at is not None:
             name = (self.dropped_path or "").rsplit("/", 1)[-1]
@@ -120,6 +128,8 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
     found = ckpt_path.exists()
     store.checkpoint = StoreCheckpoint(ckpt_path)
     report = RecoveryReport(clean_shutdown=clean, checkpoint_found=found)
+    note = None if clean else store.abort_file.read_note()
+    report.process_crash = note is not None
     cl, cqs, idx, cfg = store.commit_log, store.consume_queues, store.index_service, store.config
     cl.load()
     if not found and cl.queue.files:
@@ -128,15 +138,16 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
     report.repaired_files = list(cl.queue.repaired) + [r for cq in cqs for r in cq.queue.repaired]
     for path, size in report.repaired_files:
         report.dropped.append(Dropped("file", path, size, "cut short: extended with zeros"))
-    idx.load(clean, store.checkpoint.index_msg_timestamp)
+    idx.load(clean or note is not None, store.checkpoint.index_msg_timestamp)
     report.index_files_rebuilt = len(getattr(idx, "destroyed_files", ()))
     end = recover_commit_log(cl, store.checkpoint, clean, report)
     recover_consume_queues(cqs, end, report, cl)
     cl_min = max(cl.get_min_offset(), 0)
     for cq in cqs:
         cq.correct_min_offset(cl_min)
-    index_end = recover_index(idx, cl, end, report) if cfg.message_index_enable else None
-    start = reput_start(cl, cqs, index_end, clean, report)
+    index_end = recover_index(idx, cl, end, report, repair_slots=note is not None) \
+        if cfg.message_index_enable else None
+    start = reput_start(cl, cqs, index_end, clean, report, note.dispatched if note is not None else None)
     report.redispatched_from = start
     store.dispatcher.reput_from_offset = start
     report.redispatched_messages = store.dispatcher.do_reput()
@@ -187,21 +198,15 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
     report.commitlog_checked_from = files[idx].file_from_offset
     check_crc = commit_log.config.check_crc_on_recover
     process = files[idx].file_from_offset
-    check = codec.check_record
     while idx < len(files):
         mf = files[idx]
-        mm, limit, pos = mf.mm, mf.file_size, 0
+        pos = 0
         blank = False
         try:
-            while pos < limit:
-                kind, size = check(mm, pos, limit, check_crc)
-                if kind == codec.KIND_END:
-                    break
-                if kind == codec.KIND_BLANK:
-                    blank = True
-                    break
-                pos += size
+            pos, kind, _ = codec.walk_records(mf.mm, 0, mf.file_size, check_crc)
+            blank = kind == codec.KIND_BLANK
         except codec.RecordError as e:
+            pos = e.pos
             report.dropped_at = mf.file_from_offset + pos
             report.dropped_reason = e.reason
             report.dropped_path = str(mf.path)
@@ -376,12 +381,20 @@ def _set_aside(idx: "IndexService", f: "IndexFile", why: str, report: RecoveryRe
     log.error("%s: %s; set aside as %s, its keys are indexed again from the commitlog", f.path, why, aside.name)
 
 
-def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int, report: RecoveryReport) -> int:
+def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int, report: RecoveryReport,
+                  repair_slots: bool = False) -> int:
     """Set aside corrupt index files (and re-index from before them), cut entries past the commitlog's end.
-    Returns the commitlog offset from which the index needs the messages again."""
+    repair_slots (after a process crash): slots of the newest file pointing at entries written but not yet
+    published by the header are moved down their chains first. Returns the commitlog offset from which the
+    index needs the messages again."""
     gone = 0
     with idx._lock:
         files: list = list(idx.files)
+        if repair_slots and files:
+            n = _repair_slots(files[-1], files[-1].index_count)
+            if n:
+                log.info("%s: %d hash slots pointed at entries not yet counted in the header: moved down their "
+                         "chains", files[-1].path, n)
         drop_from = None            # files after files[drop_from] go: they follow a corrupt file
         for p in idx.dropped_files:   # set aside by load for an impossible header
             gone += 1
@@ -433,15 +446,58 @@ def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int
     report.index_files_dropped = gone
     if not keep or (len(keep) == 1 and keep[0].index_count <= 1 and keep[0].end_phy_offset == 0):
         return 0
-    # endPhyOffset is where the last indexed message STARTS: the index needs what comes after it (RocketMQ
-    # re-dispatches from the consume queues' end; starting at endPhyOffset would index that message twice)
-    last = keep[-1].end_phy_offset
+    # the last entry's message (the header's endPhyOffset says the same unless it was torn) is indexed: the
+    # index needs what comes after it. Re-dispatching from earlier (the consume queues' end) must not index
+    # it twice, as RocketMQ would: the index skips it (indexed_through)
+    last = _last_entry_offset(keep[-1])
+    idx.indexed_through = last
     raw = commit_log.get_message(last, 8)
     if raw is not None:
         size, magic = codec._II.unpack(raw)
         if magic in _MAGICS and size > 0:
             return last + size
     return last
+
+
+def _last_entry_offset(f: "IndexFile") -> int:
+    if f.index_count <= 1:
+        return f.end_phy_offset
+    base = codec.INDEX_HEADER_SIZE + f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE
+    return codec.INDEX_ENTRY.unpack_from(f.mapped_file.mm, base + (f.index_count - 1) * codec.INDEX_ENTRY_SIZE)[1]
+
+
+def _repair_slots(f: "IndexFile", k: int) -> int:
+    """Point every slot holding an entry number >= k at the first entry < k of its chain (0 if none):
+    entries k.. are being removed, or were written by a process killed before it published them.
+    A slot is only changed when every entry its chain passes through hashes to it: anything else is not a
+    half-finished put but damage, left for index_file_problems to report. Returns how many slots changed."""
+    mm = f.mapped_file.mm
+    slot_num = f.hash_slot_num
+    slots = np.ndarray((slot_num,), dtype=">i4", buffer=mm, offset=codec.INDEX_HEADER_SIZE)
+    fix = np.flatnonzero(slots >= k)
+    if not len(fix):
+        del slots
+        return 0
+    top = min(int(slots[fix].max()) + 1, f.index_num)
+    base = codec.INDEX_HEADER_SIZE + slot_num * codec.INDEX_HASH_SLOT_SIZE
+    ent = np.frombuffer(mm, dtype=_ENTRY, count=top, offset=base)
+    prev = ent["prev"].astype(np.int64)
+    home = ent["key_hash"].astype(np.int64) % slot_num
+    del ent
+    changed, new_vals = [], []
+    for s in fix.tolist():
+        cur = int(slots[s])
+        steps = 0
+        while k <= cur < top and steps < top and home[cur] == s:
+            cur = int(prev[cur])
+            steps += 1
+        if cur < k:
+            changed.append(s)
+            new_vals.append(max(cur, 0))
+    if changed:
+        slots[np.array(changed, dtype=np.int64)] = np.array(new_vals, dtype=np.int64)
+    del slots
+    return len(changed)
 
 
 def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:
@@ -453,23 +509,13 @@ def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:
     ent = np.frombuffer(mm, dtype=_ENTRY, count=count, offset=base)
     phy = ent["phy_offset"].astype(np.int64)
     k = int(np.searchsorted(phy[1:], end, side="left")) + 1     # first entry number to remove
-    prev = ent["prev"].astype(np.int64)
     del ent
     if k >= count:
         return 0
-    slots = np.frombuffer(mm, dtype=">i4", count=f.hash_slot_num, offset=codec.INDEX_HEADER_SIZE)
-    fix = np.flatnonzero(slots >= k)
-    new_vals = []
-    for s in fix.tolist():
-        cur = int(slots[s])
-        steps = 0
-        while cur >= k and steps < count:
-            cur = int(prev[cur])
-            steps += 1
-        new_vals.append(cur if 0 <= cur < k else 0)
-    slots_w = np.ndarray((f.hash_slot_num,), dtype=">i4", buffer=mm, offset=codec.INDEX_HEADER_SIZE)
-    slots_w[fix] = np.array(new_vals, dtype=np.int64)
-    del slots_w, slots
+    _repair_slots(f, k)
+    slots = np.ndarray((f.hash_slot_num,), dtype=">i4", buffer=mm, offset=codec.INDEX_HEADER_SIZE)
+    slots[slots >= k] = 0           # chains _repair_slots would not follow (damage): empty, not dangling
+    del slots
     mm[base + k * codec.INDEX_ENTRY_SIZE: base + count * codec.INDEX_ENTRY_SIZE] = bytes((count - k) * codec.INDEX_ENTRY_SIZE)
     f.index_count = k
     if k > 1:
@@ -489,8 +535,10 @@ def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:
 
 # --- where to re-dispatch from --------------------------------------------------------------------------
 def reput_start(commit_log: CommitLog, cqs: ConsumeQueueTable, index_end: int | None, clean: bool,
-                report: RecoveryReport) -> int:
-    """Where the dispatcher must start so that no consume queue unit or index entry is missing."""
+                report: RecoveryReport, noted_dispatched: int | None = None) -> int:
+    """Where the dispatcher must start so that no consume queue unit or index entry is missing.
+    noted_dispatched: after a process crash, the dispatcher's last note (everything below it was written
+    and the page cache kept it); otherwise a crash re-dispatches from the checkpoint's file."""
     min_off = max(commit_log.get_min_offset(), 0)
     candidates = []
     cq_max = cqs.max_physic_offset()
@@ -506,5 +554,5 @@ def reput_start(commit_log: CommitLog, cqs: ConsumeQueueTable, index_end: int | 
     if index_end is not None:
         candidates.append(index_end)
     if not clean:
-        candidates.append(report.commitlog_checked_from)
+        candidates.append(report.commitlog_checked_from if noted_dispatched is None else noted_dispatched)
     return max(min_off, min(candidates))

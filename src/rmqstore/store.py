@@ -85,7 +85,8 @@ class MessageStore:
         self.lock.acquire()
         try:
             self._load_and_recover()
-            self.abort_file.create()
+            self.abort_file.create(self.dispatcher.reput_from_offset)
+            self.dispatcher.on_dispatched = self.abort_file.note_dispatched
             self._closed = False
             # columnar puts hand the dispatcher thread their columns (not a synchronous do_reput: without the
             # thread nobody would take them)
@@ -103,6 +104,7 @@ class MessageStore:
                 self.schedule_service.start()
         except BaseException:
             self._release_files()
+            self.abort_file.close()
             self.lock.release()
             raise
 
@@ -131,11 +133,14 @@ class MessageStore:
                 self.flush_all()
             except OSError as e:
                 ok = False
+                self.abort_file.distrust()
                 log.error("%s: final flush failed (%s): keeping the abort file so the next open recovers",
                           self.path, e)
         self._release_files()
         if ok and self.dispatcher.error is None and self.dispatcher.write_error is None:
             self.abort_file.remove()
+        else:
+            self.abort_file.close()
         self.lock.release()
 
     shutdown = close
