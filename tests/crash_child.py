@@ -36,7 +36,8 @@ def main() -> int:
         keys = [f"{run_id}-{i + j}" for j in range(n)]
         msgs = [make_message(k, rng, prepared=rng.random() < 0.05) for k in keys]
         i += n
-        results = store.put_messages(msgs)
+        # one message: put_message (under SYNC_FLUSH the flusher appends it with others: GroupCommitService.put)
+        results = [store.put_message(msgs[0])] if n == 1 else store.put_messages(msgs)
         lines = []
         for k, m, r in zip(keys, msgs, results):
             if r.status is PutMessageStatus.PUT_OK:

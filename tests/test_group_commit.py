@@ -229,3 +229,41 @@ def test_sync_flush_store_puts_are_flushed_when_acknowledged(tmp_path, threads):
         svc = next(s for s in store.services if isinstance(s, GroupCommitService))
         assert 0 < svc.flushes <= 40 * threads
 
+
+def test_put_message_from_many_threads_is_combined_and_durable_on_return(tmp_path):
+    """SYNC_FLUSH put_message from 8 threads: the flusher appends the queued messages together and flushes
+    once for them (fewer flushes than puts); every put answers PUT_OK only once its bytes are flushed, in
+    queue order per thread, and everything reads back."""
+    cfg = StoreConfig(flush_disk_type=SYNC_FLUSH, mapped_file_size_commit_log=1 << 20)
+    threads, per = 8, 150
+    errors: list[str] = []
+    results: list[list] = [[] for _ in range(threads)]
+    with MessageStore.open(tmp_path / "s", cfg) as store:
+        q = store.commit_log.queue
+
+        def job(i: int) -> None:
+            for j in range(per):
+                r = store.put_message(Message("T", f"{i}-{j}".encode(), queue_id=i % 4))
+                if r.status is not PutMessageStatus.PUT_OK:
+                    errors.append(f"{i}-{j}: {r.status}")
+                    continue
+                a = r.append_result
+                if q.flushed_where < a.wrote_offset + a.wrote_bytes:
+                    errors.append(f"{i}-{j} answered PUT_OK before its flush")
+                results[i].append(a)
+
+        ths = [threading.Thread(target=job, args=(i,)) for i in range(threads)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(60)
+        assert not errors, errors[:5]
+        gc = store.group_commit
+        assert gc.combined == threads * per
+        assert gc.flushes < threads * per
+        for i, rs in enumerate(results):
+            assert [a.wrote_offset for a in rs] == sorted(a.wrote_offset for a in rs)
+            for j, a in enumerate(rs):
+                assert store.look_message_by_offset(a.wrote_offset).body == f"{i}-{j}".encode()
+        assert store.wait_dispatched()
+        assert sum(store.get_max_offset_in_queue("T", k) for k in range(4)) == threads * per

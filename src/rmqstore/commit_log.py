@@ -84,8 +84,9 @@ class CommitLog:
         self.queue.load()
 
     # --- put path -------------------------------------------------------------------------------
-    def put_message(self, msg: Message) -> PutMessageResult:
-        """Append one message: encoded by _encode (which refuses what must be refused), placed under the lock."""
+    def put_message(self, msg: Message, wait: bool = True) -> PutMessageResult:
+        """Append one message: encoded by _encode (which refuses what must be refused), placed under the lock.
+        wait=False: the flush policy hook (on_appended) is not called (the caller flushes)."""
         e = self._encode(msg)
         if type(e) is not tuple:
             return PutMessageResult(e)
@@ -126,14 +127,15 @@ class CommitLog:
                 self.begin_time_in_lock = 0
         result = PutMessageResult(_PUT_OK, AppendMessageResult(_APPEND_OK, phys, size, id_prefix + "%016X" % phys,
                                                                now, qoff))
-        hook = self.on_appended
+        hook = self.on_appended if wait else None
         if hook is not None and not hook(q.get_max_wrote_position()):
             return PutMessageResult(_FLUSH_TIMEOUT, result.append_result)
         return result
 
-    def put_messages(self, msgs: Iterable[Message] | MessageBatch) -> Sequence[PutMessageResult]:
+    def put_messages(self, msgs: Iterable[Message] | MessageBatch, wait: bool = True) -> Sequence[PutMessageResult]:
         """Append messages (a list of Messages or a MessageBatch) in order, under one lock hold; one result
-        per message (a PutMessageResults when the columnar path took the batch: built on access)."""
+        per message (a PutMessageResults when the columnar path took the batch: built on access).
+        wait=False: as put_message's."""
         results = None
         if isinstance(msgs, MessageBatch):
             if len(msgs) >= COLUMNAR_MIN:
@@ -150,7 +152,7 @@ class CommitLog:
         if results is None:
             n = len(msgs)
             if n <= 1:
-                return [self.put_message(msgs[0])] if n else []
+                return [self.put_message(msgs[0], wait)] if n else []
             if n >= COLUMNAR_MIN:
                 try:
                     batch = self._encode_columnar(msgs)
@@ -173,7 +175,7 @@ class CommitLog:
                     phys, size, qoff, id_prefix = r
                     results[i] = PutMessageResult(_PUT_OK, AppendMessageResult(
                         _APPEND_OK, phys, size, id_prefix + "%016X" % phys, now, qoff))
-        hook = self.on_appended
+        hook = self.on_appended if wait else None
         if hook is not None and (results.appended if type(results) is PutMessageResults
                                  else any(r.status is _PUT_OK for r in results)):
             if not hook(self.queue.get_max_wrote_position()):

@@ -72,6 +72,7 @@ class MessageStore:
         self.running_flags = RunningFlags()
         self.max_delay_level = len(self.config.delay_levels_ms())
         self.schedule_service = None      # schedule.ScheduleMessageService, started with the services
+        self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
 
     # --- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -117,6 +118,7 @@ class MessageStore:
         if self._closed:
             return
         self._closed = True
+        self.group_commit = None
         if self.schedule_service is not None:
             self.schedule_service.shutdown()
             self.schedule_service = None
@@ -188,6 +190,11 @@ class MessageStore:
         p = msg.properties
         if p and codec.PROPERTY_DELAY in p:
             msg = rewrite_delayed([msg], self.max_delay_level)[0]
+        gc = self.group_commit
+        if gc is not None:      # SYNC_FLUSH: appended and flushed by the flusher with others' (flush.put)
+            result = gc.put(msg)
+            if result is not None:
+                return result
         try:
             result = self.commit_log.put_message(msg)
         except OSError as e:
