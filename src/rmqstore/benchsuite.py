@@ -790,9 +790,10 @@ HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done
   only what the dead dispatcher had not noted is re-dispatched. What is left is the CRC check of every
   record from the checkpoint's file (a 1 GiB file here: all of them), walked record by record in Python
   (~0.6 us each) and checked column-wise; after a reboot recovery is RocketMQ's (index rebuilt).
-- sync flush: msync through mmap.flush() held the GIL (CPython), now fdatasync releases it; waiters are
-  released one by one when their own offset is flushed. The limit is now the hand-off of the GIL between
-  16 woken producer threads on 2 vCPUs (~5 puts per fdatasync).
+- sync flush: fdatasync releases the GIL (mmap.flush() did not); single puts from many threads are appended
+  by the flusher in one batch (a producer takes the GIL once per put, not three times). With 16 threads
+  a round appends ~8 puts and its fdatasync (~0.5 ms) is most of the time: the disk's sync latency is the
+  limit now, and half the producers wait for the round in flight.
 """
 
 
