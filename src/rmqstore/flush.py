@@ -179,6 +179,7 @@ class GroupCommitService(ServiceThread):
         self._signal.acquire()
         self._closing = False               # the thread's last round has begun: waiters do not queue on
         self._puts: deque = deque()         # _CombinedPut of put(), not yet taken by a round
+        self._appended: list = []           # _CombinedPut appended by the last round, to flush and answer
         self._puts_lock = threading.Lock()
         self.combined = 0                   # messages appended by rounds for put()
         self.flushes = 0                    # flush rounds that moved flushed_where
@@ -289,7 +290,7 @@ class GroupCommitService(ServiceThread):
         signal = self._signal
         idle = 0                            # rounds in a row that left requests pending and flushed nothing
         while not self._stop.is_set():
-            if (self._pending or self._requests or self._puts) and idle < 2:
+            if (self._pending or self._requests or self._puts or self._appended) and idle < 2:
                 signal.acquire(False)       # consume the wakeup of the requests this round takes
             else:
                 signal.acquire(True, self.interval)
@@ -304,16 +305,22 @@ class GroupCommitService(ServiceThread):
                 log.exception("%s failed", self.name)
                 self._stop.wait(0.1)
         self._closing = True
-        self.run_once()
-        self.run_once()         # puts queued while the last round ran (they saw _closing too late)
+        for _ in range(100):    # the last rounds: until nothing is queued or appended and unanswered
+            self.run_once()
+            if not self._puts and not self._appended:
+                break
 
     def run_once(self) -> bool:
-        """Flush (unless a flush failed before), then release every waiting put the flush covered, all of
-        them after a failure or in the last round; True if flushed_where moved."""
+        """Flush (unless a flush failed before), append the messages queued by put(), then release every
+        waiting put the flush covered (all of them after a failure or in the last round); True if
+        flushed_where moved or messages were appended (the next round flushes them).
+
+        The queued messages are appended after the flush and before the release, so the flusher does its
+        Python work while the producers it is about to wake are still blocked, and they run during the
+        next round's fdatasync (which releases the GIL) instead of competing with the flusher for it."""
         store = self.store
         q = store.commit_log.queue
         with self._run_lock:
-            puts = self._append_combined() if self._puts else ()
             before = q.flushed_where
             if not self.failed:
                 try:
@@ -327,6 +334,13 @@ class GroupCommitService(ServiceThread):
             moved = where != before
             if moved:
                 self.flushes += 1
+            puts, self._appended = self._appended, []
+            if self._puts:
+                for p in self._append_combined():
+                    if p.result.status is PutMessageStatus.PUT_OK:
+                        self._appended.append(p)        # answered after the next round's flush
+                    else:
+                        p.done.release()                # refused: answered now
             pending, requests = self._pending, self._requests
             while requests:
                 pending.append(requests.popleft())
@@ -345,7 +359,7 @@ class GroupCommitService(ServiceThread):
                     if a.wrote_offset + a.wrote_bytes > where:
                         p.result = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, a)
                 p.done.release()
-            return moved
+            return moved or bool(self._appended)
 
 
 class CommitRealTimeService(ServiceThread):
