@@ -143,6 +143,17 @@ def test_key_hashes_match_java_string_hash():
     assert len(key_hashes([])) == 0
 
 
+@pytest.mark.parametrize("lengths", [[32], [0, 7, 43], list(range(0, 12)), list(range(0, 40)), [5000]])
+def test_key_hashes_ascii_paths(lengths):
+    """ASCII keys take one byte per unit: one length (a matrix without gather), a few lengths (one matrix
+    each, the empty key included), many lengths (the general path): all equal Java's String.hashCode."""
+    rng = random.Random(len(lengths))
+    keys = ["".join(rng.choice("ABCDEF0123456789#-_ ~") for _ in range(rng.choice(lengths))) for _ in range(500)]
+    keys.append("polygenelubricants")               # hashCode is Integer.MIN_VALUE: abs gives 0
+    vec = key_hashes(keys).tolist()
+    assert vec == [_java_key_hash(k) for k in keys]
+
+
 # --- golden: rebuild ------------------------------------------------------------------------------------
 @needs_golden
 @pytest.mark.parametrize("mode", ["batch", "single", "chunks"])

@@ -137,9 +137,31 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
     n = len(keys)
     if n == 0:
         return np.empty(0, dtype=np.int64)
-    raw = "".join(keys).encode("utf-16-be", "surrogatepass")
-    total = len(raw) >> 1
+    joined = "".join(keys)
     lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    if joined.isascii():
+        # one byte per UTF-16 unit; keys of a few distinct lengths (UNIQ_KEYs are all 32 characters) hash
+        # as rows of a matrix: row . (31**(L-1), ..., 31, 1), uint32 arithmetic wrapping as Java's int does
+        units8 = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+        distinct = np.unique(lens)
+        if len(distinct) <= _MATRIX_LENGTHS and len(units8):
+            table = _pow31_table(int(distinct[-1]))
+            sums = np.zeros(n, dtype=np.uint32)
+            if len(distinct) == 1:
+                length = int(distinct[0])
+                sums[:] = (units8.reshape(n, length) * table[length - 1::-1]).sum(axis=1, dtype=np.uint32)
+            else:
+                starts = np.cumsum(lens) - lens
+                for length in distinct.tolist():
+                    if length:
+                        sel = np.flatnonzero(lens == length)
+                        rows = units8[starts[sel, None] + np.arange(length)]
+                        sums[sel] = (rows * table[length - 1::-1]).sum(axis=1, dtype=np.uint32)
+            return _java_abs(sums)
+        raw, width = units8, 1
+    else:
+        raw, width = joined.encode("utf-16-be", "surrogatepass"), 2
+    total = len(raw) // width
     if int(lens.sum()) != total:  # characters outside the BMP take two UTF-16 units
         lens = np.fromiter((len(k.encode("utf-16-be", "surrogatepass")) >> 1 for k in keys),
                            dtype=np.int64, count=n)
@@ -147,7 +169,7 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
     if total == 0:
         return out
     # uint32 arithmetic wraps mod 2**32: exactly Java's int overflow.
-    units = np.frombuffer(raw, dtype=">u2").astype(np.uint32)
+    units = (raw if width == 1 else np.frombuffer(raw, dtype=">u2")).astype(np.uint32)
     ends = np.cumsum(lens)
     dist = np.repeat(ends - 1, lens)                     # distance of each unit to its key's last unit
     dist -= np.arange(total, dtype=np.int64)
@@ -158,8 +180,16 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
     else:
         sums = np.zeros(n, dtype=np.uint32)
         sums[nonempty] = np.add.reduceat(units, (ends - lens)[nonempty], dtype=np.uint32)
-    h = np.abs(sums.view(np.int32).astype(np.int64))   # String.hashCode is a signed int
-    h[h == 0x80000000] = 0                               # Math.abs(Integer.MIN_VALUE) -> 0
+    return _java_abs(sums)
+
+
+_MATRIX_LENGTHS = 16     # key_hashes: up to this many distinct key lengths, the matrix form
+
+
+def _java_abs(sums: np.ndarray) -> np.ndarray:
+    """Math.abs of String.hashCode values given as uint32 (Math.abs(Integer.MIN_VALUE) -> 0)."""
+    h = np.abs(sums.view(np.int32).astype(np.int64))
+    h[h == 0x80000000] = 0
     return h
 
 
