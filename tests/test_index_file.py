@@ -635,3 +635,68 @@ def test_readers_while_writing(tmp_path):
     assert errors == []
     assert svc.query_offset("T", "hot", 64, 0, FOREVER)[0][:3] == [29990, 29980, 29970]
     svc.shutdown()
+
+
+# --- a full disk ----------------------------------------------------------------------------------------
+_FULL_DISK_CHILD = r"""
+import errno, json, os, sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from store_checks import fill_up
+from rmqstore.config import StoreConfig
+from rmqstore.index_file import IndexFile, IndexService, key_hash
+mnt = Path(sys.argv[1])
+out = {}
+f = IndexFile(mnt / "20260101000000000", 1000, 1_000_000)      # 20 MB, sparse, on an 8 MB disk
+f.put_key("T#before", 100, 1_700_000_000_000)
+fill_up(mnt / "ballast")
+keys = [f"T#k{i}" for i in range(10_000)]                       # 200 KB of entries: no room
+h = np.array([key_hash(k) for k in keys], dtype=np.int64)
+try:
+    f.put_hashes(h, np.arange(1000, 1000 + len(keys), dtype=np.int64), np.full(len(keys), 1_700_000_000_000))
+    out["batch"] = "written"
+except OSError as e:
+    out["batch"] = errno.errorcode.get(e.errno, str(e.errno))
+try:
+    for i, k in enumerate(keys):
+        f.put_key(k, 1000 + i, 1_700_000_000_000)
+    out["one_by_one"] = "written"
+except OSError as e:
+    out["one_by_one"] = errno.errorcode.get(e.errno, str(e.errno))
+out["count_after"] = f.index_count
+out["before_found"] = f.select_phy_offsets("T#before", 10, 0, 2**62)
+cfg = StoreConfig.from_dict({"maxHashSlotNum": 5000, "maxIndexNum": 1000})
+svc = IndexService(mnt / "store2", cfg)
+svc.load(True, 0)
+try:
+    svc.build_index_columns(["T"], ["a"], [None], [0], [1_700_000_000_000], [0])
+    out["new_file"] = "created"
+except OSError as e:
+    out["new_file"] = str(e)
+os.unlink(mnt / "ballast")                                      # room again: puts go on
+f.put_hashes(h, np.arange(1000, 1000 + len(keys), dtype=np.int64), np.full(len(keys), 1_700_000_000_000))
+out["after_room"] = f.select_phy_offsets("T#k9999", 10, 0, 2**62)
+f.close()
+print(json.dumps(out))
+"""
+
+
+def test_index_on_a_full_disk_is_an_oserror_not_sigbus(tmp_path):
+    """Index entries are written with pwrite and the header and slots are allocated when a file is created,
+    so on a full disk putting keys raises ENOSPC (the dispatcher reports it and retries) instead of a store
+    through the mapping into a hole, which kills the process with SIGBUS (a real 8 MB tmpfs)."""
+    import subprocess
+    import sys
+    from store_checks import small_filesystem
+    mnt = tmp_path / "mnt"
+    with small_filesystem(mnt, 8):
+        r = subprocess.run([sys.executable, "-c", _FULL_DISK_CHILD, str(mnt), str(Path(__file__).parent)],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"child died ({r.returncode}): {r.stderr[-3000:]}"
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["batch"] == "ENOSPC"
+    assert out["one_by_one"] == "ENOSPC"
+    assert out["before_found"] == [100]
+    assert "cannot allocate" in out["new_file"] and "store2" in out["new_file"]
+    assert out["after_room"] == [1000 + 9999]

@@ -27,6 +27,11 @@ hashSlotCount counts the puts that found their slot empty (the number of slots i
 RocketMQ's semantics); RocketMQ 4.4.0 increments it on every put. It is informational only: nothing reads
 it back. Every other byte is what RocketMQ 4.4.0 writes for the same puts.
 
+Writes: entries go to the file with pwrite, header and slots through the mapping; a file's header and
+slot pages are allocated (posix_fallocate) when it is created, so a full disk makes a put raise OSError
+(ENOSPC: the dispatcher reports it and tries again) and never a store into a hole (SIGBUS). A loaded file
+whose header and slots cannot be allocated takes no more keys (IndexFile.room).
+
 Header write policy: header values live in Python ints (the authority for readers in this process).
 The 40 header bytes are written to the mapping at the end of every IndexService.build_index /
 build_index_batch call, by IndexFile.write_header(), and always before any msync (flush, roll-over,
@@ -70,7 +75,7 @@ _hdr_pack = codec.INDEX_HEADER.pack_into
 _hdr_unpack = codec.INDEX_HEADER.unpack_from
 _slot_pack = codec.INDEX_SLOT.pack_into
 _slot_unpack = codec.INDEX_SLOT.unpack_from
-_entry_pack = codec.INDEX_ENTRY.pack_into
+_entry_struct_pack = codec.INDEX_ENTRY.pack
 _entry_unpack = codec.INDEX_ENTRY.unpack_from
 
 ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
@@ -219,6 +224,19 @@ class IndexFile:
             raise FileExistsError(f"{self.path}: index file exists already (open it with load=True)")
         self.mapped_file = MappedFile(self.path, self.file_size, file_from_offset=0, create=not load)
         self._mm = self.mapped_file.mm
+        # Header and slots are written through the mapping, entries with pwrite (module docstring): the
+        # header and slot pages are allocated up front, so a full disk is an OSError, never a SIGBUS.
+        self._write_limit = max_index_num       # puts accepted up to this entry number
+        try:
+            self.mapped_file.reserve(self.entries_base)
+        except OSError as e:
+            if not load:
+                self.mapped_file.destroy()
+                raise OSError(e.errno, f"cannot allocate the {self.entries_base} bytes of header and slots of "
+                                       f"the new index file {self.path}: {e.strerror}") from e
+            self._write_limit = 0               # set to indexCount below: read-only
+            log.warning("%s: cannot allocate its header and slots (%s): no more keys are put into it",
+                        self.path, e.strerror)
         self.begin_timestamp = 0
         self.end_timestamp = 0
         self.begin_phy_offset = 0
@@ -235,6 +253,8 @@ class IndexFile:
             except BaseException:
                 self.mapped_file.close()
                 raise
+            if self._write_limit == 0:
+                self._write_limit = self.index_count
         else:
             if end_phy_offset > 0:
                 self.begin_phy_offset = self.end_phy_offset = end_phy_offset
@@ -311,6 +331,11 @@ class IndexFile:
     def is_full(self) -> bool:
         return self.index_count >= self.index_num
 
+    @property
+    def room(self) -> int:
+        """Entries this file still takes (0 when full, or read-only: see __init__)."""
+        return max(0, self._write_limit - self.index_count)
+
     def is_time_matched(self, begin: int, end: int) -> bool:
         """RocketMQ's isTimeMatched: [begin, end] overlaps [beginTimestamp, endTimestamp]."""
         b, e = self.begin_timestamp, self.end_timestamp
@@ -327,7 +352,7 @@ class IndexFile:
     def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
         """put_key with the key's hash already computed (0 <= key_hash <= INT_MAX)."""
         count = self.index_count
-        if count >= self.index_num:
+        if count >= self._write_limit:
             return False
         mm = self._mm
         slot_pos = HEADER_SIZE + (key_hash % self.hash_slot_num) * SLOT_SIZE
@@ -347,7 +372,8 @@ class IndexFile:
                 time_diff = 0
             elif time_diff > INT_MAX:
                 time_diff = INT_MAX
-        _entry_pack(mm, self.entries_base + count * ENTRY_SIZE, key_hash, phy_offset, time_diff, slot_value)
+        self.mapped_file.pwrite(self.entries_base + count * ENTRY_SIZE,
+                                _entry_struct_pack(key_hash, phy_offset, time_diff, slot_value))
         _slot_pack(mm, slot_pos, count)
         if count <= 1:
             self.begin_phy_offset = phy_offset
@@ -365,7 +391,7 @@ class IndexFile:
         if hi is None:
             hi = len(hashes)
         c0 = self.index_count
-        n = min(hi - lo, self.index_num - c0)
+        n = min(hi - lo, self._write_limit - c0)
         if n <= 0:
             return lo
         h = hashes[lo:lo + n]
@@ -422,7 +448,7 @@ class IndexFile:
         rec["time_diff"] = td
         rec["prev"] = prev
         base = self.entries_base + c0 * ENTRY_SIZE
-        mm[base:base + n * ENTRY_SIZE] = rec.tobytes()             # entries before the slots
+        self.mapped_file.pwrite(base, rec.tobytes())                # entries before the slots
         slot_view[ss[last]] = e[order[last]]
         del slot_view
         if c0 <= 1:
@@ -780,7 +806,7 @@ class IndexService:
                     stamps = np.repeat(np.array(tss, dtype=np.int64), c)
                 i = 0
                 while i < total:
-                    if f is None or f.is_full:
+                    if f is None or not f.room:
                         f, prev = self._new_file()
                         if prev is not None:
                             full.append(prev)

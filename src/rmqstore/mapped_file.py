@@ -141,6 +141,17 @@ class MappedFile:
             self._pwrite(pos, data)
         self.wrote_position = max(self.wrote_position, end)
 
+    def pwrite(self, pos: int, data) -> None:
+        """Write data at pos through the file descriptor, positions untouched (files written at random
+        places, the index): a full disk is an OSError (ENOSPC) here, where a store through the mapping
+        into a hole would be a SIGBUS."""
+        self._pwrite(pos, data)
+
+    def reserve(self, length: int) -> None:
+        """Allocate the file's first length bytes on disk (posix_fallocate), so that stores through the
+        mapping there never meet a full disk (SIGBUS); OSError (ENOSPC) when there is no room."""
+        os.posix_fallocate(self._fd, 0, length)
+
     def _pwrite(self, pos: int, data) -> None:
         """All of data into the file at pos (an OSError, e.g. ENOSPC, propagates)."""
         n = os.pwrite(self._fd, data, pos)
