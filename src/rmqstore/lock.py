@@ -17,6 +17,7 @@ the next open recovers as after a power loss. An empty abort file (RocketMQ's) m
 from __future__ import annotations
 
 import errno
+import logging
 import fcntl
 import os
 import struct
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import StoreLockedError
+
+log = logging.getLogger(__name__)
 
 _held: set[str] = set()      # POSIX locks are per process: also refuse a second open inside this one
 _held_lock = threading.Lock()
@@ -113,6 +116,7 @@ class AbortFile:
         self._fd: int | None = None
         self._boot = self._UNTRUSTED
         self._last_note = 0.0
+        self._noting = False
         self._lock = threading.Lock()
 
     def exists(self) -> bool:
@@ -133,35 +137,58 @@ class AbortFile:
         return CrashNote(parts[1], int(parts[2]))
 
     def create(self, dispatched: int = 0) -> None:
-        """Create (or keep) the file, note this boot and the dispatched offset, and fsync it."""
+        """Create (or keep) the file, emptied, then note this boot and the dispatched offset, and fsync it.
+        Emptied first (that needs no room): when the note cannot be written (a full disk) the file stays
+        empty, which the next open reads as "do not trust the page cache", never an older run's note."""
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        self._boot = boot_id() or self._UNTRUSTED
         self._fd = fd
-        self._write(dispatched)
-        os.fsync(fd)
+        os.ftruncate(fd, 0)
+        self._boot = boot_id() or self._UNTRUSTED
+        self._noting = True
+        try:
+            os.pwrite(fd, self._line(dispatched), 0)
+        except OSError as e:
+            self._stop_noting(e)
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            self._stop_noting(e)
 
-    def _write(self, offset: int) -> None:
-        line = self.LINE.format(boot=self._boot, offset=max(offset, 0)).encode()
-        os.pwrite(self._fd, line, 0)
-        os.ftruncate(self._fd, len(line))
+    def _line(self, offset: int) -> bytes:
+        return self.LINE.format(boot=self._boot, offset=max(offset, 0)).encode()
+
+    def _stop_noting(self, e: OSError) -> None:
+        """A note could not be written: empty the file (untrusted) and write no more notes."""
+        self._noting = False
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        log.warning("%s: cannot write the crash note (%s): the next open after a crash recovers as after a "
+                    "power loss", self.path, e.strerror)
 
     def note_dispatched(self, offset: int) -> None:
         """Record that everything below offset is dispatched (throttled; the dispatcher calls it)."""
         now = time.monotonic()
-        if now - self._last_note < self.NOTE_INTERVAL or self._fd is None:
+        if now - self._last_note < self.NOTE_INTERVAL or not self._noting:
             return
         self._last_note = now
         with self._lock:
-            if self._fd is not None:
-                os.pwrite(self._fd, self.LINE.format(boot=self._boot, offset=max(offset, 0)).encode(), 0)
+            if self._fd is not None and self._noting:
+                try:
+                    os.pwrite(self._fd, self._line(offset), 0)
+                except OSError as e:
+                    self._stop_noting(e)
 
     def distrust(self) -> None:
         """A flush failed: the next open must not trust the page cache (see module docstring)."""
         with self._lock:
             self._boot = self._UNTRUSTED
+            self._noting = False
             if self._fd is not None:
                 try:
-                    self._write(0)
+                    os.ftruncate(self._fd, 0)
+                    os.pwrite(self._fd, self._line(0), 0)
                     os.fsync(self._fd)
                 except OSError:
                     pass
