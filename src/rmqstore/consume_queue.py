@@ -116,7 +116,8 @@ class ConsumeQueue:
         dropped_reason = None
         while idx < len(files):
             mf = files[idx]
-            arr = np.frombuffer(mf.mm, dtype=_CQ_NP)
+            # units up to the file's first hole: the rest reads as zeros (invalid) without faulting it in
+            arr = np.frombuffer(mf.mm, dtype=_CQ_NP, count=mf.data_end() // UNIT)
             off, size = arr["offset"].astype(np.int64), arr["size"].astype(np.int64)
             valid = (off >= 0) & (size > 0)
             # First invalid unit ends the queue.
@@ -164,9 +165,15 @@ class ConsumeQueue:
             if mf.file_from_offset + mf.file_size <= offset:
                 continue
             start = max(0, offset - mf.file_from_offset)
-            arr = np.frombuffer(mf.mm, dtype=np.uint8)[start:].reshape(-1, UNIT)
+            end = mf.data_end()         # past the first hole: zeros, not read (MappedFile.data_end)
+            if end <= start:
+                continue
+            whole = (end - start) // UNIT
+            arr = np.frombuffer(mf.mm, dtype=np.uint8, count=whole * UNIT, offset=start).reshape(-1, UNIT)
             n += int(arr.any(axis=1).sum())
             del arr
+            if (end - start) % UNIT and mf.has_data(start + whole * UNIT, end):
+                n += 1
         return n
 
     def _first_real_unit_offset(self) -> int:

@@ -17,6 +17,7 @@ one directory; the first file may have been deleted by cleanup, so offsets need 
 """
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -40,14 +41,14 @@ _ZERO_CHUNK = bytes(1 << 20)
 
 
 def _zero_tail(mf: "MappedFile", pos: int) -> None:
-    """Zero a file from pos until a whole chunk is already zero (the written part ends before it)."""
-    mm, size = mf.mm, mf.file_size
+    """Zero a file from pos until a whole chunk is already zero (the written part ends before it); read
+    and written through the file descriptor (MappedFile.has_data: no hole is faulted into the mapping)."""
+    size = mf.file_size
     while pos < size:
         end = min(size, pos + len(_ZERO_CHUNK))
-        n = end - pos
-        if mm[pos:end] == _ZERO_CHUNK[:n]:
+        if not mf.has_data(pos, end):
             return
-        mm[pos:end] = _ZERO_CHUNK[:n]
+        mf.zero_data(pos, end)
         pos = end
 
 
@@ -140,6 +141,57 @@ class MappedFile:
         else:
             self._pwrite(pos, data)
         self.wrote_position = max(self.wrote_position, end)
+
+    def data_end(self) -> int:
+        """Where the file's first hole begins (lseek SEEK_HOLE; file_size where the filesystem does not
+        tell): every byte past it reads as zero. Reading a hole through the mapping costs a page fault and
+        on tmpfs allocates a page, a SIGBUS when the tmpfs is full: scans stop here."""
+        try:
+            return min(os.lseek(self._fd, 0, os.SEEK_HOLE), self.file_size)
+        except (OSError, AttributeError):
+            return self.file_size
+
+    def has_data(self, pos: int, end: int) -> bool:
+        """Any non-zero byte in [pos, end): read with pread, holes skipped (SEEK_DATA), never through the
+        mapping (see data_end)."""
+        end = min(end, self.file_size)
+        fd = self._fd
+        while pos < end:
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:      # only holes after pos
+                    return False
+            except AttributeError:              # pragma: no cover - no SEEK_DATA here: read it all
+                pass
+            if pos >= end:
+                return False
+            chunk = os.pread(fd, min(len(_ZERO_CHUNK), end - pos), pos)
+            if not chunk:
+                return False
+            if chunk != _ZERO_CHUNK[:len(chunk)]:
+                return True
+            pos += len(chunk)
+        return False
+
+    def zero_data(self, pos: int, end: int) -> None:
+        """Write zeros over the data in [pos, end), holes left alone (they read as zeros already, and
+        writing them would need room the disk may not have)."""
+        end = min(end, self.file_size)
+        fd = self._fd
+        while pos < end:
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+                hole = os.lseek(fd, pos, os.SEEK_HOLE)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    return
+                hole = end
+            stop = min(hole, end)
+            while pos < stop:
+                n = min(len(_ZERO_CHUNK), stop - pos)
+                self._pwrite(pos, _ZERO_CHUNK[:n])
+                pos += n
 
     def pwrite(self, pos: int, data) -> None:
         """Write data at pos through the file descriptor, positions untouched (files written at random

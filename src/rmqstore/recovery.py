@@ -79,6 +79,7 @@ class RecoveryReport:
     index_entries_dropped: int = 0
     index_files_rebuilt: int = 0           # after a crash: newer than the index checkpoint (RocketMQ's rule)
     process_crash: bool = False            # the abort file named this boot: the page cache was trusted
+    redispatch_error: str | None = None    # the re-dispatch stopped (a write failed: a full disk)
     dropped: list[Dropped] = field(default_factory=list)                  # everything removed, in order
     redispatched_from: int = 0
     redispatched_messages: int = 0
@@ -113,6 +114,8 @@ class RecoveryReport:
         if self.index_files_rebuilt:
             parts.append(f"{self.index_files_rebuilt} index files newer than the checkpoint rebuilt")
         parts.append(f"re-dispatched {self.redispatched_messages} messages from {self.redispatched_from}")
+        if self.redispatch_error:
+            parts.append(self.redispatch_error)
         if not self.checkpoint_found:
             parts.append("checkpoint was missing")
         parts.append(f"{self.seconds:.3f} s")
@@ -150,14 +153,52 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
     start = reput_start(cl, cqs, index_end, clean, report, note.dispatched if note is not None else None)
     report.redispatched_from = start
     store.dispatcher.reput_from_offset = start
-    report.redispatched_messages = store.dispatcher.do_reput()
-    cl.topic_queue_table = cqs.topic_queue_offsets()
+    try:
+        report.redispatched_messages = store.dispatcher.do_reput()
+    except OSError as e:
+        # a consume queue or index write failed (a full disk): the store opens readable, the dispatcher
+        # thread tries again from where it stopped; queue offsets go on from the commitlog's records
+        reput = store.dispatcher.reput_from_offset
+        store.dispatcher.write_error = f"dispatch at offset {reput} failed at recovery: {e}"
+        report.redispatch_error = store.dispatcher.write_error
+        log.error("%s: %s; the dispatcher tries again once started", store.path, store.dispatcher.write_error)
+        table = cqs.topic_queue_offsets()
+        table.update(_queue_offsets_after(cl, reput, table))
+        cl.topic_queue_table = table
+    else:
+        cl.topic_queue_table = cqs.topic_queue_offsets()
     report.seconds = time.perf_counter() - t0
     level = logging.INFO if clean and not report.damaged else logging.WARNING
     log.log(level, "%s: recovered: %s", store.path, report.summary())
     for d in report.dropped:
         log.warning("%s: recovery dropped: %s", store.path, d)
     return report
+
+
+def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int]) -> dict[str, int]:
+    """Next queue offsets of the queues that records from start (not dispatched) carry on: what the
+    consume queues will hold once the dispatcher has written them."""
+    out: dict[str, int] = {}
+    pos, end = start, commit_log.get_max_offset()
+    while pos < end:
+        got = commit_log.get_data(pos, 4 << 20)
+        if got is None or not got[0]:
+            break
+        data, base = got
+        batch, used, outcome, _ = codec.parse_dispatch(data, base, True)
+        reqs = batch.requests() if isinstance(batch, codec.DispatchBatch) else batch
+        for r in reqs:
+            tran = r.sys_flag & codec.TRANSACTION_TYPE_MASK
+            if tran not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+                key = f"{r.topic}-{r.queue_id}"
+                out[key] = max(out.get(key, table.get(key, 0)), r.consume_queue_offset + 1)
+        if outcome == codec.PARSE_BLANK:
+            pos = commit_log.roll_next_file(base + used)
+        elif used == 0:
+            break
+        else:
+            pos = base + used
+    return out
 
 
 # --- commitlog ------------------------------------------------------------------------------------------
@@ -202,15 +243,23 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
         mf = files[idx]
         pos = 0
         blank = False
+        # the walk stops at the file's first hole (never written: zeros, and on a full tmpfs a read of it
+        # through the mapping dies of SIGBUS); a record running into it was cut short
+        data_end = mf.data_end()
         try:
-            pos, kind, _ = codec.walk_records(mf.mm, 0, mf.file_size, check_crc)
+            pos, kind, _ = codec.walk_records(mf.mm, 0, data_end, check_crc)
             blank = kind == codec.KIND_BLANK
         except codec.RecordError as e:
             pos = e.pos
-            report.dropped_at = mf.file_from_offset + pos
-            report.dropped_reason = e.reason
-            report.dropped_path = str(mf.path)
-            log.warning("%s: invalid record at offset %d (%s): the commitlog ends there", mf.path, pos, e.reason)
+            if data_end < mf.file_size and _blank_to_file_end(mf, pos, data_end):
+                blank = True
+            else:
+                reason = e.reason if data_end == mf.file_size else \
+                    f"{e.reason}; the file's written data ends at byte {data_end}"
+                report.dropped_at = mf.file_from_offset + pos
+                report.dropped_reason = reason
+                report.dropped_path = str(mf.path)
+                log.warning("%s: invalid record at offset %d (%s): the commitlog ends there", mf.path, pos, reason)
         process = mf.file_from_offset + pos
         if blank and idx + 1 < len(files):
             idx += 1
@@ -243,9 +292,18 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
     return process
 
 
+def _blank_to_file_end(mf: MappedFile, pos: int, data_end: int) -> bool:
+    """An END_OF_FILE blank record at pos (written as its 8-byte head: the rest of the file is a hole)."""
+    if pos + 8 > data_end:
+        return False
+    total, magic = codec._II.unpack_from(mf.mm, pos)
+    return magic == codec.BLANK_MAGIC_CODE and total >= codec.END_FILE_MIN_BLANK_LENGTH \
+        and pos + total <= mf.file_size
+
+
 def _has_data(mf: MappedFile, pos: int, window: int = 1 << 20) -> bool:
     """Any non-zero byte in the window after pos."""
-    return any(mf.mm[pos:min(mf.file_size, pos + window)])
+    return mf.has_data(pos, pos + window)
 
 
 # --- consume queues -------------------------------------------------------------------------------------
