@@ -752,7 +752,17 @@ def targets(tables: list[Table], scale: str, n_100: int) -> list[tuple[str, str,
 
 
 # --- report --------------------------------------------------------------------------------------
-def _machine_md(work: Path) -> list[str]:
+def cpu_calibration(n: int = 10_000_000) -> float:
+    """Seconds this interpreter takes for n additions in a Python loop: how fast the cores were during a run,
+    to compare runs by (this VM's speed varies by day)."""
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i
+    return time.perf_counter() - t0
+
+
+def _machine_md(work: Path, calibration_start: float | None = None) -> list[str]:
     m = machine_info()
     try:
         df = subprocess.run(["df", "-hT", str(work)], capture_output=True, text=True).stdout.strip().splitlines()
@@ -766,6 +776,10 @@ def _machine_md(work: Path) -> list[str]:
     if len(df) >= 2:
         lines.append(f"- work dir `{work}` on: `{df[1]}` (df -hT: filesystem type size used avail use% mount)")
     lines.append(f"- load average at the end of the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    cal = cpu_calibration()
+    lines.append(f"- CPU calibration (cpu_calibration: 10,000,000 additions in a Python loop): "
+                 + (f"{calibration_start:.2f} s at the start of the run, " if calibration_start else "")
+                 + f"{cal:.2f} s at the end; the CPU-bound figures scale with it")
     return lines
 
 
@@ -774,7 +788,10 @@ file took 0.06 s in one run and 0.7-1.2 s in the next while another process was 
 same disk (journal and page-cache contention; the os.write limit row moves with it: 1.2M to 12M msg/s of
 100 B across runs of this session). In quiet runs MessageBatch appends were 1.3-1.6M msg/s against sqlite's
 0.31-0.32M (4.1-4.9x), lists of Messages 0.9-1.0M. Targets within ~30% of their threshold (batched append /
-sqlite, SIGKILL restart, group commit) can flip between runs; compare the load averages above."""
+sqlite, SIGKILL restart, group commit) can flip between runs; compare the load averages above. The cores'
+speed varies by day too: on 2026-11-23 the calibration loop above took 1.8 s, and the code of the
+2026-11-22 run measured 177k msg/s end to end where that run had recorded 292k; compare CPU-bound figures
+(consume, end to end, dispatch) only between runs whose calibrations agree."""
 
 HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done about them):
 
@@ -948,12 +965,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
     args = ap.parse_args(argv)
     load_start = os.getloadavg()
+    calibration = cpu_calibration()
     work = Path(tempfile.mkdtemp(prefix="rmqstore-benchsuite-", dir=args.work))
     t0 = time.perf_counter()
     try:
         suite = Suite(args.scale, work, log=lambda s: print(s, file=sys.stderr, flush=True))
         tables = suite.run(only=set(args.only.split(",")) if args.only else None)
-        machine = _machine_md(work)
+        machine = _machine_md(work, calibration)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     total = time.perf_counter() - t0
