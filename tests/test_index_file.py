@@ -143,10 +143,12 @@ def test_key_hashes_match_java_string_hash():
     assert len(key_hashes([])) == 0
 
 
-@pytest.mark.parametrize("lengths", [[32], [0, 7, 43], list(range(0, 12)), list(range(0, 40)), [5000]])
+@pytest.mark.parametrize("lengths", [[32], [0, 7, 43], list(range(0, 12)), list(range(0, 40)), [5000],
+                                     list(range(1, 21)) + [300]])
 def test_key_hashes_ascii_paths(lengths):
-    """ASCII keys take one byte per unit: one length (a matrix without gather), a few lengths (one matrix
-    each, the empty key included), many lengths (the general path): all equal Java's String.hashCode."""
+    """ASCII keys take one byte per unit: similar lengths (right-aligned rows of one matrix), a few lengths
+    far apart (one matrix each, the empty key included), many lengths far apart (the general path): all
+    equal Java's String.hashCode."""
     rng = random.Random(len(lengths))
     keys = ["".join(rng.choice("ABCDEF0123456789#-_ ~") for _ in range(rng.choice(lengths))) for _ in range(500)]
     keys.append("polygenelubricants")               # hashCode is Integer.MIN_VALUE: abs gives 0

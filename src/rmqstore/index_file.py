@@ -142,8 +142,17 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
     n = len(keys)
     if n == 0:
         return np.empty(0, dtype=np.int64)
+    sizes = list(map(len, keys))
+    longest = max(sizes)
+    if 0 < longest and n * longest <= 2 * sum(sizes):
+        # keys of similar lengths: each right-aligned in a row of `longest` characters (leading NULs add
+        # 0 * 31**k to the hash), one matrix product for all of them when they are ASCII
+        padded = "".join([k.rjust(longest, "\x00") for k in keys])
+        if padded.isascii():
+            rows = np.frombuffer(padded.encode("ascii"), dtype=np.uint8).reshape(n, longest)
+            return _java_abs((rows * _pow31_table(longest)[longest - 1::-1]).sum(axis=1, dtype=np.uint32))
+    lens = np.array(sizes, dtype=np.int64)
     joined = "".join(keys)
-    lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
     if joined.isascii():
         # one byte per UTF-16 unit; keys of a few distinct lengths (UNIQ_KEYs are all 32 characters) hash
         # as rows of a matrix: row . (31**(L-1), ..., 31, 1), uint32 arithmetic wrapping as Java's int does
