@@ -245,7 +245,12 @@ class GroupCommitService(ServiceThread):
         with self._puts_lock:
             if not p.taken:                 # the flusher is stuck (a hung fsync): append it here, unflushed
                 self._puts.remove(p)
-                r = self.store.commit_log.put_message(msg, wait=False)
+                try:
+                    r = self.store.commit_log.put_message(msg, wait=False)
+                except OSError as e:
+                    self.store.running_flags.write_failed(str(e))
+                    log.error("%s: write failed: %s", self.store.path, e)
+                    return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
                 log.warning("sync flush: no flush round within %.1f s", timeout)
                 return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append_result) \
                     if r.status is PutMessageStatus.PUT_OK else r

@@ -10,7 +10,7 @@ the kernel's boot id (/proc/sys/kernel/random/boot_id) at open, and the commitlo
 dispatcher has written every consume queue unit and index entry (updated at most every NOTE_INTERVAL s).
 When the next open finds the abort file with the same boot id, only the process died (SIGKILL, a crash):
 the page cache still holds everything it wrote, so recovery keeps the index files newer than the
-checkpoint and re-dispatches from that offset instead of the checkpoint's file (recovery.crash_note).
+checkpoint and re-dispatches from that offset instead of the checkpoint's file (recovery.recover_store).
 A failed flush clears the boot id (`distrust`): after an fsync error the kernel may drop dirty pages, so
 the next open recovers as after a power loss. An empty abort file (RocketMQ's) means the same.
 """
