@@ -267,3 +267,26 @@ def test_put_message_from_many_threads_is_combined_and_durable_on_return(tmp_pat
                 assert store.look_message_by_offset(a.wrote_offset).body == f"{i}-{j}".encode()
         assert store.wait_dispatched()
         assert sum(store.get_max_offset_in_queue("T", k) for k in range(4)) == threads * per
+
+
+def test_put_message_when_the_flusher_is_stuck_keeps_the_message_and_answers_flush_disk_timeout(tmp_path):
+    """A flush round that does not come back (a hung fsync; here the round's own lock is held): a combined
+    put waits syncFlushTimeout, then appends its message itself and answers FLUSH_DISK_TIMEOUT with where it
+    was written, as RocketMQ's group commit does; once the flusher is back, puts are durable again."""
+    cfg = StoreConfig(flush_disk_type=SYNC_FLUSH, sync_flush_timeout=300, mapped_file_size_commit_log=1 << 20)
+    with MessageStore.open(tmp_path / "s", cfg) as store:
+        gc = store.group_commit
+        assert store.put_message(Message("T", b"first", queue_id=0)).status is PutMessageStatus.PUT_OK
+        with gc._run_lock:
+            t0 = time.monotonic()
+            r = store.put_message(Message("T", b"second", queue_id=0))
+            waited = time.monotonic() - t0
+        assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        assert 0.25 <= waited < 5
+        assert store.look_message_by_offset(r.append_result.wrote_offset).body == b"second"
+        r3 = store.put_message(Message("T", b"third", queue_id=0))
+        assert r3.status is PutMessageStatus.PUT_OK
+        a = r3.append_result
+        assert store.commit_log.queue.flushed_where >= a.wrote_offset + a.wrote_bytes
+        assert store.wait_dispatched()
+        assert store.get_max_offset_in_queue("T", 0) == 3
