@@ -789,9 +789,9 @@ same disk (journal and page-cache contention; the os.write limit row moves with 
 100 B across runs of this session). In quiet runs MessageBatch appends were 1.3-1.6M msg/s against sqlite's
 0.31-0.32M (4.1-4.9x), lists of Messages 0.9-1.0M. Targets within ~30% of their threshold (batched append /
 sqlite, SIGKILL restart, group commit) can flip between runs; compare the load averages above. The cores'
-speed varies by day too: on 2026-11-23 the calibration loop above took 1.8 s, and the code of the
-2026-11-22 run measured 177k msg/s end to end where that run had recorded 292k; compare CPU-bound figures
-(consume, end to end, dispatch) only between runs whose calibrations agree."""
+speed varies too: on 2026-11-23 the calibration loop above took between 0.4 s and 1.8 s within the hour,
+and the code of the 2026-11-22 run measured 177k msg/s end to end where that run had recorded 292k; compare
+CPU-bound figures (consume, end to end, dispatch) only between runs whose calibrations agree."""
 
 HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done about them):
 
@@ -876,7 +876,8 @@ def reading(tables: list[Table]) -> list[str]:
     if e:
         out.append(f"- End to end: {e:,.0f} msg/s with lists of Messages"
                    + (f", {ec:,.0f} msg/s with MessageBatch ({ec / RMQ_44_E2E:.2f}x" if ec else f" ({e / RMQ_44_E2E:.2f}x")
-                   + f" RocketMQ 4.4.0's {RMQ_44_E2E:,} msg/s on this machine): the dispatcher and the puts "
+                   + f" the {RMQ_44_E2E:,} msg/s given for RocketMQ 4.4.0, a figure not measured in this run): "
+                     f"the dispatcher and the puts "
                      f"compete for the GIL.")
     lp = v("long_poll", "rmqstore median")
     if lp:
