@@ -52,9 +52,9 @@ SCALES = {
     # tiny: the test's scale (structure, not speed)
     "tiny": dict(n_100=3000, n_1k=1000, n_sync=48, lookups=300, e2e=3000, longpoll=10, queue_cap=3000, pq_cap=1000,
                  file_size=16 << 20, extras=False),
-    "small": dict(n_100=100_000, n_1k=20_000, n_sync=480, lookups=5000, e2e=100_000, longpoll=100,
+    "small": dict(n_100=100_000, n_1k=20_000, n_sync=960, lookups=5000, e2e=100_000, longpoll=100,
                   queue_cap=100_000, pq_cap=10_000, file_size=1 << 30, extras=False),
-    "full": dict(n_100=1_000_000, n_1k=200_000, n_sync=1920, lookups=20_000, e2e=1_000_000, longpoll=200,
+    "full": dict(n_100=1_000_000, n_1k=200_000, n_sync=4800, lookups=20_000, e2e=1_000_000, longpoll=200,
                  queue_cap=1_000_000, pq_cap=50_000, file_size=1 << 30, extras=True),
 }
 RMQ_44_E2E = 218_000
@@ -393,12 +393,13 @@ class Suite:
                     oks[i] = c
 
                 ths = [threading.Thread(target=job, args=(i,)) for i in range(threads)]
-                t0 = time.perf_counter()
-                for th in ths:
-                    th.start()
-                for th in ths:
-                    th.join()
-                el = time.perf_counter() - t0
+                with _NoGC():
+                    t0 = time.perf_counter()
+                    for th in ths:
+                        th.start()
+                    for th in ths:
+                        th.join()
+                    el = time.perf_counter() - t0
                 s.close()
                 shutil.rmtree(d, ignore_errors=True)
                 t.add(name, _rate(n, el), f"{_fmt_rate(_rate(n, el))} ({sum(oks)} ok)", ref=threads == 1)
@@ -411,11 +412,12 @@ class Suite:
             con.execute("PRAGMA synchronous=FULL")
             con.execute("CREATE TABLE m (id INTEGER PRIMARY KEY, topic TEXT, qid INTEGER, key TEXT, body BLOB)")
             con.execute("CREATE INDEX m_key ON m(key)")
-            t0 = time.perf_counter()
-            for m in msgs:
-                con.execute("INSERT INTO m (topic, qid, key, body) VALUES (?,?,?,?)",
-                            (m.topic, m.queue_id, m.properties["KEYS"], m.body))
-            el = time.perf_counter() - t0
+            with _NoGC():
+                t0 = time.perf_counter()
+                for m in msgs:
+                    con.execute("INSERT INTO m (topic, qid, key, body) VALUES (?,?,?,?)",
+                                (m.topic, m.queue_id, m.properties["KEYS"], m.body))
+                el = time.perf_counter() - t0
             con.close()
             t.add("sqlite3 WAL FULL, 1 transaction per message", _rate(n, el), _fmt_rate(_rate(n, el)))
         except Exception as e:  # noqa: BLE001
@@ -425,11 +427,12 @@ class Suite:
             fn = self.dir("sync-plain") / f"plain{per}.bin"
             fd = os.open(fn, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             chunk = rec * per
-            t0 = time.perf_counter()
-            for _ in range(n // per):
-                os.write(fd, chunk)
-                os.fsync(fd)
-            el = time.perf_counter() - t0
+            with _NoGC():
+                t0 = time.perf_counter()
+                for _ in range(n // per):
+                    os.write(fd, chunk)
+                    os.fsync(fd)
+                el = time.perf_counter() - t0
             os.close(fd)
             t.add(f"limit: os.write + fsync per {'message' if per == 1 else f'{per} messages'}",
                   _rate(n, el), _fmt_rate(_rate(n, el)))
