@@ -88,6 +88,8 @@ def test_dispatch_from_the_writers_columns_equals_a_rebuild(tmp_path):
             msgs = generate_messages(rng.randint(20, 400), rng.randint(0, 300), 3, topic=f"T{round_ % 3}")
             if round_ % 4 == 1:
                 msgs[5].sys_flag = codec.TRANSACTION_PREPARED_TYPE      # takes no queue offset, indexed
+            if round_ % 4 == 2:
+                msgs[3].sys_flag = codec.TRANSACTION_ROLLBACK_TYPE      # neither queued nor indexed
             assert all(r.ok for r in store.put_messages(msgs))
             n = rng.randint(16, 300)
             batch = MessageBatch("Cols", [bytes([i % 251]) * rng.randint(0, 200) for i in range(n)],

@@ -135,13 +135,17 @@ def _pow31_table(n: int) -> np.ndarray:
 
 
 def key_hashes(keys: Sequence[str]) -> np.ndarray:
-    """codec.index_key_hash of every key, vectorised: an int64 array.
+    """codec.index_key_hash of every key, vectorised: an int64 array."""
+    return _java_abs(string_hashes(keys)[0])
 
-    String.hashCode is sum(unit[i] * 31**(n-1-i)) mod 2**32 over the UTF-16 code units.
-    """
+
+def string_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Java's String.hashCode of every string as uint32 (sum(unit[i] * 31**(n-1-i)) mod 2**32 over the
+    UTF-16 code units), and each string's length in UTF-16 units (int64): the hash of a + b is
+    hash(a) * 31**len(b) + hash(b) mod 2**32."""
     n = len(keys)
     if n == 0:
-        return np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.int64)
     sizes = list(map(len, keys))
     longest = max(sizes)
     if 0 < longest and n * longest <= 2 * sum(sizes):
@@ -150,7 +154,8 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
         padded = "".join([k.rjust(longest, "\x00") for k in keys])
         if padded.isascii():
             rows = np.frombuffer(padded.encode("ascii"), dtype=np.uint8).reshape(n, longest)
-            return _java_abs((rows * _pow31_table(longest)[longest - 1::-1]).sum(axis=1, dtype=np.uint32))
+            return ((rows * _pow31_table(longest)[longest - 1::-1]).sum(axis=1, dtype=np.uint32),
+                    np.array(sizes, dtype=np.int64))
     lens = np.array(sizes, dtype=np.int64)
     joined = "".join(keys)
     if joined.isascii():
@@ -171,7 +176,7 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
                         sel = np.flatnonzero(lens == length)
                         rows = units8[starts[sel, None] + np.arange(length)]
                         sums[sel] = (rows * table[length - 1::-1]).sum(axis=1, dtype=np.uint32)
-            return _java_abs(sums)
+            return sums, lens
         raw, width = units8, 1
     else:
         raw, width = joined.encode("utf-16-be", "surrogatepass"), 2
@@ -179,9 +184,8 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
     if int(lens.sum()) != total:  # characters outside the BMP take two UTF-16 units
         lens = np.fromiter((len(k.encode("utf-16-be", "surrogatepass")) >> 1 for k in keys),
                            dtype=np.int64, count=n)
-    out = np.zeros(n, dtype=np.int64)
     if total == 0:
-        return out
+        return np.zeros(n, dtype=np.uint32), lens
     # uint32 arithmetic wraps mod 2**32: exactly Java's int overflow.
     units = (raw if width == 1 else np.frombuffer(raw, dtype=">u2")).astype(np.uint32)
     ends = np.cumsum(lens)
@@ -194,10 +198,37 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
     else:
         sums = np.zeros(n, dtype=np.uint32)
         sums[nonempty] = np.add.reduceat(units, (ends - lens)[nonempty], dtype=np.uint32)
-    return _java_abs(sums)
+    return sums, lens
 
 
 _MATRIX_LENGTHS = 16     # key_hashes: up to this many distinct key lengths, the matrix form
+
+
+def _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end: int):
+    """The index entries of the common batch (what producers send: one topic, every message with a UNIQ_KEY
+    and a one-word KEYS, none rolled back, none indexed yet) as (key hashes, offsets, timestamps) arrays,
+    without building the `topic#key` strings: hash(topic#key) = hash(topic#) * 31**len(key) + hash(key).
+    None for any other batch (IndexService.build_index_columns' loop takes it)."""
+    n = len(offsets)
+    if n < _VECTOR_MIN_KEYS or offsets[0] < end or not isinstance(topics, list):
+        return None
+    topic = topics[0]
+    if topics.count(topic) != n or None in uniq_col or not all(keys_col) or " " in "".join(keys_col):
+        return None
+    flags = np.asarray(sys_flags, dtype=np.int64)
+    if ((flags & ROLLBACK) == ROLLBACK).any():
+        return None
+    hu, lu = string_hashes(uniq_col)
+    hk, lk = string_hashes(keys_col)
+    prefix = string_hashes([topic + "#"])[0].astype(np.uint64)[0]
+    table = _pow31_table(int(max(lu.max(), lk.max())) + 1).astype(np.uint64)
+    mask = np.uint64(0xFFFFFFFF)
+    out = np.empty(2 * n, dtype=np.uint32)
+    out[0::2] = (prefix * table[lu] + hu) & mask           # per message: its UNIQ_KEY, then its key
+    out[1::2] = (prefix * table[lk] + hk) & mask
+    phys = np.repeat(np.asarray(offsets, dtype=np.int64), 2)
+    stamps = np.repeat(np.asarray(timestamps, dtype=np.int64), 2)
+    return _java_abs(out), phys, stamps
 
 
 def _java_abs(sums: np.ndarray) -> np.ndarray:
@@ -758,6 +789,25 @@ class IndexService:
         if not self.config.message_index_enable:
             return
         full: list[IndexFile] = []
+        with self._lock:
+            files = self.files
+            end = max(files[-1].end_phy_offset if files else 0, self.indexed_through + 1)
+            fast = _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end)
+            if fast is not None:
+                hashes, phys, stamps = fast
+                f = files[-1] if files else None
+                i, total = 0, len(hashes)
+                while i < total:
+                    if f is None or not f.room:
+                        f, prev = self._new_file()
+                        if prev is not None:
+                            full.append(prev)
+                    i = f.put_hashes(hashes, phys, stamps, i, total)
+                f.write_header()
+        if fast is not None:
+            if full:
+                self._flush_full(full)
+            return
         with self._lock:
             files = self.files
             end = max(files[-1].end_phy_offset if files else 0, self.indexed_through + 1)
