@@ -551,6 +551,9 @@ def tags_codes(tags, n: int):
     import numpy as np
     if tags is None or isinstance(tags, str):
         return np.full(n, _cached_tags_code(tags) if tags else 0, np.int64)
+    if n and isinstance(tags, list) and (tags[0] is None or isinstance(tags[0], str)) \
+            and tags.count(tags[0]) == n:                               # one tag for all, as a column
+        return tags_codes(tags[0], n)
     return np.fromiter([_cached_tags_code(t) if t else 0 for t in tags], np.int64, n)
 
 
