@@ -397,8 +397,10 @@ def test_issue_1258_recovery_after_sigkill_redoes_only_the_tail(tmp_path):
         rep = store.recovery_report
         assert rep.process_crash and not rep.clean_shutdown
         assert rep.index_files_rebuilt == 0 and rep.index_files_dropped == 0, rep.summary()
+        # from the dispatcher's last note (a few messages of slack: queues whose last file is full), not
+        # from the checkpoint's file; how many that is depends on how far the dispatcher lagged at the kill
         assert rep.redispatched_from >= min(int(noted), rep.commitlog_end) - 4 * 2600, rep.summary()
-        assert rep.redispatched_messages < 100, rep.summary()
+        assert rep.redispatched_messages < len(acked) // 2, rep.summary()
         assert rep.commitlog_checked_from < rep.redispatched_from
         verify_store(store, acked)
     # The same files after a reboot (the abort file names another boot): the page cache may have lost
