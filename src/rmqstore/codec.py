@@ -403,8 +403,6 @@ def walk_records(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[in
     unpack = _I.unpack_from
     hsize = HEADER_V4.size
     smallest = hsize + 3
-    dtype = header_v4_dtype()
-    cols = np.arange(hsize)
     try:
         while True:
             start = pos
@@ -424,17 +422,7 @@ def walk_records(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[in
             n = len(positions)
             if n:
                 P = np.asarray(positions, dtype=np.int64)
-                hdr = raw[P[:, None] + cols].view(dtype).reshape(n)
-                total = hdr["total"].astype(np.int64)
-                body_len = hdr["body_len"].astype(np.int64)
-                tpos = P + hsize + body_len
-                ok = ((hdr["magic"] == MESSAGE_MAGIC_CODE) & ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0)
-                      & (tpos + 3 <= P + total))
-                last = limit - 1
-                tl = raw[np.clip(tpos, 0, last)].astype(np.int64)
-                ppos = tpos + 1 + tl
-                pl = (raw[np.clip(ppos, 0, last)].astype(np.int64) << 8) | raw[np.clip(ppos + 1, 0, last)]
-                ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
+                hdr, total, tpos, _, _, ok = _v4_columns(raw, P, limit)
                 if check_crc:
                     sel = np.flatnonzero(ok)
                     mv = memoryview(buf)
@@ -742,6 +730,28 @@ def _props_column(name: str):
 _FIND_TAGS, _FIND_KEYS, _FIND_UNIQ = _props_column("TAGS"), _props_column("KEYS"), _props_column("UNIQ_KEY")
 
 
+def _v4_columns(raw, P, limit: int):
+    """Header columns of the records at byte positions P of raw (a uint8 array of the buffer's first limit
+    bytes) and which of them are whole plain records: v1 magic, IPv4 hosts, lengths adding up to the total
+    size (check_record's rules, CRC aside). Returns (header rows, total, topic length position, properties
+    position, properties length, ok); positions past the data are clipped, their rows never ok."""
+    import numpy as np
+    n = len(P)
+    hsize = HEADER_V4.size
+    hdr = raw[P[:, None] + np.arange(hsize)].view(header_v4_dtype()).reshape(n)
+    total = hdr["total"].astype(np.int64)
+    body_len = hdr["body_len"].astype(np.int64)
+    tpos = P + hsize + body_len
+    ok = ((hdr["magic"] == MESSAGE_MAGIC_CODE) & ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0)
+          & (tpos + 3 <= P + total))
+    last = limit - 1
+    tl = raw[np.clip(tpos, 0, last)].astype(np.int64)
+    ppos = tpos + 1 + tl
+    pl = (raw[np.clip(ppos, 0, last)].astype(np.int64) << 8) | raw[np.clip(ppos + 1, 0, last)]
+    ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
+    return hdr, total, tpos, ppos, pl, ok
+
+
 def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
     """Vectorised parse of the leading run of plain records (v1 magic, IPv4 hosts, not the schedule
     topic) whose lengths all add up; returns the batch and where the run ends (the scalar parser takes
@@ -764,16 +774,9 @@ def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
         return None, 0
     raw = np.frombuffer(buf, dtype=np.uint8)
     P = np.asarray(positions, dtype=np.int64)
-    hdr = raw[P[:, None] + np.arange(hsize)].view(header_v4_dtype()).reshape(n)
-    total = hdr["total"].astype(np.int64)
-    body_len = hdr["body_len"].astype(np.int64)
+    hdr, total, tpos, ppos, pl, ok = _v4_columns(raw, P, length)
+    tl = ppos - tpos - 1
     last = length - 1
-    tpos = P + hsize + body_len
-    ok = ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0) & (tpos + 3 <= P + total)
-    tl = raw[np.minimum(tpos, last)].astype(np.int64)
-    ppos = tpos + 1 + tl
-    pl = (raw[np.minimum(ppos, last)].astype(np.int64) << 8) | raw[np.minimum(ppos + 1, last)]
-    ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
     bad = np.flatnonzero(~ok)
     if len(bad):
         n = int(bad[0])
