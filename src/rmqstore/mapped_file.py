@@ -54,13 +54,33 @@ def _zero_tail(mf: "MappedFile", pos: int) -> None:
 
 def _holds_no_data(path: Path) -> bool:
     """True if the file is all zero bytes (created, never written)."""
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(len(_ZERO_CHUNK))
-            if not chunk:
-                return True
-            if chunk != _ZERO_CHUNK[:len(chunk)]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return not _fd_has_data(fd, 0, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _fd_has_data(fd: int, pos: int, end: int) -> bool:
+    """Any non-zero byte in [pos, end) of the file: read with pread, holes skipped (SEEK_DATA), never
+    through a mapping (MappedFile.data_end says why)."""
+    while pos < end:
+        try:
+            pos = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:      # only holes after pos
                 return False
+        except AttributeError:              # pragma: no cover - no SEEK_DATA here: read it all
+            pass
+        if pos >= end:
+            return False
+        chunk = os.pread(fd, min(len(_ZERO_CHUNK), end - pos), pos)
+        if not chunk:
+            return False
+        if chunk != _ZERO_CHUNK[:len(chunk)]:
+            return True
+        pos += len(chunk)
+    return False
 
 
 class MappedFile:
@@ -152,27 +172,9 @@ class MappedFile:
             return self.file_size
 
     def has_data(self, pos: int, end: int) -> bool:
-        """Any non-zero byte in [pos, end): read with pread, holes skipped (SEEK_DATA), never through the
-        mapping (see data_end)."""
-        end = min(end, self.file_size)
-        fd = self._fd
-        while pos < end:
-            try:
-                pos = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError as e:
-                if e.errno == errno.ENXIO:      # only holes after pos
-                    return False
-            except AttributeError:              # pragma: no cover - no SEEK_DATA here: read it all
-                pass
-            if pos >= end:
-                return False
-            chunk = os.pread(fd, min(len(_ZERO_CHUNK), end - pos), pos)
-            if not chunk:
-                return False
-            if chunk != _ZERO_CHUNK[:len(chunk)]:
-                return True
-            pos += len(chunk)
-        return False
+        """Any non-zero byte in [pos, end): read with pread, holes skipped, never through the mapping (see
+        data_end)."""
+        return _fd_has_data(self._fd, pos, min(end, self.file_size))
 
     def zero_data(self, pos: int, end: int) -> None:
         """Write zeros over the data in [pos, end), holes left alone (they read as zeros already, and
