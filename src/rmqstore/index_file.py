@@ -204,11 +204,47 @@ def string_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 _MATRIX_LENGTHS = 16     # key_hashes: up to this many distinct key lengths, the matrix form
 
 
+def _entries(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end: int):
+    """The index entries of a batch, in order: (`topic#key` strings; and per message that has any, its
+    offset, store time and number of keys). Skipped: messages before end (indexed already) and rolled-back
+    ones. Keys: the UNIQ_KEY, then each word of KEYS."""
+    keys: list[str] = []
+    add = keys.append
+    offs: list[int] = []
+    tss: list[int] = []
+    counts: list[int] = []
+    add_off, add_ts, add_count = offs.append, tss.append, counts.append
+    for topic, k, u, off, ts, sf in zip(topics, keys_col, uniq_col, offsets, timestamps, sys_flags):
+        if off < end or sf & ROLLBACK == ROLLBACK:
+            continue
+        prefix = topic + "#"
+        if u is not None:
+            add(prefix + u)
+            n = 1
+        else:
+            n = 0
+        if k:
+            if " " in k:
+                for w in k.split(" "):
+                    if w:
+                        add(prefix + w)
+                        n += 1
+            else:
+                add(prefix + k)
+                n += 1
+        if n:
+            end = off
+            add_off(off)
+            add_ts(ts)
+            add_count(n)
+    return keys, offs, tss, counts
+
+
 def _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end: int):
     """The index entries of the common batch (what producers send: one topic, every message with a UNIQ_KEY
     and a one-word KEYS, none rolled back, none indexed yet) as (key hashes, offsets, timestamps) arrays,
     without building the `topic#key` strings: hash(topic#key) = hash(topic#) * 31**len(key) + hash(key).
-    None for any other batch (IndexService.build_index_columns' loop takes it)."""
+    None for any other batch (_entries takes it)."""
     n = len(offsets)
     if n < _VECTOR_MIN_KEYS or offsets[0] < end or not isinstance(topics, list):
         return None
@@ -500,6 +536,333 @@ class IndexFile:
         self.index_count = c0 + n                                    # last: publishes the entries
         self._dirty = True
         return lo + n
+
+    # --- reading -----------------------------------------------------------------------------------
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int,
+                           out: list[int] | None = None) -> list[int]:
+        """RocketMQ's selectPhyOffset: commitlog offsets of entries whose keyHash equals key's and whose
+        time (beginTimestamp + timeDiff * 1000) is in [begin, end], newest first, appended to out (a new
+        list if None) until out holds max_num. Never raises for corrupt contents (logs a warning)."""
+        if out is None:
+            out = []
+        self.select_by_hash(key_hash(key), max_num, begin, end, out)
+        return out
+
+    def select_by_hash(self, key_hash: int, max_num: int, begin: int, end: int, out: list[int]) -> None:
+        if self._closed or len(out) >= max_num:
+            return
+        count = self.index_count
+        try:
+            mm = self._mm
+            slot_pos = HEADER_SIZE + (key_hash % self.hash_slot_num) * SLOT_SIZE
+            cur = _slot_unpack(mm, slot_pos)[0]
+            if cur <= INVALID_INDEX or cur > count or count <= 1 or cur >= self.index_num:
+                if cur < 0 or cur >= self.index_num:
+                    self._warn(("slot", slot_pos), "slot at byte %d holds %d, outside [0, %d]: no result",
+                               slot_pos, cur, self.index_num)
+                return
+            begin_ts = self.begin_timestamp
+            base = self.entries_base
+            append = out.append
+            steps = 0
+            while True:
+                if len(out) >= max_num:
+                    break
+                h, phy, td, prev = _entry_unpack(mm, base + cur * ENTRY_SIZE)
+                if td < 0:
+                    self._warn(("td", cur), "entry %d has a negative timeDiff %d: chain ends here", cur, td)
+                    break
+                time_read = begin_ts + td * 1000
+                if h == key_hash and begin <= time_read <= end:
+                    if phy < 0:
+                        self._warn(("phy", cur), "entry %d has a negative phyOffset %d: skipped", cur, phy)
+                    else:
+                        append(phy)
+                if prev <= INVALID_INDEX or time_read < begin:
+                    if prev < 0:
+                        self._warn(("prev", cur), "entry %d has a negative preIndexNo %d: chain ends here",
+                                   cur, prev)
+                    break
+                if prev >= cur or prev > count:
+                    # RocketMQ would follow it (a cycle such as 5 -> 3 -> 5 loops forever there).
+                    self._warn(("prev", cur), "entry %d points back to entry %d (indexCount %d): a cycle or "
+                               "garbage, chain ends here", cur, prev, count)
+                    break
+                steps += 1
+                if steps >= count:   # unreachable while entry numbers strictly decrease; a last guard
+                    self._warn(("steps", slot_pos), "chain of slot at byte %d longer than indexCount %d",
+                               slot_pos, count)
+                    break
+                cur = prev
+        except (ValueError, TypeError):  # mapping closed under us (file deleted while being read)
+            if not self._closed:
+                raise
+            return
+
+    def _warn(self, what, msg: str, *args) -> None:
+        warned = self._warned
+        if what in warned or len(warned) > _MAX_WARNINGS_PER_FILE:
+            return
+        warned.add(what)
+        if len(warned) > _MAX_WARNINGS_PER_FILE:
+            log.warning("%s: more corruption warnings suppressed", self.path)
+            return
+        log.warning("%s: " + msg, self.path, *args)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write the header and msync the whole file (a no-op when nothing changed since the last flush)."""
+        if self._closed:
+            return
+        if self._dirty:
+            self.write_header()
+            self._dirty = False
+            self.msync()
+
+    def msync(self) -> None:
+        """msync the mapping as it is (the header must have been written: see write_header)."""
+        if not self._closed:
+            self._mm.flush()
+            self.flush_count += 1
+
+    def close(self) -> None:
+        """Flush and unmap (RocketMQ's shutdown)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self.mapped_file.close()
+
+    shutdown = close
+
+    def destroy(self) -> None:
+        """Unmap and delete the file."""
+        self._closed = True
+        self.mapped_file.destroy()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def header(self) -> tuple[int, int, int, int, int, int]:
+        """(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount, indexCount)."""
+        return (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+                self.hash_slot_count, self.index_count)
+
+    def __repr__(self) -> str:
+        return (f"IndexFile({self.name}, count={self.index_count}/{self.index_num}, "
+                f"phy={self.begin_phy_offset}..{self.end_phy_offset}, ts={self.begin_timestamp}..{self.end_timestamp})")
+
+
+# --- the index directory ------------------------------------------------------------------------------
+class IndexService:
+    """The index files of `{store_dir}/index`, oldest first (RocketMQ's IndexService).
+
+    Writers (build_index*, load, delete, flush, shutdown) serialise on a lock; the file list is replaced,
+    never mutated, so query_offset reads a snapshot without the lock while the dispatcher writes.
+    on_full_file_flushed(end_timestamp), if given, is called after a full file was msync'ed (the moment
+    RocketMQ stores indexMsgTimestamp in the checkpoint).
+    """
+
+    def __init__(self, store_dir: str | os.PathLike, config, *,
+                 on_full_file_flushed: Callable[[int], None] | None = None):
+        self.store_path = Path(store_dir) / "index"
+        self.config = config
+        self.hash_slot_num = config.max_hash_slot_num
+        self.index_num = config.max_index_num
+        self.files: list[IndexFile] = []
+        self.dropped_files: list[Path] = []     # corrupt files load() set aside (renamed *.corrupt)
+        self.destroyed_files: list[Path] = []   # files load() destroyed after an abnormal exit
+        self.on_full_file_flushed = on_full_file_flushed
+        self._lock = threading.RLock()
+        self._flushed_full_ts = 0               # endTimestamp of the newest full file known on disk
+        self.indexed_through = -1               # recovery: the message at this offset is indexed already
+        self._last_name = ""
+
+    # --- loading -----------------------------------------------------------------------------------
+    def load(self, last_exit_ok: bool, index_checkpoint_ts: int) -> bool:
+        """Open every file of the directory in name order. After a crash (not last_exit_ok) files whose
+        endTimestamp > index_checkpoint_ts are destroyed, as RocketMQ does (their tail may be torn; the
+        commitlog re-dispatch indexes those messages again).
+
+        A file whose header is impossible is renamed `NAME.corrupt`, logged and listed in dropped_files
+        (the messages it indexed need a re-dispatch to be found again); an empty file is removed. A file
+        of the wrong size raises CorruptStoreError: that is a maxHashSlotNum/maxIndexNum mismatch.
+        """
+        expected = codec.index_file_size(self.hash_slot_num, self.index_num)
+        with self._lock:
+            for f in self.files:       # loading again: let go of what was open
+                f.close()
+            self.files = []
+            loaded: list[IndexFile] = []
+            names = sorted(os.listdir(self.store_path)) if self.store_path.is_dir() else []
+            for name in names:
+                p = self.store_path / name
+                if not name.isdigit() or not p.is_file():
+                    if not name.startswith(".") and not name.endswith(".corrupt"):
+                        log.warning("%s: ignoring %s, not an index file name", self.store_path, name)
+                    continue
+                size = p.stat().st_size
+                if size == 0:
+                    log.warning("%s: empty index file (created just before a crash?), removed", p)
+                    p.unlink()
+                    continue
+                if size != expected:
+                    raise CorruptStoreError(str(p), size, f"index file size {size} is not {expected}, the size "
+                                            f"for maxHashSlotNum={self.hash_slot_num} maxIndexNum={self.index_num}; "
+                                            "was the store written with another configuration?")
+                try:
+                    f = IndexFile(p, self.hash_slot_num, self.index_num, load=True)
+                except CorruptStoreError as e:
+                    aside = p.with_name(name + ".corrupt")
+                    i = 1
+                    while aside.exists():
+                        aside = p.with_name(f"{name}.corrupt{i}")
+                        i += 1
+                    os.replace(p, aside)
+                    self.dropped_files.append(aside)
+                    log.error("%s; set aside as %s: the messages it indexed are not found by key until they "
+                              "are dispatched again", e, aside.name)
+                    continue
+                if not last_exit_ok and f.end_timestamp > index_checkpoint_ts:
+                    log.info("%s: endTimestamp %d after the index checkpoint %d, destroyed (abnormal exit)",
+                             p, f.end_timestamp, index_checkpoint_ts)
+                    f.destroy()
+                    self.destroyed_files.append(p)
+                    continue
+                log.info("load index file OK, %s", p)
+                loaded.append(f)
+            self.files = loaded
+            self._last_name = loaded[-1].name if loaded else ""
+            self._flushed_full_ts = max([index_checkpoint_ts] + [f.end_timestamp for f in loaded if f.is_full])
+        return True
+
+    # --- writing -----------------------------------------------------------------------------------
+    def _new_file(self) -> tuple[IndexFile, IndexFile | None]:
+        """Under the lock: a new last file carrying the previous last file's end values."""
+        files = self.files
+        prev = files[-1] if files else None
+        self.store_path.mkdir(parents=True, exist_ok=True)
+        name = time_millis_to_human_string(int(time.time() * 1000))
+        last = self._last_name
+        if name <= last:
+            # Same millisecond as the previous file, or the clock went back (also at a DST change, the
+            # names being local time): the next name up, so that name order stays creation order.
+            name = str(int(last) + 1).zfill(len(last))
+        while (self.store_path / name).exists():
+            name = str(int(name) + 1).zfill(len(name))
+        if prev is not None:
+            prev.write_header()
+            f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num,
+                          prev.end_phy_offset, prev.end_timestamp)
+        else:
+            f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num)
+        self._last_name = name
+        self.files = files + [f]
+        log.info("index file %s created (previous %s)", f.path, prev.name if prev else None)
+        return f, prev
+
+    def _flush_full(self, full: list[IndexFile]) -> None:
+        """msync files that became full (outside the lock) and report their endTimestamp."""
+        for f in full:
+            f.flush()
+            ts = f.end_timestamp
+            if f.is_full and ts > self._flushed_full_ts:
+                self._flushed_full_ts = ts
+                if self.on_full_file_flushed is not None:
+                    self.on_full_file_flushed(ts)
+
+    def build_index(self, req: codec.DispatchRequest) -> None:
+        """Index one dispatched message: its UNIQ_KEY and each word of KEYS, as `topic#key`.
+
+        Skipped: messages before the last file's endPhyOffset (indexed already; the message *at* it is
+        indexed again, as RocketMQ does after a restart, unless recovery set indexed_through) and
+        rolled-back transaction messages.
+        """
+        if not self.config.message_index_enable:
+            return
+        full: list[IndexFile] = []
+        with self._lock:
+            files = self.files
+            f = files[-1] if files else None
+            off = req.commit_log_offset
+            if (f is not None and off < f.end_phy_offset) or off <= self.indexed_through:
+                return
+            if req.sys_flag & ROLLBACK == ROLLBACK:
+                return
+            topic = req.topic
+            uniq = req.uniq_key
+            keys = [uniq] if uniq is not None else []
+            k = req.keys
+            if k:
+                keys += [w for w in k.split(" ") if w]
+            if not keys:
+                return
+            ts = req.store_timestamp
+            for w in keys:
+                h = key_hash(f"{topic}#{w}")
+                while f is None or not f.put_hash(h, off, ts):
+                    f, prev = self._new_file()
+                    if prev is not None:
+                        full.append(prev)
+            f.write_header()
+        if full:
+            self._flush_full(full)
+
+    def build_index_batch(self, reqs: Iterable[codec.DispatchRequest]) -> None:
+        """build_index for many requests, in order, with one lock hold and vectorised puts."""
+        reqs = list(reqs)
+        self.build_index_columns([r.topic for r in reqs], [r.keys for r in reqs], [r.uniq_key for r in reqs],
+                                 [r.commit_log_offset for r in reqs], [r.store_timestamp for r in reqs],
+                                 [r.sys_flag for r in reqs])
+
+    def build_index_columns(self, topics: Sequence[str], keys_col: Sequence[str | None],
+                            uniq_col: Sequence[str | None], offsets: Sequence[int], timestamps: Sequence[int],
+                            sys_flags: Sequence[int]) -> None:
+        """build_index_batch over columns (one entry per message, in commitlog order)."""
+        if not self.config.message_index_enable:
+            return
+        full: list[IndexFile] = []
+        with self._lock:
+            files = self.files
+            end = max(files[-1].end_phy_offset if files else 0, self.indexed_through + 1)
+            f = files[-1] if files else None
+            columns = _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end)
+            if columns is None:
+                keys, offs, tss, counts = _entries(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end)
+                total = len(keys)
+                if not total:
+                    return
+                if total < _VECTOR_MIN_KEYS:
+                    i = 0
+                    for off, ts, n in zip(offs, tss, counts):
+                        for key in keys[i:i + n]:
+                            h = key_hash(key)
+                            while f is None or not f.put_hash(h, off, ts):
+                                f, prev = self._new_file()
+                                if prev is not None:
+                                    full.append(prev)
+                        i += n
+                elif len(counts) == total:
+                    columns = key_hashes(keys), np.array(offs, dtype=np.int64), np.array(tss, dtype=np.int64)
+                else:
+                    c = np.array(counts, dtype=np.int64)
+                    columns = (key_hashes(keys), np.repeat(np.array(offs, dtype=np.int64), c),
+                               np.repeat(np.array(tss, dtype=np.int64), c))
+            if columns is not None:
+                hashes, phys, stamps = columns
+                i, total = 0, len(hashes)
+                while i < total:
+                    if f is None or not f.room:
+                        f, prev = self._new_file()
+                        if prev is not None:
+                            full.append(prev)
+                    i = f.put_hashes(hashes, phys, stamps, i, total)
+            f.write_header()
+        if full:
+            self._flush_full(full)
 
     # --- reading -----------------------------------------------------------------------------------
     def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int,
