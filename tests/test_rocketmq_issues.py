@@ -397,11 +397,12 @@ def test_issue_1258_recovery_after_sigkill_redoes_only_the_tail(tmp_path):
         rep = store.recovery_report
         assert rep.process_crash and not rep.clean_shutdown
         assert rep.index_files_rebuilt == 0 and rep.index_files_dropped == 0, rep.summary()
-        # from the dispatcher's last note (a few messages of slack: queues whose last file is full), not
-        # from the checkpoint's file; how many that is depends on how far the dispatcher lagged at the kill
-        assert rep.redispatched_from >= min(int(noted), rep.commitlog_end) - 4 * 2600, rep.summary()
+        # from the dispatcher's last note (or a little before it: a queue whose last consume queue file is
+        # full is rebuilt from its own end), not from the checkpoint's file, which is the first file here;
+        # how many messages that is depends on how far the dispatcher lagged at the kill
+        assert rep.redispatched_from <= int(noted)
+        assert rep.commitlog_checked_from < rep.redispatched_from, rep.summary()
         assert rep.redispatched_messages < len(acked) // 2, rep.summary()
-        assert rep.commitlog_checked_from < rep.redispatched_from
         verify_store(store, acked)
     # The same files after a reboot (the abort file names another boot): the page cache may have lost
     # anything the checkpoint does not vouch for, so recovery is RocketMQ's: index files newer than the
