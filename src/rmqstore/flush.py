@@ -140,6 +140,13 @@ class FlushRealTimeService(ServiceThread):
         self.run_once(0)
 
 
+def _not_flushed(r: "PutMessageResult") -> "PutMessageResult":
+    """A put appended but not flushed in time answers FLUSH_DISK_TIMEOUT (the message stays); others as
+    they are."""
+    return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append_result) \
+        if r.status is PutMessageStatus.PUT_OK else r
+
+
 class _CombinedPut:
     """One message handed to the flusher by put() (GroupCommitService)."""
     __slots__ = ("msg", "done", "result", "taken")
@@ -248,12 +255,10 @@ class GroupCommitService(ServiceThread):
                 try:
                     r = self.store.commit_log.put_message(msg, wait=False)
                 except OSError as e:
-                    self.store.running_flags.write_failed(str(e))
-                    log.error("%s: write failed: %s", self.store.path, e)
+                    self.store.record_write_failure(e)
                     return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
                 log.warning("sync flush: no flush round within %.1f s", timeout)
-                return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append_result) \
-                    if r.status is PutMessageStatus.PUT_OK else r
+                return _not_flushed(r)
         # taken: appended now or in a moment, its flush late
         deadline = time.monotonic() + timeout
         while p.result is None and time.monotonic() < deadline:
@@ -263,8 +268,7 @@ class GroupCommitService(ServiceThread):
         if r is None:
             return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT)
         log.warning("sync flush of offset %d timed out", r.append_result.wrote_offset)
-        return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append_result) \
-            if r.status is PutMessageStatus.PUT_OK else r
+        return _not_flushed(r)
 
     def _append_combined(self) -> list:
         """Take the queued put() messages and append them in one put_messages (not flushed yet)."""
@@ -276,14 +280,13 @@ class GroupCommitService(ServiceThread):
         if not puts:
             return puts
         store = self.store
-        try:
-            if self.failed or not store.running_flags.writeable:    # refused, as the store refuses puts
-                results = [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)] * len(puts)
-            else:
+        results = None
+        if not self.failed and store.running_flags.writeable:
+            try:
                 results = store.commit_log.put_messages([p.msg for p in puts], wait=False)
-        except OSError as e:
-            store.running_flags.write_failed(str(e))
-            log.error("%s: write failed: %s", store.path, e)
+            except OSError as e:
+                store.record_write_failure(e)
+        if results is None:                 # refused (as the store refuses puts) or the write failed
             results = [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)] * len(puts)
         for p, r in zip(puts, results):
             p.result = r
@@ -358,11 +361,9 @@ class GroupCommitService(ServiceThread):
                     keep.append(r)
             self._pending = keep
             for p in puts:
-                r = p.result
-                if r.status is PutMessageStatus.PUT_OK:
-                    a = r.append_result
-                    if a.wrote_offset + a.wrote_bytes > where:
-                        p.result = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, a)
+                a = p.result.append_result
+                if a is not None and a.wrote_offset + a.wrote_bytes > where:
+                    p.result = _not_flushed(p.result)
                 p.done.release()
             return moved or bool(self._appended)
 

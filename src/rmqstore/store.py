@@ -198,8 +198,7 @@ class MessageStore:
         try:
             result = self.commit_log.put_message(msg)
         except OSError as e:
-            self.running_flags.write_failed(str(e))
-            log.error("%s: write failed: %s", self.path, e)
+            self.record_write_failure(e)
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         self.dispatcher.wakeup()
         return result
@@ -223,11 +222,15 @@ class MessageStore:
         try:
             results = self.commit_log.put_messages(msgs)
         except OSError as e:
-            self.running_flags.write_failed(str(e))
-            log.error("%s: write failed: %s", self.path, e)
+            self.record_write_failure(e)
             return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE) for _ in range(len(msgs))]
         self.dispatcher.wakeup()
         return results
+
+    def record_write_failure(self, e: OSError) -> None:
+        """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""
+        self.running_flags.write_failed(str(e))
+        log.error("%s: write failed: %s", self.path, e)
 
     # --- get ------------------------------------------------------------------------------------
     def get_message(self, group: str, topic: str, queue_id: int, offset: int, max_msg_nums: int,
