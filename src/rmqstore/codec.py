@@ -444,13 +444,8 @@ def walk_records(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[in
                     continue
             if pos >= limit:
                 return pos, KIND_END, 0
-            if pos <= stop and n < WALK_BATCH:
+            if n == 0 or (pos <= stop and n < WALK_BATCH):
                 # the run ended on something else than a plain record: the exact check says what it is
-                kind, size = check_record(buf, pos, limit, check_crc)
-                if kind != KIND_MESSAGE:
-                    return pos, kind, size
-                pos += size
-            elif n == 0:
                 kind, size = check_record(buf, pos, limit, check_crc)
                 if kind != KIND_MESSAGE:
                     return pos, kind, size
