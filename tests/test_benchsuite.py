@@ -38,24 +38,3 @@ def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
         assert s in systems, s
     targets = md.split("## Targets", 1)[1].split("\n## ", 1)[0]
     assert len(re.findall(r"\| (MET|NOT MET|n/a) \|", targets)) == 8
-
-
-def test_batch_read_matches_get_message(tmp_path):
-    from rmqstore.batch_read import read_queue_bodies
-    from rmqstore.bench import generate_messages
-    from rmqstore.config import StoreConfig
-    from rmqstore.store import MessageStore
-
-    cfg = StoreConfig(mapped_file_size_commit_log=64 * 1024)     # many commitlog files
-    msgs = generate_messages(1500, 37, 3, "T")
-    with MessageStore.open(tmp_path / "s", cfg, start_services=False) as s:
-        s.put_messages(msgs)
-        while s.dispatcher.do_reput():
-            pass
-        for q in range(3):
-            want = [m.body for m in msgs if m.queue_id == q]
-            assert read_queue_bodies(s, "T", q) == want
-            values, offsets = read_queue_bodies(s, "T", q, as_buffer=True)
-            assert [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])] == want
-            assert read_queue_bodies(s, "T", q, 10, 20) == want[10:20]
-        assert read_queue_bodies(s, "nope", 0) == []

@@ -461,6 +461,12 @@ class Suite:
             el = time.perf_counter() - t0
         assert got == n, (got, n)
         t.add("rmqstore batch_read (one buffer + offsets)", _rate(n, el), _fmt_rate(_rate(n, el)))
+        try:
+            m, el = self._consume_mixed_lengths(n // 4)
+            t.add("rmqstore batch_read (list of bytes), bodies of 1-400 B", _rate(m, el),
+                  f"{_fmt_rate(_rate(m, el))} ({m:,} msgs)")
+        except Exception as e:  # noqa: BLE001
+            t.error("rmqstore batch_read, bodies of 1-400 B", e)
         with _NoGC():
             t0 = time.perf_counter()
             got = 0
@@ -521,8 +527,34 @@ class Suite:
             except Exception as e:  # noqa: BLE001
                 t.error("persist-queue Queue.get", e)
         t.notes.append("batch_read returns bodies only (no properties decoded); get_message decodes every "
-                       "field of every message into a MessageExt, as RocketMQ's pull path hands them out.")
+                       "field of every message into a MessageExt, as RocketMQ's pull path hands them out. "
+                       "append_100B's bodies share one length, batch_read's best case (one gather per "
+                       "commitlog file); the 1-400 B row reads a store whose bodies do not.")
         return t
+
+    def _consume_mixed_lengths(self, n):
+        """(n, seconds) to read back, by queue, a store of n messages whose bodies have random lengths of
+        1-400 B: batch_read's case when bodies do not share one length."""
+        from .batch_read import read_queue_bodies
+        rnd = random.Random(1)
+        msgs = generate_messages(n, 1, QUEUES, TOPIC)
+        blob = os.urandom(400)
+        for msg in msgs:
+            msg.body = blob[:rnd.randint(1, 400)]
+        s = _open(self.dir("consume-mixed"), _rmq_config(self.p))
+        try:
+            for i in range(0, n, BATCH):
+                s.put_messages(msgs[i:i + BATCH])
+            _dispatch_all(s)
+            with _NoGC():
+                t0 = time.perf_counter()
+                got = sum(len(read_queue_bodies(s, TOPIC, q)) for q in range(QUEUES))
+                el = time.perf_counter() - t0
+            assert got == n, (got, n)
+            return n, el
+        finally:
+            s.close()
+            shutil.rmtree(self.work / "consume-mixed", ignore_errors=True)
 
     # --- key lookups -----------------------------------------------------------------------------
     def key_lookup(self):
