@@ -143,17 +143,23 @@ def test_key_hashes_match_java_string_hash():
     assert len(key_hashes([])) == 0
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 64, 1])
 @pytest.mark.parametrize("lengths", [[32], [0, 7, 43], list(range(0, 12)), list(range(0, 40)), [5000],
                                      list(range(1, 21)) + [300]])
-def test_key_hashes_ascii_paths(lengths):
-    """ASCII keys take one byte per unit: similar lengths (right-aligned rows of one matrix), a few lengths
-    far apart (one matrix each, the empty key included), many lengths far apart (the general path): all
-    equal Java's String.hashCode."""
+def test_key_hashes_of_batches_in_one_piece_and_in_chunks(lengths, chunk, monkeypatch):
+    """A batch hashes in one cumulative sum, or in pieces of about `chunk` units when it is long (a key
+    longer than a piece alone in its piece): all equal Java's String.hashCode, ASCII and not."""
+    from rmqstore import index_file
+
+    monkeypatch.setattr(index_file, "_HASH_CHUNK_UNITS", chunk)
     rng = random.Random(len(lengths))
     keys = ["".join(rng.choice("ABCDEF0123456789#-_ ~") for _ in range(rng.choice(lengths))) for _ in range(500)]
     keys.append("polygenelubricants")               # hashCode is Integer.MIN_VALUE: abs gives 0
-    vec = key_hashes(keys).tolist()
-    assert vec == [_java_key_hash(k) for k in keys]
+    assert key_hashes(keys).tolist() == [_java_key_hash(k) for k in keys]
+    wide = [k + "\u952e" if i % 3 else k for i, k in enumerate(keys)]
+    assert key_hashes(wide).tolist() == [_java_key_hash(k) for k in wide]
+    nuls = keys[:50] + ["a\x00b", "\x00", "", "\x00\U0001F600\x00"] + wide[:50]    # NULs inside keys
+    assert key_hashes(nuls).tolist() == [_java_key_hash(k) for k in nuls]
 
 
 # --- golden: rebuild ------------------------------------------------------------------------------------

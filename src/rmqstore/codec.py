@@ -678,6 +678,8 @@ class DispatchBatch:
     @property
     def topics(self) -> list[str]:
         names = self.topic_names
+        if len(names) == 1:
+            return names * len(self.topic_ids)
         return [names[i] for i in self.topic_ids.tolist()]
 
     @classmethod

@@ -179,8 +179,8 @@ class Dispatcher:
                 find(topic, qid).put_arrays(batch.offsets[part], batch.sizes[part], batch.tags_codes[part], qoffs)
                 grown.append((topic, qid, int(qoffs[-1]) + 1))
         if self.index_service is not None:
-            self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets.tolist(),
-                                                   batch.store_timestamps.tolist(), batch.sys_flags.tolist())
+            self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
+                                                   batch.store_timestamps, batch.sys_flags)
         self._arrived(grown, int(batch.store_timestamps[-1]), n)
 
     def _dispatch_requests(self, reqs: list[codec.DispatchRequest]) -> None:

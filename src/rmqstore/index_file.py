@@ -115,23 +115,25 @@ def key_hash(key: str) -> int:
         return int(key_hashes([key])[0])
 
 
-_pow31 = np.ones(1, dtype=np.uint32)
+_INV31 = pow(31, -1, 1 << 32)     # 31 is odd: it has an inverse mod 2**32
+_powers: dict[int, np.ndarray] = {31: np.ones(1, dtype=np.uint32), _INV31: np.ones(1, dtype=np.uint32)}
+
+
+def _power_table(base: int, n: int) -> np.ndarray:
+    """base**i mod 2**32 for i < n (at least), as uint32; grown by doubling and kept."""
+    t = _powers[base]
+    if len(t) < n:
+        size = max(n, 256)
+        while len(t) < size:      # t[k:2k] = t[:k] * base**k, uint32 arithmetic wrapping mod 2**32
+            step = np.uint32(pow(base, len(t), 1 << 32))
+            t = np.concatenate((t, t * step))
+        _powers[base] = t
+    return t
 
 
 def _pow31_table(n: int) -> np.ndarray:
     """31**i mod 2**32 for i < n, as uint32."""
-    global _pow31
-    t = _pow31
-    if len(t) < n:
-        size = max(n, 2 * len(t), 256)
-        new = np.empty(size, dtype=np.uint32)
-        new[: len(t)] = t
-        p = int(t[-1])
-        for i in range(len(t), size):
-            p = (p * 31) & 0xFFFFFFFF
-            new[i] = p
-        _pow31 = t = new
-    return t
+    return _power_table(31, n)
 
 
 def key_hashes(keys: Sequence[str]) -> np.ndarray:
@@ -142,66 +144,53 @@ def key_hashes(keys: Sequence[str]) -> np.ndarray:
 def string_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Java's String.hashCode of every string as uint32 (sum(unit[i] * 31**(n-1-i)) mod 2**32 over the
     UTF-16 code units), and each string's length in UTF-16 units (int64): the hash of a + b is
-    hash(a) * 31**len(b) + hash(b) mod 2**32."""
+    hash(a) * 31**len(b) + hash(b) mod 2**32.
+
+    The keys are joined with a NUL after each (its positions give the lengths, and a 0 unit adds nothing
+    to a sum); with u the units of the join, the key at [s, e) hashes to 31**(e-1) * sum(u[g] * 31**-g
+    for s <= g < e) (31 has an inverse mod 2**32): one product and one segmented sum for the whole batch,
+    uint32 arithmetic wrapping as Java's int does."""
     n = len(keys)
     if n == 0:
         return np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.int64)
-    sizes = list(map(len, keys))
-    longest = max(sizes)
-    if 0 < longest and n * longest <= 2 * sum(sizes):
-        # keys of similar lengths: each right-aligned in a row of `longest` characters (leading NULs add
-        # 0 * 31**k to the hash), one matrix product for all of them when they are ASCII
-        padded = "".join([k.rjust(longest, "\x00") for k in keys])
-        if padded.isascii():
-            rows = np.frombuffer(padded.encode("ascii"), dtype=np.uint8).reshape(n, longest)
-            return ((rows * _pow31_table(longest)[longest - 1::-1]).sum(axis=1, dtype=np.uint32),
-                    np.array(sizes, dtype=np.int64))
-    lens = np.array(sizes, dtype=np.int64)
-    joined = "".join(keys)
+    joined = "\x00".join(keys) + "\x00"
     if joined.isascii():
-        # one byte per UTF-16 unit; keys of a few distinct lengths (UNIQ_KEYs are all 32 characters) hash
-        # as rows of a matrix: row . (31**(L-1), ..., 31, 1), uint32 arithmetic wrapping as Java's int does
-        units8 = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-        distinct = np.unique(lens)
-        if len(distinct) <= _MATRIX_LENGTHS and len(units8):
-            table = _pow31_table(int(distinct[-1]))
-            sums = np.zeros(n, dtype=np.uint32)
-            if len(distinct) == 1:
-                length = int(distinct[0])
-                sums[:] = (units8.reshape(n, length) * table[length - 1::-1]).sum(axis=1, dtype=np.uint32)
-            else:
-                starts = np.cumsum(lens) - lens
-                for length in distinct.tolist():
-                    if length:
-                        sel = np.flatnonzero(lens == length)
-                        rows = units8[starts[sel, None] + np.arange(length)]
-                        sums[sel] = (rows * table[length - 1::-1]).sum(axis=1, dtype=np.uint32)
-            return sums, lens
-        raw, width = units8, 1
+        units = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
     else:
-        raw, width = joined.encode("utf-16-be", "surrogatepass"), 2
-    total = len(raw) // width
-    if int(lens.sum()) != total:  # characters outside the BMP take two UTF-16 units
+        units = np.frombuffer(joined.encode("utf-16-be", "surrogatepass"), dtype=">u2")
+    ends = np.flatnonzero(units == 0)
+    if len(ends) == n:
+        starts = np.empty(n, dtype=np.int64)
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+    else:                                   # NULs inside keys: lengths one by one (UTF-16 units)
         lens = np.fromiter((len(k.encode("utf-16-be", "surrogatepass")) >> 1 for k in keys),
                            dtype=np.int64, count=n)
-    if total == 0:
-        return np.zeros(n, dtype=np.uint32), lens
-    # uint32 arithmetic wraps mod 2**32: exactly Java's int overflow.
-    units = (raw if width == 1 else np.frombuffer(raw, dtype=">u2")).astype(np.uint32)
-    ends = np.cumsum(lens)
-    dist = np.repeat(ends - 1, lens)                     # distance of each unit to its key's last unit
-    dist -= np.arange(total, dtype=np.int64)
-    units *= _pow31_table(int(lens.max()))[dist]
-    nonempty = lens > 0
-    if nonempty.all():
-        sums = np.add.reduceat(units, ends - lens, dtype=np.uint32)
-    else:
-        sums = np.zeros(n, dtype=np.uint32)
-        sums[nonempty] = np.add.reduceat(units, (ends - lens)[nonempty], dtype=np.uint32)
-    return sums, lens
+        ends = np.cumsum(lens + 1) - 1
+        starts = ends - lens
+    if len(units) <= _HASH_CHUNK_UNITS:
+        return _segment_hashes(units, starts, ends), ends - starts
+    out = np.empty(n, dtype=np.uint32)      # a long batch: in pieces, so the power tables stay small
+    i = 0
+    while i < n:
+        j = max(int(np.searchsorted(ends, starts[i] + _HASH_CHUNK_UNITS, "right")), i + 1)
+        base = int(starts[i])
+        out[i:j] = _segment_hashes(units[base:int(ends[j - 1]) + 1], starts[i:j] - base, ends[i:j] - base)
+        i = j
+    return out, ends - starts
 
 
-_MATRIX_LENGTHS = 16     # key_hashes: up to this many distinct key lengths, the matrix form
+_HASH_CHUNK_UNITS = 1 << 20
+
+
+def _segment_hashes(units: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """String.hashCode (uint32) of units[starts[i]:ends[i]] for every i, where units[ends[i]] is the 0
+    that follows each key (see string_hashes)."""
+    total = len(units)
+    weighted = units * _power_table(_INV31, total)[:total]
+    # segment i runs to starts[i + 1]: the key and its trailing 0 (an empty key: just the 0)
+    sums = np.add.reduceat(weighted, starts, dtype=np.uint32)
+    return _pow31_table(total)[ends - 1] * sums     # ends - 1 = -1 only for an empty first key: sum 0
 
 
 def _entries(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end: int):
@@ -257,11 +246,11 @@ def _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags,
     hu, lu = string_hashes(uniq_col)
     hk, lk = string_hashes(keys_col)
     prefix = string_hashes([topic + "#"])[0].astype(np.uint64)[0]
-    table = _pow31_table(int(max(lu.max(), lk.max())) + 1).astype(np.uint64)
+    table = _pow31_table(int(max(lu.max(), lk.max())) + 1)
     mask = np.uint64(0xFFFFFFFF)
     out = np.empty(2 * n, dtype=np.uint32)
-    out[0::2] = (prefix * table[lu] + hu) & mask           # per message: its UNIQ_KEY, then its key
-    out[1::2] = (prefix * table[lk] + hk) & mask
+    out[0::2] = (prefix * table[lu].astype(np.uint64) + hu) & mask     # per message: its UNIQ_KEY, then its key
+    out[1::2] = (prefix * table[lk].astype(np.uint64) + hk) & mask
     phys = np.repeat(np.asarray(offsets, dtype=np.int64), 2)
     stamps = np.repeat(np.asarray(timestamps, dtype=np.int64), 2)
     return _java_abs(out), phys, stamps
@@ -821,7 +810,8 @@ class IndexService:
     def build_index_columns(self, topics: Sequence[str], keys_col: Sequence[str | None],
                             uniq_col: Sequence[str | None], offsets: Sequence[int], timestamps: Sequence[int],
                             sys_flags: Sequence[int]) -> None:
-        """build_index_batch over columns (one entry per message, in commitlog order)."""
+        """build_index_batch over columns (one entry per message, in commitlog order); offsets, timestamps and
+        sys_flags may be int64 arrays."""
         if not self.config.message_index_enable:
             return
         full: list[IndexFile] = []
@@ -831,6 +821,8 @@ class IndexService:
             f = files[-1] if files else None
             columns = _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end)
             if columns is None:
+                offsets, timestamps, sys_flags = (c.tolist() if isinstance(c, np.ndarray) else c
+                                                  for c in (offsets, timestamps, sys_flags))
                 keys, offs, tss, counts = _entries(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end)
                 total = len(keys)
                 if not total:
