@@ -303,6 +303,8 @@ for i in range(64):
 print("STATUSES", ",".join(sorted(set(statuses))))
 print("ACKED", len(acked))
 print("WHY", store.running_flags.why())
+# the failed put's dispatch columns were handed over before its write: taken back, none waits at the end
+print("STALE_HINTS", sum(k >= store.commit_log.get_max_offset() for k in store.commit_log.dispatch_hints))
 got = store.get_message("g", "T", 0, 0, 32)
 print("READ", got.status.value, len(got.messages))
 store.close()
@@ -339,6 +341,7 @@ def test_disk_full_inside_a_commitlog_file_refuses_puts_and_keeps_what_was_ackno
         out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
         assert out["STATUSES"] == "PUT_OK,SERVICE_NOT_AVAILABLE", r.stdout
         assert "No space left on device" in out["WHY"], r.stdout
+        assert out["STALE_HINTS"] == "0", r.stdout
         assert out["READ"].startswith("FOUND")
         acked = int(out["ACKED"])
         assert 10 <= acked < 64

@@ -64,6 +64,36 @@ def test_rebuild_crash_set_queues_match_rocketmq(tmp_path):
         assert ours[name][:written] == data[:written], name
 
 
+def test_dispatcher_parses_up_to_the_next_hinted_batch(tmp_path, monkeypatch):
+    """Records without columns (a put of the general path; batches put while DISPATCH_HINTS_MAX batches
+    waited) are parsed, and the parse stops where the next batch with columns starts, so that the dispatcher
+    takes the columns again from there; the queues and index equal a rebuild's."""
+    from rmqstore import commit_log
+    from rmqstore.bench import generate_messages
+    from rmqstore.message import Message
+    from rmqstore.store import MessageStore
+
+    monkeypatch.setattr(commit_log, "DISPATCH_HINTS_MAX", 4)
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20, "maxHashSlotNum": 512, "maxIndexNum": 4096})
+    path = tmp_path / "live"
+    with MessageStore.open(path, cfg, start_services=False) as store:
+        store.commit_log.dispatch_hints = {}     # what Dispatcher.start does; no thread takes them here
+        store.put_message(Message("T", b"general path", properties={"KEYS": "g"}))
+        for i in range(6):                       # the first 4 batches are handed over, 2 are not
+            assert all(r.ok for r in store.put_messages(generate_messages(50, 20, 2, topic=f"T{i % 2}")))
+        assert len(store.commit_log.dispatch_hints) == 4
+        while store.dispatcher.do_reput():
+            pass
+        assert store.dispatcher.hinted_messages == 4 * 50
+        assert store.dispatcher.dispatched_messages == 6 * 50 + 1
+        assert not store.commit_log.dispatch_hints
+    copy = tmp_path / "rebuilt"
+    shutil.copytree(path, copy)
+    rebuild_store(copy, cfg)
+    assert cq_files(path) == cq_files(copy)
+    assert index_parts(path) == index_parts(copy)
+
+
 def test_rebuild_refuses_non_store(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a store"):
         rebuild_store(tmp_path, StoreConfig())

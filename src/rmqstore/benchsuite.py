@@ -835,9 +835,15 @@ HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done
   skips the Message objects. What is left per message of a MessageBatch (~0.65 us): the body CRC
   (zlib-ng, ~0.06 us), the properties text (one str.join for the batch), numpy's fixed costs per batch.
 - dispatch: for columnar puts the dispatcher takes the writer's own columns (no parse); the rest is the
-  consume queue units and `IndexService.build_index_columns` (Java String.hashCode per key, slot chains).
-  Puts and dispatch share one core's worth of Python (the GIL), so end to end is about
-  1 / (1/put + 1/dispatch).
+  consume queue units and `IndexService.build_index_columns` (Java String.hashCode of a whole batch's keys
+  from one weighted sum over their join, slot chains). Puts and dispatch share one core's worth of Python
+  (the GIL), so end to end is about 1 / (1/put + 1/dispatch) when every batch is dispatched from its
+  columns. A writer that held the GIL most of the time left the dispatcher 256 batches behind, where it
+  lost the columns and parsed the records back (3x the cost; 25-75% of 1M messages parsed in the runs
+  before the fix): the writer now waits while the dispatcher is 128 batches behind and taking them, and the
+  dispatcher's parse stops where the next batch with columns starts.
+- consume (batch_read): the bodies of a queue are gathered by length as numpy void items and become bytes
+  in C (tolist); slicing them one by one in Python was ~0.4 us per body.
 - restart after SIGKILL: the abort file names this boot, so the page cache is trusted: the index is kept and
   only what the dead dispatcher had not noted is re-dispatched. What is left is the CRC check of every
   record from the checkpoint's file (a 1 GiB file here: all of them), walked record by record in Python

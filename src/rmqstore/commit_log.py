@@ -55,6 +55,8 @@ _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
 _CACHE_LIMIT = 4096     # entries of the topic and host caches before they start over
 DISPATCH_HINTS_MAX = 256    # batches handed to the dispatcher and not taken yet
+DISPATCH_STALL = 0.005      # seconds: a writer waits for a dispatcher behind it while it takes hints ...
+DISPATCH_WAIT_MAX = 0.05    # ... and this long at most per put
 
 class CommitLog:
     """The commitlog of one store directory."""
@@ -423,7 +425,6 @@ class CommitLog:
                 hdr["store_ts"] = now
                 # place the records file by file; a record that does not fit goes behind a blank record
                 i = 0
-                segments = []                               # (first, end) record index of each file's run
                 mf = q.get_last_mapped_file(0)
                 while mf is not None:
                     pos = mf.wrote_position
@@ -442,8 +443,15 @@ class CommitLog:
                             parts[2::4] = b.mids[i:k]
                             parts[3::4] = b.props[i:k]
                             data = b"".join(parts)
-                        mf.write_at(pos, data)
-                        segments.append((i, k))
+                        # the dispatcher's columns for these records go first: once the write moves the
+                        # file's position, the dispatcher may read them (without a hint it parses them)
+                        hint = self._hint_dispatcher(b, i, k, phys, now)
+                        try:
+                            mf.write_at(pos, data)
+                        except BaseException:
+                            if hint is not None:
+                                self.dispatch_hints.pop(hint, None)
+                            raise
                         pos += int(ends[k - 1]) - done
                         i = k
                     if i == n or (k == i and pos == 0):     # done, or it fits no file (cannot happen:
@@ -466,29 +474,46 @@ class CommitLog:
                 self.begin_time_in_lock = 0
         if i < n:
             log.error("%s: cannot create the next commitlog file", q.store_path)
-        if b.dispatch is not None and self.dispatch_hints is not None:
-            self._hint_dispatcher(b, segments, phys, now)
+        if self.dispatch_hints is not None and len(self.dispatch_hints) >= DISPATCH_HINTS_MAX // 2:
+            self._wait_for_dispatcher()
         addr, port = b.store_addr, b.store_port
         return PutMessageResults(n, i, phys, sizes, qoff, now,
                                  lambda: codec.create_message_ids_v4(addr, port, phys[:i]), _CREATE_FAILED)
 
-    def _hint_dispatcher(self, b: EncodedBatch, segments: list, phys, now: int) -> None:
-        """Hand the dispatcher what it would parse back from the records just written: one DispatchBatch
-        per file's run, keyed by its first offset (Dispatcher takes one only when its reput offset is there)."""
+    def _wait_for_dispatcher(self) -> None:
+        """The dispatcher has not taken half of DISPATCH_HINTS_MAX batches: the writer and the dispatcher share
+        one GIL, and a writer that always has it would leave the dispatcher parsing what it could have taken
+        from hints, and consumers far behind. Sleep (without the GIL) while the dispatcher takes hints: until
+        it is back under half, or it took none for DISPATCH_STALL seconds (stopped, or parsing), or for
+        DISPATCH_WAIT_MAX seconds in all."""
         hints = self.dispatch_hints
+        start = last_progress = time.monotonic()
+        low = len(hints)
+        while len(hints) >= DISPATCH_HINTS_MAX // 2:
+            time.sleep(0.0002)
+            now = time.monotonic()
+            if len(hints) < low:
+                low, last_progress = len(hints), now
+            elif now - last_progress > DISPATCH_STALL or now - start > DISPATCH_WAIT_MAX:
+                return
+
+    def _hint_dispatcher(self, b: EncodedBatch, a: int, k: int, phys, now: int) -> int | None:
+        """Hand the dispatcher what it would parse back from records a..k-1 of the batch (one file's run),
+        keyed by the run's first offset (Dispatcher takes it only when its reput offset is there); the key,
+        or None when the batch carries no dispatch columns."""
+        hints = self.dispatch_hints
+        if b.dispatch is None or hints is None:
+            return None
         topic, codes, keys, uniqs = b.dispatch
-        hdr, sizes = b.hdr, b.sizes
-        for a, k in segments:
-            h = hdr[a:k]
-            while len(hints) >= DISPATCH_HINTS_MAX:     # the dispatcher is far behind: it parses instead
-                try:
-                    hints.pop(next(iter(hints)), None)
-                except (StopIteration, RuntimeError):
-                    break
-            hints[int(phys[a])] = codec.DispatchBatch(
-                [topic], np.zeros(k - a, np.int64), h["queue_id"].astype(np.int64), phys[a:k], sizes[a:k],
-                codes[a:k], np.full(k - a, now, np.int64), h["queue_offset"].astype(np.int64),
-                h["sys_flag"].astype(np.int64), h["prepared"].astype(np.int64), keys[a:k], uniqs[a:k])
+        h = b.hdr[a:k]
+        if len(hints) >= DISPATCH_HINTS_MAX:    # the dispatcher is far behind: it parses these records, and
+            return None                         # takes the hints it has (the oldest, the next it needs) first
+        key = int(phys[a])
+        hints[key] = codec.DispatchBatch(
+            [topic], np.zeros(k - a, np.int64), h["queue_id"].astype(np.int64), phys[a:k], b.sizes[a:k],
+            codes[a:k], np.full(k - a, now, np.int64), h["queue_offset"].astype(np.int64),
+            h["sys_flag"].astype(np.int64), h["prepared"].astype(np.int64), keys[a:k], uniqs[a:k])
+        return key
 
     # --- read path ------------------------------------------------------------------------------
     def get_min_offset(self) -> int:

@@ -9,7 +9,8 @@ registered with `add_listener` are told which queues received messages (the long
 Records the columnar put path wrote in this process come with their columns (CommitLog.dispatch_hints,
 the same DispatchBatch the parser would make of them): when the reput offset is where such a batch
 starts and its bytes are readable, it is dispatched without reading the records back. Anything else
-(another writer's records, a dispatcher that fell behind and saw the hints dropped, recovery) is parsed.
+(another writer's records, batches written while the dispatcher was DISPATCH_HINTS_MAX batches behind,
+recovery) is parsed, up to the next hinted batch.
 """
 from __future__ import annotations
 
@@ -117,16 +118,27 @@ class Dispatcher:
                             reput, min_off)
                 self.reput_from_offset = min_off
                 continue
-            got = cl.get_data(reput, self.chunk)
+            # parse up to the next hinted batch at most, to take the hints up again from there
+            want = self.chunk
+            if hints:
+                keys = list(hints)      # one C call: the writer may add hints meanwhile
+                ahead = [k for k in keys if k > reput]
+                if ahead:
+                    want = min(want, min(ahead) - reput)
+                for k in keys:
+                    if k < reput:       # records parsed already (by a dispatcher without the thread)
+                        hints.pop(k, None)
+            got = cl.get_data(reput, want)
             if got is None or not got[0]:
                 return total
             data, start = got
-            n, next_offset, err = self._parse_and_dispatch(data, start, len(data) < self.chunk)
+            n, next_offset, err = self._parse_and_dispatch(data, start, len(data) < want)
             total += n
             if err is not None:
                 if self.error != err:
                     log.error("dispatch stopped: %s", err)
                 self.error = err
+                cl.dispatch_hints = None        # nothing past the error is dispatched: writers must not wait
                 return total
             if next_offset == self.reput_from_offset:
                 return total
@@ -217,6 +229,9 @@ class Dispatcher:
     def start(self) -> None:
         if self._thread is not None:
             return
+        # columnar puts hand the thread their columns (not a synchronous do_reput: without the thread nobody
+        # would take them, and writers would wait for it)
+        self.commit_log.dispatch_hints = {}
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ReputMessageService", daemon=True)
         self._thread.start()
@@ -271,3 +286,4 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.commit_log.dispatch_hints = None

@@ -89,9 +89,6 @@ class MessageStore:
             self.abort_file.create(self.dispatcher.reput_from_offset)
             self.dispatcher.on_dispatched = self.abort_file.note_dispatched
             self._closed = False
-            # columnar puts hand the dispatcher thread their columns (not a synchronous do_reput: without the
-            # thread nobody would take them)
-            self.commit_log.dispatch_hints = {} if start_services else None
             if start_services:
                 self.dispatcher.start()
                 from .flush import install_flush_services
