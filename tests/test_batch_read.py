@@ -1,30 +1,47 @@
 """batch_read: the bodies of a queue range cut from the commitlog in bulk, equal to what get_message reads."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 
-def test_batch_read_matches_get_message(tmp_path):
-    from rmqstore.batch_read import read_queue_bodies
-    from rmqstore.bench import generate_messages
+@contextlib.contextmanager
+def _dispatched_store(path, commitlog_file_size, msgs):
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
 
-    cfg = StoreConfig(mapped_file_size_commit_log=64 * 1024)     # many commitlog files
-    msgs = generate_messages(1500, 37, 3, "T")
-    with MessageStore.open(tmp_path / "s", cfg, start_services=False) as s:
-        s.put_messages(msgs)
+    cfg = StoreConfig(mapped_file_size_commit_log=commitlog_file_size)
+    with MessageStore.open(path, cfg, start_services=False) as s:
+        assert all(r.ok for r in s.put_messages(msgs))
         while s.dispatcher.do_reput():
             pass
-        for q in range(3):
-            want = [m.body for m in msgs if m.queue_id == q]
-            assert read_queue_bodies(s, "T", q) == want
-            values, offsets = read_queue_bodies(s, "T", q, as_buffer=True)
-            assert [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])] == want
-            assert read_queue_bodies(s, "T", q, 10, 20) == want[10:20]
+        yield s
+
+
+def _assert_reads_back(s, msgs, queues, lo, hi):
+    """Both forms of every queue equal the bodies put, in order, none skipped; and the range [lo, hi)."""
+    from rmqstore.batch_read import read_queue_bodies
+
+    for q in range(queues):
+        want = [m.body for m in msgs if m.queue_id == q]
+        stats = {}
+        assert read_queue_bodies(s, "T", q, stats=stats) == want
+        assert stats["skipped"] == 0
+        values, offsets = read_queue_bodies(s, "T", q, as_buffer=True)
+        assert [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())] == want
+        assert read_queue_bodies(s, "T", q, lo, hi) == want[lo:hi]
+
+
+def test_batch_read_matches_get_message(tmp_path):
+    from rmqstore.batch_read import read_queue_bodies
+    from rmqstore.bench import generate_messages
+
+    msgs = generate_messages(1500, 37, 3, "T")
+    with _dispatched_store(tmp_path / "s", 64 * 1024, msgs) as s:      # many commitlog files
+        _assert_reads_back(s, msgs, 3, 10, 20)
         assert read_queue_bodies(s, "nope", 0) == []
 
 
@@ -34,9 +51,7 @@ def test_batch_read_mixed_lengths_ipv6_hosts_and_damaged_units(tmp_path):
     import random
 
     from rmqstore.batch_read import read_queue_bodies
-    from rmqstore.config import StoreConfig
     from rmqstore.message import Message
-    from rmqstore.store import MessageStore
 
     rnd = random.Random(7)
     hosts = ["127.0.0.1:10911", "[2001:db8::1]:10911"]
@@ -45,19 +60,8 @@ def test_batch_read_mixed_lengths_ipv6_hosts_and_damaged_units(tmp_path):
         n = rnd.choice([0, 5, 100, 100, 100, 257, rnd.randrange(1, 3000)])
         msgs.append(Message(topic="T", body=rnd.randbytes(n), queue_id=i % 2, born_host=rnd.choice(hosts),
                             store_host=rnd.choice(hosts)))
-    cfg = StoreConfig(mapped_file_size_commit_log=256 * 1024)
-    with MessageStore.open(tmp_path / "s", cfg, start_services=False) as s:
-        s.put_messages(msgs)
-        while s.dispatcher.do_reput():
-            pass
-        for q in range(2):
-            want = [m.body for m in msgs if m.queue_id == q]
-            stats = {}
-            assert read_queue_bodies(s, "T", q, stats=stats) == want
-            assert stats["skipped"] == 0
-            values, offsets = read_queue_bodies(s, "T", q, as_buffer=True)
-            assert [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())] == want
-            assert read_queue_bodies(s, "T", q, 700, 1300) == want[700:1300]
+    with _dispatched_store(tmp_path / "s", 256 * 1024, msgs) as s:
+        _assert_reads_back(s, msgs, 2, 700, 1300)
         # damage the record of queue 0's 10th message: its magic code
         off, size, _ = s.consume_queues.find("T", 0).get_unit(10)
         mf = s.commit_log.queue.find_mapped_file_by_offset(off)

@@ -635,6 +635,13 @@ def _parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool,
         pos = end
 
 
+# HEADER_V4 as numpy fields; the first seven (TOTALSIZE .. PHYSICALOFFSET) are where every variant has them
+HEADER_V4_FIELDS = [
+    ("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+    ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
+    ("born_addr", "V4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "V4"),
+    ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")]
+RECORD_PREFIX_FIELDS = HEADER_V4_FIELDS[:7]
 _HEADER_V4_NP = None   # numpy dtype of HEADER_V4, built on first use (numpy is imported lazily here)
 _VECTOR_MIN_RECORDS = 64
 
@@ -643,11 +650,7 @@ def header_v4_dtype():
     global _HEADER_V4_NP
     if _HEADER_V4_NP is None:
         import numpy as np
-        _HEADER_V4_NP = np.dtype([
-            ("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
-            ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
-            ("born_addr", "V4"), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "V4"),
-            ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")])
+        _HEADER_V4_NP = np.dtype(HEADER_V4_FIELDS)
         assert _HEADER_V4_NP.itemsize == HEADER_V4.size
     return _HEADER_V4_NP
 
@@ -859,6 +862,7 @@ INDEX_HASH_SLOT_SIZE = 4
 INDEX_SLOT = struct.Struct(">i")
 INDEX_ENTRY_SIZE = 20
 INDEX_ENTRY = struct.Struct(">iqii")
+INDEX_ENTRY_DTYPE = [("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")]
 INDEX_INVALID = 0
 
 

@@ -78,7 +78,7 @@ _slot_unpack = codec.INDEX_SLOT.unpack_from
 _entry_struct_pack = codec.INDEX_ENTRY.pack
 _entry_unpack = codec.INDEX_ENTRY.unpack_from
 
-ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+ENTRY_DTYPE = np.dtype(codec.INDEX_ENTRY_DTYPE)
 assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
 
 # Below this many keys a batch is put one key at a time (numpy's fixed cost is higher than the loop's).

@@ -315,8 +315,7 @@ def _last_unit(cq: ConsumeQueue) -> tuple[int, int] | None:
     return (u[0], u[1]) if u else None
 
 
-_REC_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
-                      ("queue_offset", ">i8"), ("phys", ">i8")])
+_REC_HEAD = np.dtype(codec.RECORD_PREFIX_FIELDS)
 _MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
 
 
@@ -329,26 +328,31 @@ def first_unit_not_matching(cq: ConsumeQueue, commit_log: CommitLog, start_index
     if start_index >= hi:
         return None
     units = cq.units(start_index, hi)
-    off = units["offset"].astype(np.int64)
-    size = units["size"].astype(np.int64)
+    files = ((mf.file_from_offset, mf.file_from_offset + mf.file_size, lambda mf=mf: np.frombuffer(mf.mm, np.uint8))
+             for mf in list(commit_log.queue.files))
+    return first_unit_mismatch(units["offset"].astype(np.int64), units["size"].astype(np.int64), start_index,
+                               cq.queue_id, files, commit_log.get_min_offset())
+
+
+def first_unit_mismatch(off: np.ndarray, size: np.ndarray, start_index: int, queue_id: int, files,
+                        cl_min: int) -> int | None:
+    """first_unit_not_matching over arrays: the units (offsets, sizes) numbered from start_index, and the
+    commitlog files as (first offset, end offset, a function giving the file's bytes as a uint8 array)."""
     filler = (size == codec.CQ_BLANK_SIZE) & (off == 0)
-    cl_min = commit_log.get_min_offset()
     width = _REC_HEAD.itemsize
-    bad = np.zeros(len(units), dtype=bool)
-    for mf in list(commit_log.queue.files):
-        lo, hi_f = mf.file_from_offset, mf.file_from_offset + mf.file_size
-        sel = np.flatnonzero((off >= lo) & (off < hi_f) & ~filler)
+    bad = np.zeros(len(off), dtype=bool)
+    for lo, hi, load in files:
+        sel = np.flatnonzero((off >= lo) & (off < hi) & ~filler)
         if not len(sel):
             continue
+        raw = load()
         pos = off[sel] - lo
-        inside = pos + width <= mf.file_size
+        inside = pos + width <= len(raw)
         bad[sel[~inside]] = True
         sel, pos = sel[inside], pos[inside]
-        raw = np.frombuffer(mf.mm, dtype=np.uint8)
-        rows = raw[pos[:, None] + np.arange(width)]
+        head = raw[pos[:, None] + np.arange(width)].view(_REC_HEAD).reshape(-1)
         del raw
-        head = rows.view(_REC_HEAD).reshape(-1)
-        ok = ((head["total"] == size[sel]) & np.isin(head["magic"], _MAGICS) & (head["queue_id"] == cq.queue_id)
+        ok = ((head["total"] == size[sel]) & np.isin(head["magic"], _MAGICS) & (head["queue_id"] == queue_id)
               & (head["queue_offset"] == start_index + sel) & (head["phys"] == off[sel]))
         bad[sel[~ok]] = True
     bad &= ~filler & (off >= max(cl_min, 0))
@@ -394,7 +398,7 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
 
 
 # --- index ----------------------------------------------------------------------------------------------
-_ENTRY = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+_ENTRY = np.dtype(codec.INDEX_ENTRY_DTYPE)
 
 
 def index_file_problems(f: "IndexFile") -> list[str]:

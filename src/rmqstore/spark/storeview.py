@@ -37,6 +37,7 @@ from .. import codec
 from ..config import StoreConfig
 from ..consume_queue import search_by_time
 from ..index_file import IndexFile, key_hash
+from ..recovery import first_unit_mismatch
 from . import records as R
 
 log = logging.getLogger(__name__)
@@ -487,39 +488,15 @@ def _unit_at(qv: QueueView, i: int) -> tuple[int | None, int | None]:
     return None, None
 
 
-_REC_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
-                      ("queue_offset", ">i8"), ("phys", ">i8")])
-
-
 def _first_unit_not_matching(view: StoreView, qv: QueueView, cache: FileCache, start: int) -> int | None:
     """recovery.first_unit_not_matching, read-only."""
     start = max(start, qv.min_offset)
     if start >= qv.disk_end:
         return None
     offs, sizes = _disk_units(qv, start)
-    filler = (sizes == BLANK_SIZE) & (offs == 0)
-    width = _REC_HEAD.itemsize
-    bad = np.zeros(len(offs), dtype=bool)
-    for f in view.cl_files:
-        lo, hi = f.base, f.base + max(f.size, view.cl_file_size)
-        sel = np.flatnonzero((offs >= lo) & (offs < hi) & ~filler)
-        if not len(sel):
-            continue
-        _, raw = cache.get(f.path)
-        pos = offs[sel] - lo
-        inside = pos + width <= len(raw)
-        bad[sel[~inside]] = True
-        sel, pos = sel[inside], pos[inside]
-        if not len(sel):
-            continue
-        head = raw[pos[:, None] + np.arange(width)].view(_REC_HEAD).reshape(-1)
-        magic_ok = (head["magic"] == codec.MESSAGE_MAGIC_CODE) | (head["magic"] == codec.MESSAGE_MAGIC_CODE_V2)
-        ok = ((head["total"] == sizes[sel]) & magic_ok & (head["queue_id"] == qv.queue_id)
-              & (head["queue_offset"] == start + sel) & (head["phys"] == offs[sel]))
-        bad[sel[~ok]] = True
-    bad &= ~filler & (offs >= max(view.cl_min, 0))
-    first = np.flatnonzero(bad)
-    return start + int(first[0]) if len(first) else None
+    files = ((f.base, f.base + max(f.size, view.cl_file_size), lambda f=f: cache.get(f.path)[1])
+             for f in view.cl_files)
+    return first_unit_mismatch(offs, sizes, start, qv.queue_id, files, view.cl_min)
 
 
 def _reput_start(view: StoreView, queues: dict, rebuild: list, index_end: int | None, checked_from: int,
@@ -918,7 +895,7 @@ def _recover_index(view: StoreView, cache: FileCache, end: int | None, destroy: 
     return last
 
 
-_ENTRY_NP = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+_ENTRY_NP = np.dtype(codec.INDEX_ENTRY_DTYPE)
 
 
 # --- lookups -----------------------------------------------------------------------------------------
