@@ -30,6 +30,8 @@ def _at(arr: np.ndarray, dtype, pos: np.ndarray) -> np.ndarray:
     """The dtype values starting at each byte position pos of the uint8 array arr (one gather, no copy of
     arr: a view whose items overlap, one per byte). Callers keep pos + itemsize <= len(arr)."""
     dt = np.dtype(dtype)
+    if not len(pos):
+        return np.empty(0, dtype=dt)
     # gathered as raw void items (a memcpy each; numpy copies a structured item field by field), then viewed
     raw = np.dtype(f"V{dt.itemsize}")
     view = np.ndarray((len(arr) - dt.itemsize + 1,), dtype=raw, buffer=arr, strides=(1,))
