@@ -504,10 +504,10 @@ class CommitLog:
         hints = self.dispatch_hints
         if b.dispatch is None or hints is None:
             return None
-        topic, codes, keys, uniqs = b.dispatch
-        h = b.hdr[a:k]
         if len(hints) >= DISPATCH_HINTS_MAX:    # the dispatcher is far behind: it parses these records, and
             return None                         # takes the hints it has (the oldest, the next it needs) first
+        topic, codes, keys, uniqs = b.dispatch
+        h = b.hdr[a:k]
         key = int(phys[a])
         hints[key] = codec.DispatchBatch(
             [topic], np.zeros(k - a, np.int64), h["queue_id"].astype(np.int64), phys[a:k], b.sizes[a:k],

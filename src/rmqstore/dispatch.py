@@ -105,11 +105,7 @@ class Dispatcher:
                         self.dispatch(hint)
                         self.hinted_messages += len(hint)
                         total += len(hint)
-                        self.reput_from_offset = hint_end
-                        if self.on_dispatched is not None:
-                            self.on_dispatched(hint_end)
-                        if self.on_progress is not None:
-                            self.on_progress(hint_end - max(cl.get_min_offset(), 0), end - max(cl.get_min_offset(), 0))
+                        self._advance(hint_end, end)
                         continue
                     hints[reput] = hint     # not all readable yet (a write buffer not committed)
             min_off = cl.get_min_offset()
@@ -126,8 +122,8 @@ class Dispatcher:
                 if ahead:
                     want = min(want, min(ahead) - reput)
                 for k in keys:
-                    if k < reput:       # records parsed already (by a dispatcher without the thread)
-                        hints.pop(k, None)
+                    if k < reput:       # a batch written after an earlier round listed the hints, and parsed
+                        hints.pop(k, None)      # in that round's chunk: never to be taken
             got = cl.get_data(reput, want)
             if got is None or not got[0]:
                 return total
@@ -142,11 +138,16 @@ class Dispatcher:
                 return total
             if next_offset == self.reput_from_offset:
                 return total
-            self.reput_from_offset = next_offset
-            if self.on_dispatched is not None:
-                self.on_dispatched(next_offset)
-            if self.on_progress is not None:
-                self.on_progress(next_offset - max(min_off, 0), end - max(min_off, 0))
+            self._advance(next_offset, end)
+
+    def _advance(self, offset: int, end: int) -> None:
+        """Everything below offset is dispatched: move the reput offset there and tell the hooks."""
+        self.reput_from_offset = offset
+        if self.on_dispatched is not None:
+            self.on_dispatched(offset)
+        if self.on_progress is not None:
+            base = max(self.commit_log.get_min_offset(), 0)
+            self.on_progress(offset - base, end - base)
 
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
         """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""

@@ -413,8 +413,7 @@ def index_file_problems(f: "IndexFile") -> list[str]:
         problems.append(f"{len(bad)} hash slots outside [0, {count}) (slot {int(bad[0])} = {int(slots[bad[0]])})")
     del slots
     if count > 1:
-        ent = np.frombuffer(mm, dtype=_ENTRY, count=count - 1,
-                            offset=slots_base + f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + codec.INDEX_ENTRY_SIZE)
+        ent = np.frombuffer(mm, dtype=_ENTRY, count=count - 1, offset=f.entries_base + codec.INDEX_ENTRY_SIZE)
         no = np.arange(1, count)
         phy = ent["phy_offset"].astype(np.int64)
         checks = (("keyHash < 0", ent["key_hash"] < 0), ("timeDiff < 0", ent["time_diff"] < 0),
@@ -524,8 +523,8 @@ def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int
 def _last_entry_offset(f: "IndexFile") -> int:
     if f.index_count <= 1:
         return f.end_phy_offset
-    base = codec.INDEX_HEADER_SIZE + f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE
-    return codec.INDEX_ENTRY.unpack_from(f.mapped_file.mm, base + (f.index_count - 1) * codec.INDEX_ENTRY_SIZE)[1]
+    last = f.entries_base + (f.index_count - 1) * codec.INDEX_ENTRY_SIZE
+    return codec.INDEX_ENTRY.unpack_from(f.mapped_file.mm, last)[1]
 
 
 def _repair_slots(f: "IndexFile", k: int) -> int:
@@ -541,8 +540,7 @@ def _repair_slots(f: "IndexFile", k: int) -> int:
         del slots
         return 0
     top = min(int(slots[fix].max()) + 1, f.index_num)
-    base = codec.INDEX_HEADER_SIZE + slot_num * codec.INDEX_HASH_SLOT_SIZE
-    ent = np.frombuffer(mm, dtype=_ENTRY, count=top, offset=base)
+    ent = np.frombuffer(mm, dtype=_ENTRY, count=top, offset=f.entries_base)
     prev = ent["prev"].astype(np.int64)
     home = ent["key_hash"].astype(np.int64) % slot_num
     del ent
@@ -567,7 +565,7 @@ def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:
     slots pointing into that suffix are moved down their chains. Returns how many entries went."""
     mm = f.mapped_file.mm
     count = f.index_count
-    base = codec.INDEX_HEADER_SIZE + f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE
+    base = f.entries_base
     ent = np.frombuffer(mm, dtype=_ENTRY, count=count, offset=base)
     phy = ent["phy_offset"].astype(np.int64)
     k = int(np.searchsorted(phy[1:], end, side="left")) + 1     # first entry number to remove
