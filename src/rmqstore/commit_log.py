@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import codec
+from . import codec, validation
 from .config import StoreConfig
 from .errors import CorruptStoreError
 from .mapped_file import MappedFile, MappedFileQueue
@@ -44,12 +44,15 @@ _MAGIC = codec.MESSAGE_MAGIC_CODE
 _BLANK_MIN = codec.END_FILE_MIN_BLANK_LENGTH
 _MAX_PROPS = codec.MAX_PROPERTIES_LENGTH
 _MAX_TOPIC = codec.MAX_TOPIC_LENGTH
+_MAX_QUEUE_ID = validation.MAX_QUEUE_ID
+_QUEUE_IDS = (0, _MAX_QUEUE_ID)
 _PUT_OK = PutMessageStatus.PUT_OK
 _APPEND_OK = AppendMessageStatus.PUT_OK
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _PROPS_EXCEEDED = PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
 _CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
 _FLUSH_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT
+_NOT_AVAILABLE = PutMessageStatus.SERVICE_NOT_AVAILABLE
 _crc32 = codec.crc32
 _props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
@@ -58,8 +61,48 @@ DISPATCH_HINTS_MAX = 256    # batches handed to the dispatcher and not taken yet
 DISPATCH_STALL = 0.005      # seconds: a writer waits for a dispatcher behind it while it takes hints ...
 DISPATCH_WAIT_MAX = 0.05    # ... and this long at most per put
 
+class AppendFailed(OSError):
+    """A write of the put path failed (ENOSPC, EIO) after part of a batch was stored: `results` says, per
+    message, what is true (PUT_OK for the records written before the failure, a failure status for the
+    rest). Callers record the failure (the store refuses puts) and answer `results`."""
+
+    def __init__(self, error: OSError, results):
+        super().__init__(error.errno, error.strerror or str(error))
+        self.error = error
+        self.results = results
+
+
+def refuse(status: PutMessageStatus, reason: str) -> PutMessageResult:
+    """A refused message's answer; the warning names the reason (the argument refused)."""
+    log.warning("put refused (%s): %s", status.value, reason)
+    return PutMessageResult(status, None, reason)
+
+
+def _undo_write(mf: MappedFile, pos: int, size: int) -> None:
+    """A write at pos failed part way: zero what may have reached the file, so that no complete record of a
+    put answered with a failure is found there by a later recovery (a later put overwrites it anyway)."""
+    try:
+        mf.zero_data(pos, pos + size)
+    except OSError as e:
+        log.error("%s: cannot zero the failed write at %d (%d bytes): %s", mf.path, pos, size, e)
+
+
+def _write(mf: MappedFile, pos: int, data) -> None:
+    """mf.write_at, undone (_undo_write) if it raises."""
+    try:
+        mf.write_at(pos, data)
+    except OSError:
+        _undo_write(mf, pos, len(data))
+        raise
+
+
 class CommitLog:
-    """The commitlog of one store directory."""
+    """The commitlog of one store directory.
+
+    Guarantees of the put path: a message is validated (validation.py) before the lock is taken; a result
+    PUT_OK names the offset of a record that was written and the queue offset it is dispatched at; queue
+    offsets advance only for records written, so a failed write leaves no gap in any queue; a batch whose
+    write fails part way answers PUT_OK for exactly the records written (raising AppendFailed)."""
 
     def __init__(self, store_dir: str | Path, config: StoreConfig):
         self.config = config
@@ -80,6 +123,7 @@ class CommitLog:
         # Encodings that do not depend on the message: topic -> (TOPICLENGTH + TOPIC, {queueId: key}),
         # host -> (address, port, sysFlag bit as born host, as store host, msgId prefix).
         self._topics: dict = {}
+        self._refused_topics: dict = {}     # topic -> why (validation.topic_problem)
         self._hosts: dict = {}
 
     def load(self) -> None:
@@ -91,7 +135,7 @@ class CommitLog:
         wait=False: the flush policy hook (on_appended) is not called (the caller flushes)."""
         e = self._encode(msg)
         if type(e) is not tuple:
-            return PutMessageResult(e)
+            return e
         (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
          reconsume, prepared, body, tail, key, id_prefix) = e
         q = self.queue
@@ -118,9 +162,13 @@ class CommitLog:
                     header = hs.pack(size, _MAGIC, crc, queue_id, flag, qoff, phys, sys_flag, born_ts, born_addr,
                                      born_port, now, store_addr, store_port, reconsume, prepared, len(body))
                 except struct.error as err:
-                    log.warning("illegal message: %s", err)
-                    return PutMessageResult(_ILLEGAL)
-                mf.write_at(pos, b"".join((header, body, tail)))
+                    return refuse(_ILLEGAL, f"a header field is out of range: {err}")
+                data = b"".join((header, body, tail))
+                try:
+                    mf.write_at(pos, data)
+                except OSError as err:
+                    _undo_write(mf, pos, len(data))
+                    raise OSError(err.errno, f"{mf.path}: write at {pos} failed: {err.strerror or err}") from err
                 if key is not None:
                     table[key] = qoff + 1
                 mf.store_timestamp = now
@@ -138,7 +186,7 @@ class CommitLog:
         """Append messages (a list of Messages or a MessageBatch) in order, under one lock hold; one result
         per message (a PutMessageResults when the columnar path took the batch: built on access).
         wait=False: as put_message's."""
-        results = None
+        results = failed = None
         if isinstance(msgs, MessageBatch):
             if len(msgs) >= COLUMNAR_MIN:
                 try:
@@ -146,7 +194,7 @@ class CommitLog:
                 except (NotColumnar, AttributeError, TypeError, ValueError):
                     batch = None
                 if batch is not None:
-                    results = self._put_columnar(batch)
+                    results, failed = self._put_columnar(batch)
             if results is None:
                 msgs = msgs.to_messages()
         elif not isinstance(msgs, list):
@@ -161,22 +209,9 @@ class CommitLog:
                 except (NotColumnar, AttributeError, TypeError, ValueError):
                     batch = None    # the general path refuses (or raises for) what it must, message by message
                 if batch is not None:
-                    results = self._put_columnar(batch)
+                    results, failed = self._put_columnar(batch)
         if results is None:
-            encoded = [self._encode(m) for m in msgs]
-            results = [None] * n
-            with self.put_lock:
-                now = time.time_ns() // 1_000_000
-                self.begin_time_in_lock = now
-                try:
-                    self._append_locked(encoded, results, now)
-                finally:
-                    self.begin_time_in_lock = 0
-            for i, r in enumerate(results):
-                if type(r) is tuple:
-                    phys, size, qoff, id_prefix = r
-                    results[i] = PutMessageResult(_PUT_OK, AppendMessageResult(
-                        _APPEND_OK, phys, size, id_prefix + "%016X" % phys, now, qoff))
+            return self.append_encoded([self._encode(m) for m in msgs], wait)
         hook = self.on_appended if wait else None
         if hook is not None and (results.appended if type(results) is PutMessageResults
                                  else any(r.status is _PUT_OK for r in results)):
@@ -187,21 +222,60 @@ class CommitLog:
                     for i, r in enumerate(results):
                         if r.status is _PUT_OK:
                             results[i] = PutMessageResult(_FLUSH_TIMEOUT, r.append_result)
+        if failed is not None:
+            raise AppendFailed(failed, results)
         return results  # type: ignore[return-value]
+
+    def encode(self, msg: Message):
+        """What append_encoded takes for msg: a tuple, or the PutMessageResult that refuses it (validated
+        here, in the caller's thread: the group commit encodes before a put joins a round)."""
+        return self._encode(msg)
+
+    def append_encoded(self, encoded: list, wait: bool = True) -> list[PutMessageResult]:
+        """The general path: append messages encoded by encode() (refusals are answered as they are), in
+        order, under one lock hold; one result per message. Raises AppendFailed when a write failed (its
+        results say which messages are stored). wait=False: as put_message's."""
+        n = len(encoded)
+        results: list = [None] * n
+        with self.put_lock:
+            now = time.time_ns() // 1_000_000
+            self.begin_time_in_lock = now
+            try:
+                failed = self._append_locked(encoded, results, now)
+            finally:
+                self.begin_time_in_lock = 0
+        for i, r in enumerate(results):
+            if type(r) is tuple:
+                phys, size, qoff, id_prefix = r
+                results[i] = PutMessageResult(_PUT_OK, AppendMessageResult(
+                    _APPEND_OK, phys, size, id_prefix + "%016X" % phys, now, qoff))
+        hook = self.on_appended if wait else None
+        if hook is not None and any(r.status is _PUT_OK for r in results):
+            if not hook(self.queue.get_max_wrote_position()):
+                for i, r in enumerate(results):
+                    if r.status is _PUT_OK:
+                        results[i] = PutMessageResult(_FLUSH_TIMEOUT, r.append_result)
+        if failed is not None:
+            raise AppendFailed(failed, results)
+        return results
 
     # --- encoding (outside the lock) ---------------------------------------------------------------
     def _topic(self, topic):
-        """(TOPICLENGTH + TOPIC bytes, {queueId: "topic-queueId"}) of a topic; None if it is not 1 to 127
-        bytes of UTF-8. Raises for a topic that is not a str (or not encodable)."""
+        """(TOPICLENGTH + TOPIC bytes, {queueId: "topic-queueId"}) of a topic, or the reason (a str) the
+        store refuses it (validation.topic_problem). Checked once per topic: both answers are cached, the
+        refused ones apart (a hit in _topics needs no check)."""
         info = self._topics.get(topic)
         if info is not None:
             return info
-        raw = topic.encode("utf-8")
-        if len(raw) > _MAX_TOPIC or not raw:
-            log.warning("topic %r is %d bytes, RocketMQ allows 1 to 127", topic[:40], len(raw))
-            return None
+        why = self._refused_topics.get(topic) or validation.topic_problem(topic)
+        if why is not None:
+            if len(self._refused_topics) >= _CACHE_LIMIT:
+                self._refused_topics.clear()
+            self._refused_topics[topic] = why
+            return why
         if len(self._topics) >= _CACHE_LIMIT:
             self._topics.clear()
+        raw = topic.encode("utf-8")
         info = self._topics[topic] = (bytes((len(raw),)) + raw, {})
         return info
 
@@ -218,52 +292,61 @@ class CommitLog:
 
     def _encode(self, msg: Message):
         """Everything of a record that does not depend on its place in the log, as a tuple; or the
-        PutMessageStatus that refuses the message."""
+        PutMessageResult that refuses the message (MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED, with the
+        reason)."""
         try:
             topic = msg.topic
             ti = self._topics.get(topic)
             if ti is None:
                 ti = self._topic(topic)
+                if type(ti) is str:
+                    return refuse(_ILLEGAL, ti)
+            queue_id = msg.queue_id
+            key = ti[1].get(queue_id)   # the topic's "topic-queueId" keys: made for valid queue ids only
+            if key is None:
+                queue_id = validation.queue_id_or_problem(queue_id)
+                if type(queue_id) is str:
+                    return refuse(_ILLEGAL, queue_id)
+                key = ti[1][queue_id] = f"{topic}-{queue_id}"
             props = msg.properties
             if props:
-                try:    # codec.encode_properties, inline
+                try:    # validation.encode_properties, inline: one scan counts the separators (2 per pair)
                     p = ("\x02".join(map("\x01".join, props.items())) + "\x02").encode()
                 except TypeError:
-                    p = _props_bytes(props)
+                    p = b"\x01"
+                if len(p.translate(None, b"\x01\x02")) + 2 * len(props) != len(p) or "" in props:
+                    p = validation.encode_properties(props)
+                    if type(p) is str:
+                        return refuse(_ILLEGAL, p)
             else:
                 p = b""
+            body = msg.body
+            if type(body) is not bytes:
+                if body is None:
+                    body = b""
+                else:
+                    why = validation.body_problem(body)
+                    if why is not None:
+                        return refuse(_ILLEGAL, why)
             hosts = self._hosts
             host = msg.born_host
             born = hosts.get(host) or self._host(host)
             host = msg.store_host or self.default_store_host
             store = hosts.get(host) or self._host(host)
+            sys_flag = (msg.sys_flag & ~0x30) | born[2] | store[3]
         except (ValueError, TypeError, AttributeError) as e:
-            log.warning("illegal message: %s", e)
-            return _ILLEGAL
-        if ti is None:
-            return _ILLEGAL
+            return refuse(_ILLEGAL, f"illegal message: {e}")
         if len(p) > _MAX_PROPS:
-            log.warning("properties of %d bytes exceed %d", len(p), _MAX_PROPS)
-            return _PROPS_EXCEEDED
-        sys_flag = (msg.sys_flag & ~0x30) | born[2] | store[3]
+            return refuse(_PROPS_EXCEEDED, f"properties of {len(p)} bytes exceed {_MAX_PROPS}")
         hs = _HS[sys_flag >> 4 & 3]
-        body = msg.body
-        if body is None:
-            body = b""
         tail = b"".join((ti[0], _pack_len(len(p)), p))
         size = hs.size + len(body) + len(tail)
         if size > self.config.max_message_size or size + _BLANK_MIN > self.file_size:
-            log.warning("message of %d bytes (body %d) exceeds maxMessageSize %d or the file size %d", size,
-                        len(body), self.config.max_message_size, self.file_size)
-            return _ILLEGAL
+            return refuse(_ILLEGAL, f"message of {size} bytes (body {len(body)}) exceeds maxMessageSize "
+                                    f"{self.config.max_message_size} or the file size {self.file_size}")
         if sys_flag & codec.TRANSACTION_PREPARED_TYPE:     # prepared (0x4) and rolled back (0xc)
             key = None                                      # take no queue offset
-        else:
-            queue_id = msg.queue_id
-            key = ti[1].get(queue_id)
-            if key is None:
-                key = ti[1][queue_id] = f"{topic}-{queue_id}"
-        return (hs, size, _crc32(body) & 0x7FFFFFFF, msg.queue_id, msg.flag, sys_flag, msg.born_timestamp,
+        return (hs, size, _crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, sys_flag, msg.born_timestamp,
                 born[0], born[1], store[0], store[1], msg.reconsume_times, msg.prepared_transaction_offset, body,
                 tail, key, store[4])
 
@@ -276,7 +359,7 @@ class CommitLog:
             store = self._host(store_host or self.default_store_host)
         except (ValueError, TypeError, AttributeError):
             return None
-        if ti is None or born[2] or store[3]:
+        if type(ti) is not tuple or born[2] or store[3]:
             return None
         return ti, born, store
 
@@ -294,7 +377,7 @@ class CommitLog:
         target = self._columnar_target(topic, born_hosts[0], store_hosts[0])
         if target is None:
             return None
-        queue_ids = int_column([m.queue_id for m in msgs], n, INT32)
+        queue_ids = int_column([m.queue_id for m in msgs], n, _QUEUE_IDS)
         sys_flags = int_column([m.sys_flag for m in msgs], n, INT32)
         flags = int_column([m.flag for m in msgs], n, INT32)
         born_ts = int_column([m.born_timestamp for m in msgs], n, INT64)
@@ -324,7 +407,7 @@ class CommitLog:
             return None
         qids, born_ts = mb.queue_ids, mb.born_timestamp
         queue_ids = int_column(qids if type(qids) is list or type(qids) is np.ndarray else mb.column("queue_ids"),
-                               n, INT32)
+                               n, _QUEUE_IDS)
         born_ts = int_column(born_ts if type(born_ts) is list or type(born_ts) is np.ndarray
                              else mb.column("born_timestamp"), n, INT64)
         sys_flags = int_column([mb.sys_flag], 1, INT32)
@@ -353,62 +436,92 @@ class CommitLog:
         mf.wrote_position = mf.file_size  # the blank record spans the rest of the file
         return self.queue.get_last_mapped_file(0)
 
-    def _append_locked(self, encoded: list, results: list, now: int) -> None:
-        """The general path: append encoded messages (tuples of _encode; a PutMessageStatus for a refused
-        one). Fills results: a PutMessageResult for a refused message, (offset, size, queue offset, msgId
-        prefix) for an appended one."""
+    def _append_locked(self, encoded: list, results: list, now: int) -> OSError | None:
+        """The general path: append encoded messages (tuples of _encode; a PutMessageResult for a refused
+        one), one write per file. Fills results: the PutMessageResult of a refused (or unwritten) message,
+        (offset, size, queue offset, msgId prefix) of an appended one. Queue offsets reach
+        topic_queue_table only once their file's write succeeded; a failed write (returned) fails the
+        messages of that write and after it, and leaves the queues as if they had not been put."""
         table = self.topic_queue_table
+        nxt: dict = {}      # queue offsets this batch takes, in table once written
         mf = None
         parts: list[bytes] = []
-        start = pos = base = fsize = 0
-        for i, e in enumerate(encoded):
-            if type(e) is not tuple:
-                results[i] = PutMessageResult(e)
-                continue
-            (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
-             reconsume, prepared, body, tail, key, id_prefix) = e
-            if mf is None or pos + size + _BLANK_MIN > fsize:
-                if mf is None:
-                    mf = self.queue.get_last_mapped_file(0)
-                    if mf is not None and mf.wrote_position + size + _BLANK_MIN > mf.file_size:
-                        mf = self._roll(mf, mf.wrote_position)
+        run = start = pos = base = fsize = 0     # run: the first message of parts
+        try:
+            for i, e in enumerate(encoded):
+                if type(e) is not tuple:
+                    results[i] = e
+                    continue
+                (hs, size, crc, queue_id, flag, sys_flag, born_ts, born_addr, born_port, store_addr, store_port,
+                 reconsume, prepared, body, tail, key, id_prefix) = e
+                if mf is None or pos + size + _BLANK_MIN > fsize:
+                    if mf is None:
+                        mf = self.queue.get_last_mapped_file(0)
+                        if mf is not None and mf.wrote_position + size + _BLANK_MIN > mf.file_size:
+                            mf = self._roll(mf, mf.wrote_position)
+                    else:
+                        if parts:
+                            _write(mf, start, b"".join(parts))
+                            parts = []
+                            table.update(nxt)
+                            self._stamp(mf, now)
+                        run = i
+                        mf = self._roll(mf, pos)
+                    if mf is None:
+                        for j in range(i, len(encoded)):
+                            e = encoded[j]
+                            results[j] = e if type(e) is not tuple else refuse(
+                                _CREATE_FAILED, f"{self.queue.store_path}: cannot create the next commitlog file")
+                        return None
+                    start = pos = mf.wrote_position
+                    base = mf.file_from_offset
+                    fsize = mf.file_size
+                phys = base + pos
+                if key is None:
+                    qoff = 0
                 else:
-                    if parts:
-                        mf.write_at(start, b"".join(parts))
-                        parts = []
-                    mf = self._roll(mf, pos)
-                if mf is None:
-                    for j in range(i, len(encoded)):
-                        e = encoded[j]
-                        results[j] = PutMessageResult(e if type(e) is not tuple else _CREATE_FAILED)
-                    return
-                start = pos = mf.wrote_position
-                base = mf.file_from_offset
-                fsize = mf.file_size
-            phys = base + pos
-            qoff = 0 if key is None else table.get(key, 0)
-            try:
-                header = hs.pack(size, _MAGIC, crc, queue_id, flag, qoff, phys, sys_flag, born_ts, born_addr,
-                                 born_port, now, store_addr, store_port, reconsume, prepared, len(body))
-            except struct.error as err:
-                log.warning("illegal message: %s", err)
-                results[i] = PutMessageResult(_ILLEGAL)
-                continue
-            if key is not None:
-                table[key] = qoff + 1
-            parts += (header, body, tail)
-            pos += size
-            results[i] = (phys, size, qoff, id_prefix)
-        if parts:
-            mf.write_at(start, b"".join(parts))
-        if mf is not None:
-            mf.store_timestamp = now
-            self.queue.store_timestamp = now
+                    qoff = nxt.get(key)
+                    if qoff is None:
+                        qoff = table.get(key, 0)
+                try:
+                    header = hs.pack(size, _MAGIC, crc, queue_id, flag, qoff, phys, sys_flag, born_ts, born_addr,
+                                     born_port, now, store_addr, store_port, reconsume, prepared, len(body))
+                except struct.error as err:
+                    results[i] = refuse(_ILLEGAL, f"a header field is out of range: {err}")
+                    continue
+                if key is not None:
+                    nxt[key] = qoff + 1
+                parts += (header, body, tail)
+                pos += size
+                results[i] = (phys, size, qoff, id_prefix)
+            if parts:
+                _write(mf, start, b"".join(parts))
+                table.update(nxt)
+                self._stamp(mf, now)
+        except OSError as err:
+            why = f"{mf.path if mf is not None else self.queue.store_path}: write at {start} failed: {err}"
+            log.error("%s; messages %d to %d of the batch are not stored", why, run, len(encoded) - 1)
+            for j in range(run, len(encoded)):
+                r = results[j]
+                if r is None or type(r) is tuple:
+                    results[j] = PutMessageResult(_NOT_AVAILABLE, None, why)
+            return OSError(err.errno, why)      # names the file and the position
+        return None
 
-    def _put_columnar(self, b: EncodedBatch) -> PutMessageResults:
+    def _stamp(self, mf: MappedFile, now: int) -> None:
+        """Records stamped `now` were written to mf (the checkpoint's physic timestamp follows it)."""
+        mf.store_timestamp = now
+        self.queue.store_timestamp = now
+
+    def _put_columnar(self, b: EncodedBatch) -> tuple[PutMessageResults, OSError | None]:
+        """Append a columnar batch, file by file; (results, the write error that stopped it or None). The
+        queues count only the records written: a write that fails stores the records before it (PUT_OK)
+        and none after (SERVICE_NOT_AVAILABLE)."""
         n, hdr, ends, sizes = b.n, b.hdr, b.ends, b.sizes
         phys = np.empty(n, np.int64)
         q = self.queue
+        err = None
+        mf = None
         with self.put_lock:
             now = time.time_ns() // 1_000_000
             self.begin_time_in_lock = now
@@ -425,8 +538,11 @@ class CommitLog:
                 hdr["store_ts"] = now
                 # place the records file by file; a record that does not fit goes behind a blank record
                 i = 0
-                mf = q.get_last_mapped_file(0)
-                while mf is not None:
+                try:
+                    mf = q.get_last_mapped_file(0)
+                except OSError as e:
+                    err = e
+                while mf is not None and err is None:
                     pos = mf.wrote_position
                     done = int(ends[i - 1]) if i else 0
                     k = int(np.searchsorted(ends, done + mf.file_size - pos - _BLANK_MIN, side="right"))
@@ -447,16 +563,22 @@ class CommitLog:
                         # file's position, the dispatcher may read them (without a hint it parses them)
                         hint = self._hint_dispatcher(b, i, k, phys, now)
                         try:
-                            mf.write_at(pos, data)
-                        except BaseException:
+                            _write(mf, pos, data)
+                        except BaseException as e:
                             if hint is not None:
                                 self.dispatch_hints.pop(hint, None)
-                            raise
+                            if not isinstance(e, OSError):
+                                raise
+                            err = e
+                            break
                         pos += int(ends[k - 1]) - done
                         i = k
                     if i == n or (k == i and pos == 0):     # done, or it fits no file (cannot happen:
                         break                               # sizes were checked against the file size)
-                    mf = self._roll(mf, pos)
+                    try:
+                        mf = self._roll(mf, pos)
+                    except OSError as e:
+                        err = e
                 # what was appended counts in the queues
                 if i:
                     counts = b.counts
@@ -472,13 +594,20 @@ class CommitLog:
                         last.store_timestamp = now
             finally:
                 self.begin_time_in_lock = 0
-        if i < n:
-            log.error("%s: cannot create the next commitlog file", q.store_path)
+        status, why = _CREATE_FAILED, None
+        if err is not None:
+            status = _NOT_AVAILABLE
+            why = f"{mf.path if mf is not None else q.store_path}: write failed: {err}"
+            err = OSError(err.errno, why)
+        elif i < n:
+            why = f"{q.store_path}: cannot create the next commitlog file"
+        if why is not None:
+            log.error("%s; messages %d to %d of the batch are not stored", why, i, n - 1)
         if self.dispatch_hints is not None and len(self.dispatch_hints) >= DISPATCH_HINTS_MAX // 2:
             self._wait_for_dispatcher()
         addr, port = b.store_addr, b.store_port
         return PutMessageResults(n, i, phys, sizes, qoff, now,
-                                 lambda: codec.create_message_ids_v4(addr, port, phys[:i]), _CREATE_FAILED)
+                                 lambda: codec.create_message_ids_v4(addr, port, phys[:i]), status, why), err
 
     def _wait_for_dispatcher(self) -> None:
         """The dispatcher has not taken half of DISPATCH_HINTS_MAX batches: the writer and the dispatcher share
@@ -548,7 +677,8 @@ class CommitLog:
         if raw is None:
             return None
         try:
-            return MessageExt.from_record(codec.decode_record(raw, 0, len(raw), read_body=read_body))
+            return MessageExt.from_record(codec.decode_record(raw, 0, len(raw), read_body=read_body,
+                                                              check_crc=read_body))
         except codec.RecordError as e:
             log.warning("%s: no message at offset %d (%s)", mf.path, offset, e.reason)
             return None

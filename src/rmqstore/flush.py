@@ -27,8 +27,10 @@ from collections import deque
 from _thread import allocate_lock as _allocate_lock
 from typing import TYPE_CHECKING
 
+from .commit_log import AppendFailed
 from .config import SYNC_FLUSH
 from .message import PutMessageResult, PutMessageStatus
+from .message_batch import COLUMNAR_MIN
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import MessageStore
@@ -100,7 +102,7 @@ def flush_commit_log(store: "MessageStore", least_pages: int) -> None:
 def flush_failed(store: "MessageStore", what: str, e: OSError) -> str:
     """Record a failed flush: the store refuses puts from now on; returns the reason."""
     why = f"{what} flush failed ({e.strerror or e}): nothing written since the last good flush is claimed durable"
-    store.running_flags.write_failed(why)
+    store.running_flags.write_failed(why, "FLUSH")     # also on the failure channel
     store.abort_file.distrust()
     log.error("%s: %s; puts are refused and the abort file is kept", store.path, why)
     return why
@@ -148,11 +150,13 @@ def _not_flushed(r: "PutMessageResult") -> "PutMessageResult":
 
 
 class _CombinedPut:
-    """One message handed to the flusher by put() (GroupCommitService)."""
-    __slots__ = ("msg", "done", "result", "taken")
+    """One message handed to the flusher by put() (GroupCommitService), already encoded (validated) by the
+    putting thread: `encoded` is CommitLog.encode's tuple."""
+    __slots__ = ("msg", "encoded", "done", "result", "taken")
 
-    def __init__(self, msg):
+    def __init__(self, msg, encoded):
         self.msg = msg
+        self.encoded = encoded
         self.done = _allocate_lock()
         self.done.acquire()
         self.result = None          # set once appended (before the flush), final when done is released
@@ -173,7 +177,13 @@ class GroupCommitService(ServiceThread):
     Single-message puts from many threads are combined (put()): the producer queues its message and
     blocks once; the flusher appends everything queued in one put_messages, flushes once, and answers
     each. A producer thread then takes the GIL once per put instead of three times (wake-up, the append's
-    pwrite, the wait), which is what limited group commit with many threads on few cores."""
+    pwrite, the wait), which is what limited group commit with many threads on few cores.
+
+    A put is encoded and validated in its own thread before it joins a round: a malformed message is
+    refused there (MESSAGE_ILLEGAL, with the reason) and never reaches the flusher, so it cannot change
+    the answers of the other puts of the round. A round answers each message with what is true for it:
+    FLUSH_DISK_TIMEOUT only for a message that was written; a write that fails answers the messages it
+    did not store SERVICE_NOT_AVAILABLE."""
     name = "GroupCommitService"
 
     def __init__(self, store: "MessageStore"):
@@ -237,7 +247,10 @@ class GroupCommitService(ServiceThread):
         taking messages (not running, closing, failed): the caller puts it the plain way."""
         if self.failed or self._closing or self._thread is None:
             return None
-        p = _CombinedPut(msg)
+        encoded = self.store.commit_log.encode(msg)
+        if type(encoded) is not tuple:
+            return encoded                  # refused (a PutMessageResult naming the reason), in this thread
+        p = _CombinedPut(msg, encoded)
         with self._puts_lock:
             self._puts.append(p)
         self.wakeup()
@@ -265,8 +278,9 @@ class GroupCommitService(ServiceThread):
             if p.done.acquire(True, 0.01):
                 return p.result
         r = p.result
-        if r is None:
-            return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT)
+        if r is None:   # the round that took it has not answered: whether it was written is not known
+            return PutMessageResult(PutMessageStatus.UNKNOWN_ERROR, None,
+                                    "the group commit round that took this message did not answer in time")
         log.warning("sync flush of offset %d timed out", r.append_result.wrote_offset)
         return _not_flushed(r)
 
@@ -281,13 +295,25 @@ class GroupCommitService(ServiceThread):
             return puts
         store = self.store
         results = None
+        why = "puts are refused: " + (self.failed or store.running_flags.why())
         if not self.failed and store.running_flags.writeable:
             try:
-                results = store.commit_log.put_messages([p.msg for p in puts], wait=False)
+                if len(puts) >= COLUMNAR_MIN:   # validated messages: the columnar path may take them at once
+                    results = store.commit_log.put_messages([p.msg for p in puts], wait=False)
+                else:
+                    results = store.commit_log.append_encoded([p.encoded for p in puts], wait=False)
+            except AppendFailed as e:       # the records written before the failure are stored
+                store.record_write_failure(e.error)
+                results = e.results
             except OSError as e:
                 store.record_write_failure(e)
-        if results is None:                 # refused (as the store refuses puts) or the write failed
-            results = [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)] * len(puts)
+                why = f"write failed: {e}"
+            except Exception as e:          # a bug: answered as such, never as a flush timeout
+                log.exception("%s: appending %d messages failed", store.path, len(puts))
+                results = [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR, None, f"append failed: {e!r}")
+                           for _ in puts]
+        if results is None:                 # refused (as the store refuses puts) or nothing was written
+            results = [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, why)] * len(puts)
         for p, r in zip(puts, results):
             p.result = r
         self.combined += len(puts)

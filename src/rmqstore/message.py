@@ -149,8 +149,12 @@ class AppendMessageResult:
 
 @dataclass(slots=True)
 class PutMessageResult:
+    """One message's answer. PUT_OK, FLUSH_DISK_TIMEOUT and FLUSH_SLAVE_TIMEOUT: the record is in the
+    commitlog at append_result.wrote_offset and is dispatched at append_result.logics_offset; any other
+    status: it was not stored, and reason says why (the refused argument, the failed write)."""
     status: PutMessageStatus
     append_result: AppendMessageResult | None = None
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -168,15 +172,18 @@ class PutMessageResults(Sequence):
     PutMessageResult: first offset, total bytes, comma-joined msgIds); indexing and iterating give the
     per-message results, the properties below give the columns without building them.
 
-    The first `appended` messages were appended; the rest (a file could not be created) failed with
-    `failed_status`. `status` is the batch's: PUT_OK when every message is, else the first other status.
+    The first `appended` messages were appended; the rest (a file could not be created or written) failed
+    with `failed_status` and `reason`. `status` is the batch's: PUT_OK when every message is, else the
+    first other status.
     """
     __slots__ = ("appended", "_n", "_ok_status", "failed_status", "_offsets", "_sizes", "_queue_offsets",
-                 "store_timestamp", "_make_ids", "_ids", "_items")
+                 "store_timestamp", "_make_ids", "_ids", "_items", "reason")
 
     def __init__(self, n: int, appended: int, offsets, sizes, queue_offsets, store_timestamp: int,
-                 make_ids: Callable[[], list[str]], failed_status: "PutMessageStatus | None" = None):
+                 make_ids: Callable[[], list[str]], failed_status: "PutMessageStatus | None" = None,
+                 reason: str | None = None):
         self._n, self.appended = n, appended
+        self.reason = reason
         self._ok_status = PutMessageStatus.PUT_OK
         self.failed_status = failed_status
         self._offsets, self._sizes, self._queue_offsets = offsets, sizes, queue_offsets    # int arrays
@@ -225,7 +232,7 @@ class PutMessageResults(Sequence):
             items = list(map(PutMessageResult, repeat(st, k), map(
                 AppendMessageResult, repeat(AppendMessageStatus.PUT_OK, k), self.wrote_offsets,
                 self._sizes[:k].tolist(), self.msg_ids, repeat(now, k), self.queue_offsets)))
-            items.extend(PutMessageResult(self.failed_status) for _ in range(self._n - k))
+            items.extend(PutMessageResult(self.failed_status, None, self.reason) for _ in range(self._n - k))
             self._items = items
         return self._items
 
@@ -240,7 +247,7 @@ class PutMessageResults(Sequence):
         if not 0 <= i < self._n:
             raise IndexError("put result index out of range")
         if i >= self.appended:
-            return PutMessageResult(self.failed_status)
+            return PutMessageResult(self.failed_status, None, self.reason)
         return PutMessageResult(self._ok_status, AppendMessageResult(
             AppendMessageStatus.PUT_OK, int(self._offsets[i]), int(self._sizes[i]), self.msg_ids[i],
             self.store_timestamp, int(self._queue_offsets[i])))

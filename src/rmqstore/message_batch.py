@@ -20,7 +20,7 @@ from itertools import chain
 
 import numpy as np
 
-from . import codec
+from . import codec, validation
 from .message import DEFAULT_HOST, Message
 
 _HEADER_V4 = codec.HEADER_V4
@@ -28,7 +28,6 @@ _MAGIC = codec.MESSAGE_MAGIC_CODE
 _BLANK_MIN = codec.END_FILE_MIN_BLANK_LENGTH
 _MAX_PROPS = codec.MAX_PROPERTIES_LENGTH
 _crc32 = codec.crc32
-_props_bytes = codec.encode_properties
 _pack_len = struct.Struct(">h").pack
 _JUST_INT = {int}
 INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -185,10 +184,15 @@ def props_from_columns(names: list[str], columns: list, n: int):
         parts[2 * j + 1::stride] = v
     parts[stride - 1::stride] = [fixed[-1]] * n
     raw = "".join(parts).encode()
+    if "" in names:
+        return None             # an empty name: the general path refuses the messages, naming it
+    # the bytes below 3 are exactly each message's k \x01, k \x02 and its \x00 terminator; any other (a
+    # separator or a NUL in a name or value) makes more: the general path refuses what must be refused,
+    # message by message (validation.py). One vectorised count, ~10 ns a message.
     buf = np.frombuffer(raw, np.uint8)
+    if np.count_nonzero(buf < 3) != (2 * len(names) + 1) * n:
+        return None
     ends = np.flatnonzero(buf == 0)
-    if len(ends) != n:
-        return None             # a NUL of its own in a name or value
     lens = np.empty(n, np.int64)
     lens[0] = ends[0]
     np.subtract(ends[1:], ends[:-1] + 1, out=lens[1:])
@@ -222,7 +226,10 @@ def props_of_dicts(dicts: list, n: int):
             return np.zeros(0, np.uint8), 0, np.zeros(n, np.int64), lambda: [b""] * n
     except TypeError:
         pass            # not all dicts, or names / values that are not str: encoded one by one
-    return _props_of_pieces([_props_bytes(d) if d else b"" for d in dicts], n)
+    pieces = [validation.encode_properties(d) if d else b"" for d in dicts]
+    if str in set(map(type, pieces)):
+        raise NotColumnar   # one to refuse: the general path says which
+    return _props_of_pieces(pieces, n)
 
 
 class EncodedBatch:

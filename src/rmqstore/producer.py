@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from . import codec
+from . import codec, validation
 from .errors import RmqStoreError
 from .java_map import JavaHashMap
 from .local_broker import PROPERTY_WAIT_STORE_MSG_OK, LocalBroker
@@ -274,7 +274,10 @@ class Producer:
                 m.put(codec.PROPERTY_KEYS, k)
         m.put(PROPERTY_WAIT_STORE_MSG_OK, "true")
         for name, value in (properties or {}).items():
-            name, value = str(name), str(value)
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise validation.InvalidMessageError(
+                    f"property {name!r}: the name or value of property can not be null or blank string! "
+                    f"(got a {type(name).__name__} name and a {type(value).__name__} value; str expected)")
             if not name.strip() or not value.strip():
                 raise ValueError("The name or value of property can not be null or blank string!")
             if any(c in name or c in value for c in (codec.NAME_VALUE_SEPARATOR, codec.PROPERTY_SEPARATOR)):
@@ -297,12 +300,14 @@ class Producer:
 
     @staticmethod
     def _check_topic(topic: str) -> None:
-        if not topic or not topic.strip():
-            raise ValueError("The specified topic is blank")
+        """RocketMQ's Validators.checkTopic: InvalidMessageError (a ValueError) naming the topic."""
+        if not isinstance(topic, str) or not topic or not topic.strip():
+            raise validation.InvalidMessageError(f"The specified topic is blank: {topic!r}")
         if len(topic.encode("utf-8")) > codec.MAX_TOPIC_LENGTH:
             raise ValueError(f"The specified topic is longer than topic max length {codec.MAX_TOPIC_LENGTH}.")
         if topic == AUTO_CREATE_TOPIC_KEY_TOPIC:
             raise ValueError(f"The topic[{topic}] is conflict with AUTO_CREATE_TOPIC_KEY_TOPIC.")
+        validation.check_client_topic(topic)
 
     # --- sending --------------------------------------------------------------------------------
     def send(self, topic: str, body: bytes | str, tags: str | None = None, keys: str | Iterable[str] | None = None,
@@ -316,6 +321,7 @@ class Producer:
                      queue_selector: QueueSelector | None = None) -> SendResult:
         """Send a Message built by the caller (or by build_message); it gets a UNIQ_KEY if it has none."""
         self._check_topic(msg.topic)
+        validation.check_message(msg)
         if codec.PROPERTY_UNIQ_KEY not in msg.properties:
             m = JavaHashMap(msg.properties)
             m.put(codec.PROPERTY_UNIQ_KEY, create_uniq_id())
@@ -341,11 +347,13 @@ class Producer:
         """Send messages of one topic to one queue in one put (DefaultMQProducer.send(Collection)).
         Items are bodies (sharing tags/keys/properties) or Messages. Delayed messages cannot be batched.
         The result's msg_id and offset_msg_id are comma-separated, queue_offset is the first message's."""
+        self._check_topic(topic)
         msgs = []
         for item in bodies:
             if isinstance(item, Message):
                 if item.topic != topic:
                     raise ValueError("The topic of the messages in one batch should be the same")
+                validation.check_message(item)
                 if codec.PROPERTY_DELAY in item.properties:
                     raise ValueError("TimeDelayLevel is not supported for batching")
                 if codec.PROPERTY_UNIQ_KEY not in item.properties:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import random
-import re
 import struct
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from itertools import repeat
 from operator import add, attrgetter, itemgetter
 from typing import Callable
 
-from .. import codec
+from .. import codec, validation
 from ..message import GetMessageStatus, Message, PutMessageResult, PutMessageResults, PutMessageStatus
 from ..message_batch import COLUMNAR_MIN, MessageBatch
 from ..remoting import fastjson
@@ -40,7 +39,7 @@ log = logging.getLogger(__name__)
 
 FAQ = "\nSee http://rocketmq.apache.org/docs/faq/ for further details."
 DLQ_NUMS_PER_GROUP = 1
-TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_RE = validation.CLIENT_TOPIC_RE     # RocketMQ's rule for sends and topic creation (validation.py)
 MULTI_TAGS_FLAG = codec.SYSFLAG_MULTI_TAGS
 TRAN_MASK = codec.TRANSACTION_TYPE_MASK
 SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)

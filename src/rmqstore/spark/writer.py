@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from .. import codec
+from .. import codec, validation
 from ..config import StoreConfig
 from ..errors import ConfigError, StoreLockedError
 from . import storeview as SV
@@ -120,6 +120,10 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
     if len(bad):
         raise WriteError(f"column 'topic': {topic[int(bad[0])].as_py()!r} is {int(tlen[bad[0]])} bytes, "
                          f"RocketMQ allows 1 to {codec.MAX_TOPIC_LENGTH}")
+    for t in pc.unique(topic.cast(pa.string())).to_pylist():     # the store's rule (validation.py), per topic
+        why = validation.topic_problem(t)
+        if why:
+            raise WriteError(f"column 'topic': {why}")
     body = _col(batch, "body")
     if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
         body = pc.cast(body, pa.binary())
@@ -149,9 +153,9 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
             ks = [k for k in keys_l[i] if k]
             if ks:
                 p[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(ks)
-        for k, v in p.items():
-            if any(c in k or c in v for c in ("\x01", "\x02")):
-                raise WriteError(f"row {i}: property {k!r} holds a \\x01 or \\x02 separator byte")
+        why = validation.properties_problem(p)
+        if why:
+            raise WriteError(f"row {i}: {why}")
         s = codec.properties_to_string(p)
         if len(s.encode("utf-8")) > codec.MAX_PROPERTIES_LENGTH:
             raise WriteError(f"row {i}: properties of {len(s.encode())} bytes exceed {codec.MAX_PROPERTIES_LENGTH}")
@@ -161,6 +165,8 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
     qid = qid.cast(pa.int32()) if qid is not None else pa.nulls(n, pa.int32())
     if qid.null_count < n and pc.min(qid).as_py() is not None and pc.min(qid).as_py() < 0:
         raise WriteError("column 'queueId' has a negative queue id")
+    if qid.null_count < n and pc.max(qid).as_py() is not None and pc.max(qid).as_py() > validation.MAX_QUEUE_ID:
+        raise WriteError(f"column 'queueId' has queue id {pc.max(qid).as_py()}, above {validation.MAX_QUEUE_ID}")
     flag = _col(batch, "flag")
     flag = flag.cast(pa.int32()).fill_null(0) if flag is not None else pa.array(np.zeros(n, dtype=np.int32))
     born = _col(batch, "bornTimestamp")

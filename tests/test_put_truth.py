@@ -1,0 +1,280 @@
+"""Answers are the truth (issue 15, defects 2 and 3).
+
+- One malformed put under SYNC_FLUSH is refused in its own thread and never changes the answers of the puts
+  of other threads that share its group commit round.
+- On a real full disk (an 8 MiB tmpfs): queue offsets are taken only by records that were written; a batch
+  whose write fails part way answers PUT_OK for exactly the records written before the failure; a put racing
+  a failed write gets the next queue offset (no gap); every PUT_OK / FLUSH_DISK_TIMEOUT message is found at
+  its answered queue offset before and after reopen, and no message answered with a failure is in the store.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.message_batch import COLUMNAR_MIN, MessageBatch
+from rmqstore.store import MessageStore
+from store_checks import fill_up, small_config, small_filesystem, walk_commitlog
+
+OK = PutMessageStatus.PUT_OK
+STORED = (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)
+CL = 65536
+
+
+def _config(flush: str = "ASYNC_FLUSH", **extra):
+    # one consume queue page per queue (200 units), no index: only the commitlog needs new pages on the
+    # full disk, so what is tested is the put path's answers
+    return small_config(flush, mappedFileSizeConsumeQueue=4000, messageIndexEnable="false",
+                        diskSpaceWarningLevelRatio="0.99", **extra)
+
+
+def _body(key: str, n: int = 1000) -> bytes:
+    return (key.encode() + b"|" + b"x" * n)[:n]
+
+
+def _key(body: bytes) -> str:
+    return body.split(b"|", 1)[0].decode()
+
+
+def _free(ballast: Path, nbytes: int) -> None:
+    os.truncate(ballast, max(0, ballast.stat().st_size - nbytes))
+
+
+def _check(store: MessageStore, acked: dict, failed: set) -> None:
+    """Every acked message (key -> (topic, queue, queue offset, commitlog offset)) is found at its queue
+    offset; the records in the commitlog are exactly the acked ones; every queue is gap-free from 0."""
+    assert store.wait_dispatched(20)
+    for key, (topic, qid, qoff, off) in acked.items():
+        got = store.get_message("g", topic, qid, qoff, 1)
+        assert got.status is GetMessageStatus.FOUND, (key, topic, qid, qoff, got.status)
+        m = got.messages[0]
+        assert (m.commit_log_offset, _key(m.body)) == (off, key)
+    stored = {}
+    for r in walk_commitlog(store):
+        m = store.look_message_by_offset(r.offset)
+        stored[_key(m.body)] = (r.topic, r.queue_id, r.queue_offset, r.offset)
+    assert not (failed & set(stored)), f"answered with a failure but stored: {sorted(failed & set(stored))[:5]}"
+    assert stored == acked
+    per_queue: dict = {}
+    for topic, qid, qoff, _ in stored.values():
+        per_queue.setdefault((topic, qid), []).append(qoff)
+    for q, offs in per_queue.items():
+        assert sorted(offs) == list(range(len(offs))), f"queue {q}: offsets with a gap {sorted(offs)[:20]}"
+
+
+reasons: list = []      # of every failure answered, checked after the defect checks
+
+
+def _record(results, msgs_or_bodies, topic, qids, acked, failed) -> None:
+    for i, r in enumerate(results):
+        body = msgs_or_bodies[i]
+        key = _key(body.body if isinstance(body, Message) else body)
+        if r.status in STORED:
+            a = r.append_result
+            assert a is not None, f"{key}: answered {r.status.value} although nothing was written"
+            acked[key] = (topic, qids[i], a.logics_offset, a.wrote_offset)
+        else:
+            failed.add(key)
+            reasons.append(getattr(r, "reason", None))
+
+
+# --- defect 2: one malformed put does not poison a group commit round --------------------------------------
+def test_sync_flush_malformed_put_is_refused_in_its_own_thread(tmp_path):
+    path = tmp_path / "s"
+    cfg = small_config("SYNC_FLUSH", syncFlushTimeout=500)
+    acked, failed, bad = {}, set(), []
+    with MessageStore.open(path, cfg) as store:
+        start = threading.Barrier(4)
+        errors: list = []
+
+        def good(t: int) -> None:
+            try:
+                put_good(t)
+            except BaseException as e:     # noqa: BLE001 - reported by the test thread
+                errors.append(e)
+
+        def put_good(t: int) -> None:
+            start.wait()
+            for i in range(60):
+                m = Message("T", _body(f"g{t}-{i}", 100), queue_id=t)
+                r = store.put_message(m)
+                _record([r], [m], "T", [t], acked, failed)
+
+        def malformed() -> None:
+            start.wait()
+            for i in range(3):
+                t0 = time.monotonic()
+                r = store.put_message(Message("T", "a str body", queue_id=0))
+                bad.append((r, time.monotonic() - t0))
+
+        threads = [threading.Thread(target=good, args=(t,)) for t in range(3)]
+        threads.append(threading.Thread(target=malformed))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not errors, errors
+        assert not failed, f"{len(failed)} good puts were not answered PUT_OK"
+        after = Message("T", _body("after", 10), queue_id=0)     # the store goes on
+        r = store.put_message(after)
+        assert r.status is OK and r.append_result.logics_offset == 60
+        _record([r], [after], "T", [0], acked, failed)
+        for r, took in bad:
+            assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and "body" in r.reason, r
+            assert took < 0.4, f"a refused put took {took:.2f} s: it waited for a flush"
+        assert len(acked) == 181
+        _check(store, acked, failed)
+    with MessageStore.open(path, cfg) as store:
+        _check(store, acked, failed)
+
+
+# --- defect 3: a failed write takes no queue offset ----------------------------------------------------------
+def test_racing_put_after_enospc_gets_the_next_queue_offset(tmp_path):
+    fs = tmp_path / "fs"
+    with small_filesystem(fs, 8):
+        path, ballast = fs / "store", fs / "ballast"
+        acked, failed = {}, set()
+        store = MessageStore.open(path, _config())
+        try:
+            msgs = [Message("T", _body(f"w{i}"), queue_id=0) for i in range(5)]
+            _record(store.put_messages(msgs), msgs, "T", [0] * 5, acked, failed)
+            assert store.wait_dispatched(10)
+            fill_up(ballast)
+            _free(ballast, 4096)
+            batch = [Message("T", _body(f"b{i}"), queue_id=0) for i in range(10)]   # general path
+            rs = store.put_messages(batch)
+            _record(rs, batch, "T", [0] * 10, acked, failed)
+            assert [r.status for r in rs] == [PutMessageStatus.SERVICE_NOT_AVAILABLE] * 10
+            # a put that passed the store's writeable check before the failure was recorded: the
+            # commitlog's own put path; it fits the page the failed write allocated
+            m = Message("T", _body("racer", 200), queue_id=0)
+            r = store.commit_log.put_message(m)
+            assert r.status is OK
+            assert r.append_result.logics_offset == 5, "a queue offset after a gap"
+            _record([r], [m], "T", [0], acked, failed)
+            _check(store, acked, failed)
+            os.unlink(ballast)
+        finally:
+            store.close()
+        with MessageStore.open(path, _config()) as store:
+            _check(store, acked, failed)
+
+
+def _fill_first_file(store: MessageStore, acked: dict, failed: set, room: int) -> None:
+    """Put messages to T/0 until the first commitlog file has exactly `room` bytes left."""
+    i = 0
+    while True:
+        left = CL - store.commit_log.queue.files[-1].wrote_position
+        if left - 1200 < room + 1200:
+            break
+        m = Message("T", _body(f"f{i}"), queue_id=0)
+        _record([store.put_message(m)], [m], "T", [0], acked, failed)
+        i += 1
+    overhead = store.put_message(Message("T", b"", queue_id=0))    # an empty body: the record's overhead
+    acked_empty = overhead.append_result
+    acked[""] = ("T", 0, acked_empty.logics_offset, acked_empty.wrote_offset)     # _key(b"") is ""
+    left = CL - store.commit_log.queue.files[-1].wrote_position
+    m = Message("T", _body("adjust", left - room - acked_empty.wrote_bytes), queue_id=0)
+    _record([store.put_message(m)], [m], "T", [0], acked, failed)
+    assert CL - store.commit_log.queue.files[-1].wrote_position == room
+
+
+@pytest.mark.parametrize("how", ["list", "columns_list", "message_batch"])
+def test_batch_spanning_two_files_answers_what_was_stored(tmp_path, how):
+    fs = tmp_path / "fs"
+    with small_filesystem(fs, 8):
+        path, ballast = fs / "store", fs / "ballast"
+        acked, failed = {}, set()
+        store = MessageStore.open(path, _config())
+        try:
+            probe = store.put_message(Message("T", _body("probe"), queue_id=0))
+            size = probe.append_result.wrote_bytes
+            acked["probe"] = ("T", 0, 0, 0)
+            _fill_first_file(store, acked, failed, 2 * size + 8 + 50)   # two records of the batch fit
+            assert store.wait_dispatched(10)
+            before = len(acked)
+            fill_up(ballast)
+            _free(ballast, 4096)        # the next file gets one page: a short write, then ENOSPC
+            n = 10 if how == "list" else COLUMNAR_MIN + 4
+            bodies = [_body(f"s{i}") for i in range(n)]
+            if how == "message_batch":
+                rs = store.put_messages(MessageBatch("T", bodies, queue_ids=0))
+            else:
+                rs = store.put_messages([Message("T", b, queue_id=0) for b in bodies])
+            _record(rs, bodies, "T", [0] * n, acked, failed)
+            assert [r.status for r in rs] == [OK] * 2 + [PutMessageStatus.SERVICE_NOT_AVAILABLE] * (n - 2)
+            assert [r.append_result.logics_offset for r in rs[:2]] == [before, before + 1]
+            assert rs[1].append_result.wrote_offset + size <= CL       # both in the first file
+            assert "write" in rs[2].reason
+            _check(store, acked, failed)
+            os.unlink(ballast)
+        finally:
+            store.close()
+        with MessageStore.open(path, _config()) as store:
+            _check(store, acked, failed)
+
+
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_threads_racing_a_full_disk_get_true_answers(tmp_path, flush):
+    fs = tmp_path / "fs"
+    with small_filesystem(fs, 8):
+        path, ballast = fs / "store", fs / "ballast"
+        acked, failed = {}, set()
+        lock = threading.Lock()
+        store = MessageStore.open(path, _config(flush))
+        try:
+            warm = [Message("T", _body(f"w{q}"), queue_id=q) for q in range(4)]
+            _record(store.put_messages(warm), warm, "T", list(range(4)), acked, failed)
+            assert store.wait_dispatched(10)
+            fill_up(ballast)
+            _free(ballast, 200 << 10)       # about 180 records: under 200 units per queue
+            start = threading.Barrier(4)
+            errors: list = []
+
+            def producer(t: int) -> None:
+                try:
+                    produce(t)
+                except BaseException as e:     # noqa: BLE001 - reported by the test thread
+                    errors.append(e)
+
+            def produce(t: int) -> None:
+                start.wait()
+                misses = 0
+                for i in range(400):
+                    qids = [(t + j) % 4 for j in range(20)]
+                    mode = i % 3
+                    if mode == 0:
+                        bodies = [_body(f"t{t}-{i}")]
+                        rs = [store.put_message(Message("T", bodies[0], queue_id=qids[0]))]
+                    elif mode == 1:
+                        bodies = [_body(f"t{t}-{i}-{j}", 700 + 37 * j) for j in range(5)]
+                        rs = store.put_messages([Message("T", b, queue_id=q) for b, q in zip(bodies, qids)])
+                    else:
+                        bodies = [_body(f"t{t}-{i}-{j}") for j in range(20)]
+                        rs = store.put_messages(MessageBatch("T", bodies, queue_ids=qids))
+                    with lock:
+                        _record(rs, bodies, "T", qids, acked, failed)
+                    misses = 0 if any(r.status in STORED for r in rs) else misses + 1
+                    if misses > 3:
+                        return
+
+            threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+            assert not errors, errors
+            assert failed, "the disk never filled"
+            assert len(acked) > 50
+            _check(store, acked, failed)
+            os.unlink(ballast)
+        finally:
+            store.close()
+        with MessageStore.open(path, _config(flush)) as store:
+            _check(store, acked, failed)
+        assert all(reasons), "a failure answered without a reason"
