@@ -11,23 +11,37 @@ the same DispatchBatch the parser would make of them): when the reput offset is 
 starts and its bytes are readable, it is dispatched without reading the records back. Anything else
 (another writer's records, batches written while the dispatcher was DISPATCH_HINTS_MAX batches behind,
 recovery) is parsed, up to the next hinted batch.
+
+Damage never stops it silently (rmqstore issue 15). A missing commitlog file (a gap between two files) is
+skipped to the next file; a record that fails its checks, or zero bytes inside the written data, is
+skipped by resynchronising on the next record that checks and chains (scanner.next_valid_record); ranges
+recovery skipped (`skip_ranges`) are skipped the same way. Each skip is a warning naming the file and
+offsets and a Failure on the failure channel. Later records go to their queues at the queue offsets they
+carry: queue offsets the lost records held are filled with filler units (offset 0, size CQ_BLANK_SIZE,
+as RocketMQ fills a queue's first file), which read as removed messages. What cannot progress (a consume
+queue or index write failing) is a condition on the channel, and waiters return at once with its reason.
 """
 from __future__ import annotations
 
 import logging
+import bisect
 import threading
+import time
 from typing import Callable
 
 import numpy as np
 
-from . import codec
+from . import codec, scanner
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .consume_queue import ConsumeQueueTable
+from .consume_queue import UNIT, ConsumeQueueTable
+from .mapped_file import offset_to_file_name
+from .failure import Failure, FailureChannel, FailureKind
 
 log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20
+MIN_RECORD_SIZE = codec.HEADER_V4.size + 4   # the smallest record: a 1-byte topic, no body, no properties
 SMALL_ROUND = 32        # messages: after a round of fewer, the dispatcher rests 1 ms
 _II = codec._II
 _TRAN_MASK = codec.TRANSACTION_TYPE_MASK
@@ -35,11 +49,19 @@ _PREPARED = codec.TRANSACTION_PREPARED_TYPE
 _ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 
 ArrivalListener = Callable[[str, int, int, int], None]  # topic, queue id, next logical offset, store time
+FILLER_UNIT = codec.CQ_UNIT.pack(0, codec.CQ_BLANK_SIZE, 0)
+_STOPPED = "dispatch.stopped"       # failure channel condition keys
+_WRITE = "dispatch.write"
 
 
 class Dispatcher:
-    def __init__(self, commit_log: CommitLog, consume_queues: ConsumeQueueTable, index_service, config: StoreConfig):
+    def __init__(self, commit_log: CommitLog, consume_queues: ConsumeQueueTable, index_service, config: StoreConfig,
+                 failures: FailureChannel | None = None):
         self.commit_log = commit_log
+        self.failures = failures if failures is not None else FailureChannel()
+        # [start, end) commitlog ranges not to dispatch (damage recovery skipped), sorted, not overlapping
+        self.skip_ranges: list[tuple[int, int]] = []
+        self.skipped: list[Failure] = []       # every range this dispatcher skipped (gaps, damage)
         self.consume_queues = consume_queues
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
@@ -49,8 +71,6 @@ class Dispatcher:
         self.last_dispatched_timestamp = 0
         self.dispatched_messages = 0
         self.hinted_messages = 0        # of those, how many came with the writer's columns (not parsed)
-        self.error: str | None = None
-        self.write_error: str | None = None     # the last failed write of a consume queue or index file
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         # told the reput offset after each step: everything below it is written to the queues and index
         self.on_dispatched: Callable[[int], None] | None = None
@@ -60,6 +80,55 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()   # one pump at a time (thread or synchronous caller)
         self._idle = threading.Condition()
+
+    # --- failure state (views of the failure channel) -----------------------------------------------
+    @property
+    def error(self) -> str | None:
+        """Why dispatching stopped for good (None while it progresses)."""
+        f = self.failures.condition(_STOPPED)
+        return f.reason if f is not None else None
+
+    @error.setter
+    def error(self, why: str | None) -> None:
+        if why is None:
+            self.failures.clear_condition(_STOPPED)
+        else:
+            self.failures.raise_condition(_STOPPED, FailureKind.DISPATCH, why, offset=self.reput_from_offset)
+
+    @property
+    def write_error(self) -> str | None:
+        """The last failed write of a consume queue or index file, while it keeps failing (retried)."""
+        f = self.failures.condition(_WRITE)
+        return f.reason if f is not None else None
+
+    @write_error.setter
+    def write_error(self, why: str | None) -> None:
+        if why is None:
+            self.failures.clear_condition(_WRITE)
+        else:
+            self.failures.raise_condition(_WRITE, FailureKind.DISPATCH, why, offset=self.reput_from_offset)
+
+    def stuck_reason(self) -> str | None:
+        """Why dispatching cannot progress now, or None."""
+        return self.error or self.write_error
+
+    def _fill(self, cq, upto: int, offset: int) -> None:
+        """fill_queue, bounded by what the lost commitlog ranges (skipped, missing files) could hold; a jump
+        past that is a damaged record header, reported on the failure channel."""
+        lost = sum(b - a for a, b in self.skip_ranges) + sum(b - a for a, b in self.commit_log.queue.gaps)
+        if not fill_queue(cq, upto, lost // MIN_RECORD_SIZE + 1):
+            self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {upto} of "
+                                 f"{cq.topic}/{cq.queue_id}, far past the queue's end: damaged header",
+                                 path=str(self.commit_log.queue.store_path), offset=offset)
+
+    def is_skipped(self, offset: int) -> bool:
+        """offset lies in a damaged range that was skipped (its bytes are not a trustworthy message)."""
+        return bool(self.skip_ranges) and self._skip_range_at(offset)[0] is not None
+
+    def add_skip_range(self, start: int, end: int) -> None:
+        """Do not dispatch [start, end) (a damaged range recovery reported)."""
+        if end > start:
+            bisect.insort(self.skip_ranges, (start, end))
 
     # --- hooks ----------------------------------------------------------------------------------
     def add_listener(self, fn: ArrivalListener) -> None:
@@ -98,16 +167,10 @@ class Dispatcher:
                 return total
             hints = cl.dispatch_hints
             if hints:
-                hint = hints.pop(reput, None)
-                if hint is not None:
-                    hint_end = int(hint.offsets[-1] + hint.sizes[-1])
-                    if hint_end <= end:     # the writer's own columns for the records at reput: no parse
-                        self.dispatch(hint)
-                        self.hinted_messages += len(hint)
-                        total += len(hint)
-                        self._advance(hint_end, end)
-                        continue
-                    hints[reput] = hint     # not all readable yet (a write buffer not committed)
+                n = self._take_hint(hints, reput, end)
+                if n:
+                    total += n
+                    continue
             min_off = cl.get_min_offset()
             if reput < min_off:
                 log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",
@@ -116,6 +179,13 @@ class Dispatcher:
                 continue
             # parse up to the next hinted batch at most, to take the hints up again from there
             want = self.chunk
+            if self.skip_ranges:
+                skip_to, next_skip = self._skip_range_at(reput)
+                if skip_to is not None:
+                    self._advance(skip_to, end)
+                    continue
+                if next_skip is not None:
+                    want = min(want, next_skip - reput)
             if hints:
                 keys = list(hints)      # one C call: the writer may add hints meanwhile
                 ahead = [k for k in keys if k > reput]
@@ -125,7 +195,13 @@ class Dispatcher:
                     if k < reput:       # a batch written after an earlier round listed the hints, and parsed
                         hints.pop(k, None)      # in that round's chunk: never to be taken
             got = cl.get_data(reput, want)
-            if got is None or not got[0]:
+            if got is None:
+                nxt = self._skip_gap(reput)
+                if nxt is None:
+                    return total
+                self._advance(nxt, end)
+                continue
+            if not got[0]:
                 return total
             data, start = got
             n, next_offset, err = self._parse_and_dispatch(data, start, len(data) < want)
@@ -140,6 +216,21 @@ class Dispatcher:
                 return total
             self._advance(next_offset, end)
 
+    def _take_hint(self, hints: dict, reput: int, end: int) -> int:
+        """Dispatch the writer's own columns for the records at reput if they are all readable: returns how
+        many messages (0: no hint there, or not readable yet)."""
+        hint = hints.pop(reput, None)
+        if hint is None:
+            return 0
+        hint_end = int(hint.offsets[-1] + hint.sizes[-1])
+        if hint_end > end:
+            hints[reput] = hint     # not all readable yet (a write buffer not committed)
+            return 0
+        self.dispatch(hint)
+        self.hinted_messages += len(hint)
+        self._advance(hint_end, end)
+        return len(hint)
+
     def _advance(self, offset: int, end: int) -> None:
         """Everything below offset is dispatched: move the reput offset there and tell the hooks."""
         self.reput_from_offset = offset
@@ -150,7 +241,8 @@ class Dispatcher:
             self.on_progress(offset - base, end - base)
 
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
-        """Parse the records of one chunk; returns (messages dispatched, next offset, error)."""
+        """Parse the records of one chunk; returns (messages dispatched, next offset, error). A damaged
+        record (or zeros inside the written data) is skipped up to where valid records resume."""
         batch, pos, outcome, reason = codec.parse_dispatch(data, start, at_read_end, self.delay_levels)
         if len(batch):
             self.dispatch(batch)
@@ -158,11 +250,71 @@ class Dispatcher:
         next_offset = start + pos
         if outcome == codec.PARSE_BLANK:
             next_offset = self.commit_log.roll_next_file(start + pos)
-        elif outcome == codec.PARSE_ERROR:
-            err = str(self.commit_log.corrupt(start + pos, reason))
-        elif outcome == codec.PARSE_END and at_read_end:
-            err = str(self.commit_log.corrupt(start + pos, "zero bytes inside the written part of the commitlog"))
+        elif outcome == codec.PARSE_ERROR or (outcome == codec.PARSE_END and (at_read_end or pos + 8 <= len(data))):
+            why = reason if outcome == codec.PARSE_ERROR else "zero bytes inside the written part of the commitlog"
+            nxt = self._resync(start + pos, why)
+            if nxt is None:
+                err = str(self.commit_log.corrupt(start + pos, why))
+            else:
+                next_offset = nxt
         return len(batch), next_offset, err
+
+    # --- damage: skip it, say so ---------------------------------------------------------------------
+    def _skip_range_at(self, offset: int) -> tuple[int | None, int | None]:
+        """(end of the skip range holding offset or None, start of the next skip range after it or None)."""
+        ranges = self.skip_ranges
+        i = bisect.bisect_right(ranges, (offset, float("inf"))) - 1
+        if i >= 0 and ranges[i][0] <= offset < ranges[i][1]:
+            return ranges[i][1], None
+        return None, ranges[i + 1][0] if i + 1 < len(ranges) else None
+
+    def _skip_gap(self, offset: int) -> int | None:
+        """offset lies in no commitlog file: if a later file exists (a missing middle file), report the
+        gap and return the first later file's offset; None when offset is past the last file."""
+        files = self.commit_log.queue.files
+        later = [mf for mf in files if mf.file_from_offset > offset]
+        if not later or offset < self.commit_log.get_min_offset():
+            return None
+        nxt = later[0].file_from_offset
+        earlier = [mf for mf in files if mf.file_from_offset < offset]
+        after = earlier[-1].path.name if earlier else "the first file"
+        missing = self.commit_log.queue.store_path / offset_to_file_name(offset)
+        self._report_skip(FailureKind.COMMITLOG_GAP, str(missing), offset, nxt,
+                          f"commitlog file missing (after {after}): offsets {offset}..{nxt} are lost; dispatch "
+                          f"goes on at {later[0].path.name}")
+        return nxt
+
+    def _resync(self, offset: int, why: str) -> int | None:
+        """The record at offset is invalid: the offset where valid records resume (in the same file, else
+        the next file's start), reported as a skipped range; None when nothing valid follows in the
+        written data (the commitlog's torn end: nothing to skip to)."""
+        cl = self.commit_log
+        mf = cl.file_of(offset)
+        if mf is None:
+            return None
+        base = mf.file_from_offset
+        limit = mf.read_position
+        try:
+            nxt = scanner.next_valid_record(mf.mm, offset - base, limit, check_crc=True, base=base)
+        except ValueError:      # unmapped under us (cleanup)
+            return None
+        if nxt is not None:
+            nxt += base
+        elif cl.get_max_offset() > base + mf.file_size:
+            nxt = base + mf.file_size           # nothing valid left in this file: go on with the next
+        elif limit > offset - base:
+            nxt = base + limit                  # the rest of the readable data is damage
+        else:
+            return None
+        self._report_skip(FailureKind.CORRUPT_RECORD, str(mf.path), offset, nxt,
+                          f"{why}: {nxt - offset} bytes skipped, dispatch resumes at byte {nxt - base}")
+        return nxt
+
+    def _report_skip(self, kind: FailureKind, path: str, start: int, end: int, why: str) -> None:
+        log.warning("%s: dispatch skipped commitlog offsets %d..%d: %s", path, start, end, why)
+        known = any(a <= start and end <= b for a, b in self.skip_ranges)
+        self.skipped.append(self.failures.report(kind, why, path=path, offset=start, end=end)
+                            if not known else Failure(kind, why, path, start, end))
 
     def dispatch(self, batch: codec.DispatchBatch | list[codec.DispatchRequest]) -> None:
         """Feed parsed records to the consume queues (grouped per queue, in order) and the index, then
@@ -189,7 +341,10 @@ class Dispatcher:
                 i0 = int(part[0])
                 topic, qid = names[int(batch.topic_ids[i0])], int(batch.queue_ids[i0])
                 qoffs = batch.queue_offsets[part]
-                find(topic, qid).put_arrays(batch.offsets[part], batch.sizes[part], batch.tags_codes[part], qoffs)
+                cq = find(topic, qid)
+                if int(qoffs[0]) > cq.get_max_offset_in_queue():
+                    self._fill(cq, int(qoffs[0]), int(batch.offsets[part[0]]))
+                cq.put_arrays(batch.offsets[part], batch.sizes[part], batch.tags_codes[part], qoffs)
                 grown.append((topic, qid, int(qoffs[-1]) + 1))
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
@@ -209,7 +364,10 @@ class Dispatcher:
         find = self.consume_queues.find_or_create
         grown = []
         for (topic, qid), units in by_queue.items():
-            find(topic, qid).put_units(units)
+            cq = find(topic, qid)
+            if units[0][3] > cq.get_max_offset_in_queue():
+                self._fill(cq, units[0][3], units[0][0])
+            cq.put_units(units)
             grown.append((topic, qid, units[-1][3] + 1))
         if self.index_service is not None:
             self.index_service.build_index_batch(reqs)
@@ -241,7 +399,10 @@ class Dispatcher:
         while not self._stop.is_set():
             try:
                 n = self.do_reput()
-                self.write_error = None
+                if self.failures.condition(_WRITE) is not None:
+                    self.write_error = None     # the write that failed went through
+                if n and self.failures.condition(_STOPPED) is not None:
+                    self.error = None           # dispatching goes on again
             except Exception as e:
                 # a consume queue or index write failed (a full disk): tried again every 0.1 s; meanwhile
                 # waiting for the dispatcher returns at once (write_error says why)
@@ -263,15 +424,19 @@ class Dispatcher:
                 self._stop.wait(0.001)
 
     def wait_dispatched(self, offset: int | None = None, timeout: float = 10.0) -> bool:
-        """Block until everything up to offset (default: the commitlog's end) is dispatched."""
+        """Block until everything up to offset (default: the commitlog's end) is dispatched: True when it
+        is, False at the timeout or at once when dispatching cannot progress (stuck_reason() and the
+        failure channel say why). Never True while something below offset is not dispatched."""
         target = self.commit_log.get_max_offset() if offset is None else offset
         if self._thread is None:
-            self.do_reput(target)
+            try:
+                self.do_reput(target)
+            except OSError as e:
+                self.write_error = f"dispatch at offset {self.reput_from_offset} failed: {e}"
             return self.reput_from_offset >= target
-        import time
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self.reput_from_offset < target and self.error is None and self.write_error is None:
+            while self.reput_from_offset < target and self.stuck_reason() is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -279,12 +444,79 @@ class Dispatcher:
                 self._idle.wait(min(left, 0.01))
         return self.reput_from_offset >= target
 
-    def shutdown(self, drain: bool = True) -> None:
-        if drain and self.error is None and self.write_error is None:
-            self.wait_dispatched(timeout=30)
+    def shutdown(self, drain: bool = True, timeout: float = 30.0) -> bool:
+        """Stop the thread; with drain, first dispatch everything written (returns at once when that
+        cannot progress). Returns True when everything written was dispatched."""
+        drained = self.stuck_reason() is None and self.wait_dispatched(timeout=timeout) if drain else False
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
         self.commit_log.dispatch_hints = None
+        return drained and self.reput_from_offset >= self.commit_log.get_max_offset()
+
+
+def fill_queue(cq, upto: int, bound: int | None = None) -> bool:
+    """A record carries queue offset `upto` but the queue ends below it: the records of the offsets between
+    were lost (a skipped damaged range, a missing commitlog file). Fill them with filler units (they read
+    as removed messages) so that every later message keeps the queue offset its record carries. A queue
+    with no file yet is left to ConsumeQueue (it starts at its first real unit).
+
+    `bound`: how many messages the lost ranges can have held at most. A jump past it is not lost messages
+    but a damaged QUEUEOFFSET field (the body CRC does not cover the header): nothing is filled (a flipped
+    bit must not make millions of filler units) and False is returned; the unit then goes to the queue's
+    end, where the read path refuses it (its record names another queue offset) and check reports it."""
+    with cq.lock:
+        q = cq.get_max_offset_in_queue()
+        if q >= upto or cq.queue.last is None:
+            return True
+        if bound is not None and upto - q > bound:
+            log.warning("%s: a record claims queue offset %d, %d past the queue's end %d, more than the lost "
+                        "commitlog ranges can hold (%d): a damaged header; not filled", cq.queue.store_path,
+                        upto, upto - q, q, bound)
+            return False
+        first = q
+        keep = cq.max_physic_offset
+        while q < upto:
+            mf = cq.queue.get_last_mapped_file(q * UNIT)
+            if mf is None or mf.file_from_offset + mf.wrote_position != q * UNIT:
+                raise OSError(f"{cq.queue.store_path}: cannot fill queue offsets {q}..{upto}")
+            n = min(mf.free_space // UNIT, upto - q)
+            mf.append(FILLER_UNIT * n)
+            q += n
+        cq.max_physic_offset = keep
+    log.warning("%s: queue offsets %d..%d were lost with a skipped commitlog range: filled with filler units "
+                "(read as removed messages)", cq.queue.store_path, first, upto)
+    return True
+
+
+def blank_units_in(consume_queues: ConsumeQueueTable, ranges: list[tuple[int, int]]) -> int:
+    """Overwrite, in every consume queue, the units pointing into the commitlog ranges [start, end) with
+    filler units: those records were skipped as damaged (or lost with a missing file), and a unit must
+    never answer with their bytes. Units keep their places (the queue offsets after them are unchanged).
+    Returns how many units were blanked (each queue is logged)."""
+    if not ranges:
+        return 0
+    total = 0
+    for cq in consume_queues:
+        n = 0
+        with cq.lock:
+            for mf in list(cq.queue.files):
+                count = mf.wrote_position // UNIT
+                if not count:
+                    continue
+                arr = np.frombuffer(mf.mm, dtype=codec.CQ_DTYPE, count=count)
+                off = arr["offset"].astype(np.int64)
+                del arr
+                hit = np.zeros(count, dtype=bool)
+                for a, b in ranges:
+                    hit |= (off >= a) & (off < b)
+                for i in np.flatnonzero(hit).tolist():
+                    mf.mm[i * UNIT:(i + 1) * UNIT] = FILLER_UNIT
+                n += int(hit.sum())
+        if n:
+            log.warning("%s: %d units pointed into skipped commitlog ranges: replaced with filler units (read as "
+                        "removed messages)", cq.queue.store_path, n)
+            total += n
+    return total

@@ -313,6 +313,7 @@ class MappedFileQueue:
         self.committed_where = 0
         self.store_timestamp = 0
         self.repaired: list[tuple[str, int]] = []   # (path, size found) of short last files load() extended
+        self.gaps: list[tuple[int, int]] = []       # [start, end) offsets of files missing between others
         self._lock = threading.RLock()
 
     # --- loading --------------------------------------------------------------------------------
@@ -324,6 +325,12 @@ class MappedFileQueue:
         stray = [n for n in os.listdir(self.store_path) if n not in names and not n.startswith(".")]
         if stray:
             log.warning("%s: ignoring files that are not named by an offset: %s", self.store_path, stray[:5])
+        for n in names:
+            p = self.store_path / n
+            if not p.is_file():     # a directory (or a socket, ...) named like a data file: nothing to map
+                kind = "a directory" if p.is_dir() else "not a regular file"
+                raise CorruptStoreError(str(p), 0, f"is {kind} where a data file belongs: move it out of "
+                                        f"{self.store_path} (or restore the file) and open again")
         files = []
         self.repaired = []
         for i, n in enumerate(names):
@@ -351,9 +358,15 @@ class MappedFileQueue:
                             use_write_buffer=self.use_write_buffer)
             mf.set_positions(self.mapped_file_size)
             files.append(mf)
+        self.gaps = []
         for a, b in zip(files, files[1:]):
             if b.file_from_offset != a.file_from_offset + self.mapped_file_size:
-                log.warning("%s: gap between %s and %s", self.store_path, a.path.name, b.path.name)
+                # files missing in the middle: their offsets hold nothing; readers find no file there
+                # (find_mapped_file_by_offset answers None), recovery reports the gap and dispatch goes on after it
+                start = a.file_from_offset + self.mapped_file_size
+                self.gaps.append((start, b.file_from_offset))
+                log.warning("%s: gap between %s and %s: file %s missing (offsets %d..%d)", self.store_path,
+                            a.path.name, b.path.name, offset_to_file_name(start), start, b.file_from_offset)
         self.files = files
 
     # --- lookup ---------------------------------------------------------------------------------

@@ -1,0 +1,52 @@
+"""ConsumeQueue on its own: cutting units past a commitlog end when the queue's last file is empty (the
+power-loss model found a queue whose empty last file stopped the cut, leaving a unit past the end that
+then swallowed the next put's unit: PUT_OK, read back as OFFSET_OVERFLOW_ONE)."""
+from __future__ import annotations
+
+from rmqstore.consume_queue import UNIT, ConsumeQueue
+
+
+def _queue(tmp_path, units: int, file_units: int = 10) -> ConsumeQueue:
+    cq = ConsumeQueue("T", 0, tmp_path / "consumequeue", file_units * UNIT)
+    cq.load()
+    cq.put_units([(1000 + 100 * i, 100, 0, i) for i in range(units)])
+    return cq
+
+
+def test_cut_past_the_end_skips_an_empty_last_file(tmp_path):
+    cq = _queue(tmp_path, 30)                       # three full files ...
+    cq.queue.get_last_mapped_file(30 * UNIT)        # ... and an empty fourth, as a crash leaves it
+    assert len(cq.queue.files) == 4 and cq.queue.files[-1].wrote_position == 0
+    cq.truncate_dirty_logic_files(1000 + 100 * 17)  # the commitlog now ends where unit 17 started
+    assert cq.get_max_offset_in_queue() == 17
+    assert cq.get_unit(16) == (1000 + 100 * 16, 100, 0)
+    assert cq.max_physic_offset == 1000 + 100 * 17
+    # the next unit goes where it belongs
+    cq.put_units([(1000 + 100 * 17, 50, 0, 17)])
+    assert cq.get_unit(17) == (1000 + 100 * 17, 50, 0)
+    cq.shutdown()
+
+
+def test_cut_keeps_everything_below_the_end(tmp_path):
+    cq = _queue(tmp_path, 25)
+    cq.truncate_dirty_logic_files(10 ** 9)
+    assert cq.get_max_offset_in_queue() == 25
+    cq.truncate_dirty_logic_files(1000)             # every unit's message is past the end
+    assert cq.get_max_offset_in_queue() == 0
+    cq.shutdown()
+
+
+def test_fill_queue_is_bounded_by_what_was_lost(tmp_path):
+    """Filler units stand for messages lost in a skipped range; a jump larger than the lost bytes can hold is
+    a damaged QUEUEOFFSET field, not lost messages: nothing is filled (the fuzzer's flipped bit asked for
+    65,536 filler units and exhausted the open files)."""
+    from rmqstore.dispatch import fill_queue
+    cq = _queue(tmp_path, 12)
+    assert fill_queue(cq, 100_000, bound=5) is False
+    assert cq.get_max_offset_in_queue() == 12 and len(cq.queue.files) == 2
+    assert fill_queue(cq, 15, bound=5) is True
+    assert cq.get_max_offset_in_queue() == 15
+    assert cq.get_unit(14)[1] == 0x7FFFFFFF             # a filler: reads as a removed message
+    cq.put_units([(5000, 100, 0, 15)])
+    assert cq.get_unit(15) == (5000, 100, 0)
+    cq.shutdown()
