@@ -351,6 +351,9 @@ class ConsumeQueue:
         """Remove units whose message starts at or after phy_offset (the commitlog was cut there)."""
         with self.lock:
             for mf in reversed(list(self.queue.files)):
+                if mf.read_position == 0 and mf is not self.queue.first:
+                    self.queue.delete_last_mapped_file()    # an empty last file: the units are before it
+                    continue
                 arr = np.frombuffer(mf.mm, dtype=_CQ_NP, count=mf.read_position // UNIT)
                 real = (arr["size"] > 0) & ~((arr["size"] == codec.CQ_BLANK_SIZE) & (arr["offset"] == 0))
                 keep = np.flatnonzero(real & (arr["offset"] < phy_offset))
@@ -419,6 +422,29 @@ class ConsumeQueue:
         self.queue.shutdown()
 
 
+def _file_sizes(d: Path) -> list[tuple[Path, int]]:
+    """(path, size) of the 20-digit-named files of a queue directory, in name order."""
+    out = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:                 # not a directory: MappedFileQueue.load says nothing is there
+        return out
+    for n in names:
+        if n.isdigit() and len(n) == 20 and (d / n).is_file():
+            out.append((d / n, (d / n).stat().st_size))
+    return out
+
+
+def short_only_file(files: list[tuple[Path | str, int]], file_size: int) -> tuple[Path | str, int] | None:
+    """The queue's first file when it is its only file with data and is shorter than file_size (not empty):
+    the one short file MappedFileQueue.load cannot judge alone. Pure: sizes only."""
+    with_data = [i for i, (_, n) in enumerate(files) if n > 0]
+    if with_data != [0]:
+        return None
+    p, n = files[0]
+    return (p, n) if n < file_size else None
+
+
 class ConsumeQueueTable:
     """All consume queues of a store, by topic and queue id (RocketMQ's consumeQueueTable)."""
 
@@ -429,8 +455,13 @@ class ConsumeQueueTable:
         self._lock = threading.Lock()
 
     def load(self) -> None:
+        """Map every queue's files. A queue whose only file with data was cut short (#7355-style: a crash
+        between creating and sizing it, a cut copy) is extended with zeros when another queue's file has
+        the configured size (the geometry is then not in doubt); recovery rebuilds what it lost. Other
+        short files are refused by MappedFileQueue.load, naming the file."""
         if not self.root.is_dir():
             return
+        dirs = []
         for topic in sorted(os.listdir(self.root)):
             tdir = self.root / topic
             if not tdir.is_dir():
@@ -439,9 +470,21 @@ class ConsumeQueueTable:
                 if not q.isdigit():
                     log.warning("%s: not a queue id, ignored", tdir / q)
                     continue
-                cq = ConsumeQueue(topic, int(q), self.root, self.file_size)
-                cq.load()
-                self.table.setdefault(topic, {})[int(q)] = cq
+                dirs.append((topic, int(q), tdir / q))
+        sizes = {d: _file_sizes(d) for _, _, d in dirs}
+        confirmed = any(size == self.file_size for fs in sizes.values() for _, size in fs)
+        for topic, q, d in dirs:
+            cut = short_only_file(sizes[d], self.file_size) if confirmed else None
+            if cut is not None:
+                log.warning("%s: %d bytes instead of %d (cut short: other queues' files have the configured size): "
+                            "extended with zeros, what it lost is rebuilt from the commitlog", cut[0], cut[1],
+                            self.file_size)
+                os.truncate(cut[0], self.file_size)
+            cq = ConsumeQueue(topic, q, self.root, self.file_size)
+            cq.load()
+            if cut is not None:
+                cq.queue.repaired.append((str(cut[0]), cut[1]))
+            self.table.setdefault(topic, {})[q] = cq
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         m = self.table.get(topic)

@@ -37,7 +37,8 @@ from .. import codec
 from ..config import StoreConfig
 from ..consume_queue import search_by_time
 from ..index_file import IndexFile, key_hash
-from ..recovery import first_unit_mismatch
+from ..consume_queue import short_only_file
+from ..recovery import CQ_CHECK_SAMPLE, _checked_positions, structure_problem, unit_problems
 from . import records as R
 
 log = logging.getLogger(__name__)
@@ -488,15 +489,56 @@ def _unit_at(qv: QueueView, i: int) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _first_unit_not_matching(view: StoreView, qv: QueueView, cache: FileCache, start: int) -> int | None:
-    """recovery.first_unit_not_matching, read-only."""
-    start = max(start, qv.min_offset)
-    if start >= qv.disk_end:
+def _cl_sources(view: StoreView, cache: FileCache):
+    """The commitlog files as recovery.unit_problems reads them (up to the end of the valid data)."""
+    end = view.data_end
+    out = []
+    for f in view.cl_files:
+        def load(f=f):
+            buf = cache.get(f.path)[1]
+            return buf if end is None else buf[:max(0, min(len(buf), end - f.base))]
+        out.append((f.base, f.base + max(f.size, view.cl_file_size), load))
+    return out
+
+
+def _first_damaged_unit(view: StoreView, qv: QueueView, cache: FileCache) -> int | None:
+    """recovery.check_queue, read-only: the first unit open() would cut and rebuild (a missing file, a unit
+    that cannot be right, a unit of the last file not matching its record, a sampled older one), or None."""
+    lo, hi = qv.min_offset, qv.disk_end
+    if hi <= lo:
         return None
-    offs, sizes = _disk_units(qv, start)
-    files = ((f.base, f.base + max(f.size, view.cl_file_size), lambda f=f: cache.get(f.path)[1])
-             for f in view.cl_files)
-    return first_unit_mismatch(offs, sizes, start, qv.queue_id, files, view.cl_min)
+    offs, sizes, expect, missing = [], [], lo, None
+    for base, path, size in qv.files:
+        b, e = base // UNIT, min(base // UNIT + size // UNIT, hi)
+        if e <= expect:
+            continue
+        if b > expect:
+            missing = expect
+            break
+        a = np.fromfile(path, dtype=CQ_NP, count=e - expect, offset=(expect - b) * UNIT)
+        offs.append(a["offset"].astype(np.int64))
+        sizes.append(a["size"].astype(np.int64))
+        expect = b + len(a)
+        if expect < e:
+            missing = expect
+            break
+    off = np.concatenate(offs) if offs else np.empty(0, np.int64)
+    size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
+    found = [missing] if missing is not None else []
+    upto = len(off)
+    st = structure_problem(off, size)
+    if st is not None:
+        found.append(lo + st[0])
+        upto = st[0]
+    deep_from = qv.files[-1][0] // UNIT if qv.files else lo
+    idx = _checked_positions(upto, deep_from - lo, CQ_CHECK_SAMPLE)
+    if len(idx):
+        codes = unit_problems(off[idx], size[idx], lo + idx, qv.queue_id, qv.topic.encode("utf-8"),
+                              _cl_sources(view, cache), view.cl_min)
+        bad = np.flatnonzero(codes)
+        if len(bad):
+            found.append(lo + int(idx[bad[0]]))
+    return min(found) if found else None
 
 
 def _reput_start(view: StoreView, queues: dict, rebuild: list, index_end: int | None, checked_from: int,
@@ -561,6 +603,8 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
         view.data_end = _check_commitlog(view, cache, start_idx, walk_from,
                                          cfg.check_crc_on_recover and not view.clean)
     end = view.data_end
+    # a queue's only file cut short is repaired by open() when other queues' files confirm the geometry
+    confirmed = any(n == cq_size for _, _, d in qdirs for _, _, n in _digit_files(d))
     # 2. consume queues: recover_consume_queues, then correct_min_offset
     queues: dict[tuple[str, int], QueueView] = {}
     rebuild: list[QueueView] = []
@@ -572,12 +616,9 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
         else:
             qv, dropped, _ = _recover_queue(view, t, q, d, cq_size, per, end)
         qv.min_offset = _min_offset(qv.files, qv.disk_end, 0)
-        if qv.files:
-            bad = _first_unit_not_matching(view, qv, cache, qv.files[-1][0] // UNIT)
-            if bad is not None:
-                view.notes.append(f"{d}: unit {bad} does not match its commitlog record: the queue ends there")
-                dropped = dropped or bad < qv.disk_end
-                qv.disk_end = bad
+        if confirmed and short_only_file([(p, n) for _, p, n in _digit_files(d)], cq_size) is not None:
+            view.notes.append(f"{d}: its only file is cut short: open() extends it, rebuilds what it lost")
+            dropped = True
         last = _last_unit(qv)
         if last is not None and last[0] + last[1] > end:
             offs, sizes = _disk_units(qv)
@@ -588,6 +629,14 @@ def _recover_with(view: StoreView, qdirs, cq_size: int, topics: set[str] | None,
             dropped = dropped or new_end < qv.disk_end
             qv.disk_end = new_end
             last = _last_unit(qv)
+        if qv.files:
+            bad = _first_damaged_unit(view, qv, cache)
+            if bad is not None:
+                view.notes.append(f"{d}: unit {bad} is damaged: the queue is rebuilt from there, as open() does")
+                dropped = dropped or bad < qv.disk_end
+                qv.disk_end = bad
+                qv.files = [f for f in qv.files if f[0] <= bad * UNIT] or qv.files[:1]
+                last = _last_unit(qv)
         qv.max_physic_offset = last[0] + last[1] if last is not None else -1
         qv.min_offset = _min_offset(qv.files, qv.disk_end, cl_min) if qv.files else 0
         queues[(t, q)] = qv
@@ -747,6 +796,7 @@ class ReadOnlyIndexFile(IndexFile):
                              f"(maxHashSlotNum={max_hash_slot_num}, maxIndexNum={max_index_num}): give the "
                              "store's configuration with option 'config'")
         self._mm = mm
+        self._pread_fd = None       # IndexFile reads the header with pread (by path), the slots from the map
         self.mapped_file = types.SimpleNamespace(mm=mm)     # what recovery.index_file_problems reads
         self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
         self.hash_slot_count = 0

@@ -1,0 +1,217 @@
+"""`rmqstore check STORE [--repair]` and MessageStore.check: a full consistency check (issue 15).
+
+Clean golden copies check clean and are not touched (no lock file created, nothing written); each kind of
+damage gives exit 1 with a line naming the damaged file; --repair rebuilds what is derived and quarantines
+what is not, after which a second check is clean and every acknowledged message reads back as RocketMQ's
+dump says.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from rmqstore import codec
+from rmqstore.check import check_store
+from rmqstore.config import StoreConfig
+from rmqstore.reader import CommitLogReader
+from rmqstore.store import MessageStore
+
+SET = "rmq440-clean"
+
+
+def _fingerprint(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes() if p.stat().st_size
+                                       < 1 << 20 else None)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["rmq440-clean", "rmq440-crash"])
+def test_clean_golden_copies_check_clean_and_are_not_touched(golden, golden_copy, name):
+    store = golden_copy(name)
+    (store / "lock").unlink()
+    before = _fingerprint(store)
+    p = run_cli("check", "-c", golden / name / "store.conf", store)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    out = p.stdout.decode().splitlines()
+    assert len(out) == 1 and ": ok: " in out[0] and "commitlog records" in out[0]
+    assert _fingerprint(store) == before            # read only: no lock file, nothing written
+
+
+def _record_positions(store: Path, cfg: StoreConfig) -> list[tuple[Path, int, int]]:
+    with CommitLogReader(store, cfg) as r:
+        return [(rec.file.path, rec.position, rec.size) for rec in r.records() if rec.kind == codec.KIND_MESSAGE]
+
+
+def _flip(path: Path, at: int) -> None:
+    a = bytearray(path.read_bytes())
+    a[at] ^= 0x40
+    path.write_bytes(bytes(a))
+
+
+def _damage(store: Path, cfg: StoreConfig, how: str) -> str:
+    """Damage the copy; returns the path fragment the problem line must name."""
+    if how == "commitlog body flipped":
+        path, pos, _ = _record_positions(store, cfg)[1500]
+        _flip(path, pos + codec.HEADER_V4.size)                     # the first body byte: the CRC fails
+        return f"commitlog/{path.name}"
+    if how == "commitlog file missing":
+        f = sorted((store / "commitlog").iterdir())[1]
+        f.unlink()
+        return "commitlog/"
+    if how == "unit rewritten":
+        f = store / "consumequeue" / "TopicA" / "0" / "00000000000000000000"
+        a = bytearray(f.read_bytes())
+        a[40 * 20 + 8:40 * 20 + 12] = (7).to_bytes(4, "big")        # unit 40's size no longer its record's
+        f.write_bytes(bytes(a))
+        return "consumequeue/TopicA/0/00000000000000000000"
+    if how == "units zeroed":
+        f = store / "consumequeue" / "TopicB" / "1" / "00000000000000000000"
+        a = bytearray(f.read_bytes())
+        a[20 * 20:30 * 20] = bytes(200)
+        f.write_bytes(bytes(a))
+        return "consumequeue/TopicB/1/00000000000000000000"
+    if how == "queue tail zeroed":               # after a clean shutdown: open cannot tell, check can
+        f = store / "consumequeue" / "TopicA" / "1" / "00000000000000000000"
+        a = bytearray(f.read_bytes())
+        end = len(a.rstrip(b"\0"))
+        end += -end % 20
+        a[end - 30 * 20:end] = bytes(30 * 20)
+        f.write_bytes(bytes(a))
+        return "consumequeue/TopicA/1/00000000000000000000"
+    if how == "index entry hash":
+        f = sorted((store / "index").iterdir())[0]
+        at = codec.INDEX_HEADER_SIZE + cfg.max_hash_slot_num * 4 + 5 * codec.INDEX_ENTRY_SIZE
+        a = bytearray(f.read_bytes())
+        a[at:at + 4] = (12345).to_bytes(4, "big")
+        f.write_bytes(bytes(a))
+        return f"index/{f.name}"
+    if how == "checkpoint ahead":
+        f = store / "checkpoint"
+        a = bytearray(f.read_bytes())
+        a[0:8] = (int(time.time() * 1000) * 2).to_bytes(8, "big")
+        f.write_bytes(bytes(a))
+        return "checkpoint"
+    if how == "config malformed":
+        d = store / "config"
+        d.mkdir(exist_ok=True)
+        (d / "topics.json").write_text('{"topicConfigTable": [1, 2')
+        (d / "topics.json.bak").write_text('{"topicConfigTable": {}}')
+        return "config/topics.json"
+    raise ValueError(how)  # pragma: no cover
+
+
+DAMAGE = ["commitlog body flipped", "commitlog file missing", "unit rewritten", "units zeroed", "queue tail zeroed",
+          "index entry hash", "checkpoint ahead", "config malformed"]
+REPAIRABLE = ["unit rewritten", "units zeroed", "queue tail zeroed", "index entry hash", "checkpoint ahead",
+              "config malformed"]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_each_kind_of_damage_is_found_naming_the_file(golden, golden_copy, how):
+    conf = golden / SET / "store.conf"
+    store = golden_copy(SET)
+    where = _damage(store, StoreConfig.load(conf), how)
+    before = _fingerprint(store)
+    p = run_cli("check", "-c", conf, store)
+    out = p.stdout.decode().splitlines()
+    assert p.returncode == 1, p.stdout.decode() + p.stderr.decode()
+    assert any(where in line and ": offset " in line for line in out[:-1]), out
+    assert "problem" in out[-1]
+    assert _fingerprint(store) == before
+
+
+@pytest.mark.parametrize("how", REPAIRABLE)
+def test_repair_then_check_is_clean_and_every_message_reads_back(golden, golden_copy, compare_tools, tmp_path, how):
+    conf = golden / SET / "store.conf"
+    store = golden_copy(SET)
+    _damage(store, StoreConfig.load(conf), how)
+    p = run_cli("check", "-c", conf, "--repair", store)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    assert "repaired: " in p.stdout.decode()
+    p = run_cli("check", "-c", conf, store)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    d = run_cli("dump", "-c", conf, "--keys", golden / SET / "keys.tsv", store)
+    assert d.returncode == 0, d.stderr.decode()
+    (tmp_path / "dump.jsonl").write_bytes(d.stdout)
+    cmp = subprocess.run([sys.executable, compare_tools / "compare_dump.py", golden / SET / "dump.jsonl",
+                          tmp_path / "dump.jsonl"], capture_output=True)
+    assert cmp.returncode == 0, cmp.stdout.decode()[-2000:]
+    if how == "config malformed":
+        assert json.loads((store / "config" / "topics.json").read_text()) == {"topicConfigTable": {}}
+        assert [f.name for f in (store / "config").iterdir() if ".corrupt-" in f.name]
+
+
+def test_repair_never_deletes_commitlog_records(golden, golden_copy):
+    """Commitlog damage is reported, not "repaired" by cutting: every record stays."""
+    conf = golden / SET / "store.conf"
+    store = golden_copy(SET)
+    _damage(store, StoreConfig.load(conf), "commitlog body flipped")
+    size = sum(f.stat().st_size for f in (store / "commitlog").iterdir())
+    p = run_cli("check", "-c", conf, "--repair", store)
+    assert p.returncode == 1
+    assert "not repaired: " in p.stdout.decode() and "commitlog" in p.stdout.decode()
+    assert sum(f.stat().st_size for f in (store / "commitlog").iterdir()) == size
+    assert not (store / "consumequeue").exists() or any((store / "consumequeue").iterdir())
+
+
+def test_not_a_store_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for target in (tmp_path / "missing", f, tmp_path):
+        p = run_cli("check", target)
+        err = p.stderr.decode().strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1 and "not a store directory" in err[0], err
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "lock").exists()
+
+
+CHILD = """
+import sys, time
+from rmqstore.store import MessageStore
+from rmqstore.config import StoreConfig
+s = MessageStore.open(sys.argv[1], StoreConfig.load(sys.argv[2]))
+print("READY", flush=True)
+time.sleep(60)
+"""
+
+
+def test_store_open_elsewhere_is_said_and_repair_refused(golden, golden_copy):
+    conf = golden / SET / "store.conf"
+    store = golden_copy(SET)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(store), str(conf)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"READY"
+        p = run_cli("check", "-c", conf, store)
+        assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+        assert "open in another process" in p.stderr.decode()
+        p = run_cli("check", "-c", conf, "--repair", store)
+        assert p.returncode == 2 and len(p.stderr.decode().strip().splitlines()) == 1, p.stderr.decode()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_message_store_check_on_an_open_store(golden, golden_copy):
+    conf = golden / SET / "store.conf"
+    store = golden_copy(SET)
+    with MessageStore.open(store, StoreConfig.load(conf)) as s:
+        rep = s.check()
+        assert rep.ok, [str(p) for p in rep.problems]
+        assert rep.records == 3000 and rep.units == 2480
+        assert rep.summary().startswith(f"{store}: ok")
+
+
+def test_check_reports_every_file_kind_via_api(golden, golden_copy):
+    conf = golden / SET / "store.conf"
+    cfg = StoreConfig.load(conf)
+    store = golden_copy(SET)
+    for how in REPAIRABLE:
+        _damage(store, cfg, how)
+    kinds = {p.kind for p in check_store(store, cfg).problems}
+    assert kinds == {"consume queue", "index", "checkpoint", "config"}
