@@ -30,7 +30,9 @@ it back. Every other byte is what RocketMQ 4.4.0 writes for the same puts.
 Writes: entries go to the file with pwrite, header and slots through the mapping; a file's header and
 slot pages are allocated (posix_fallocate) when it is created, so a full disk makes a put raise OSError
 (ENOSPC: the dispatcher reports it and tries again) and never a store into a hole (SIGBUS). A loaded file
-whose header and slots cannot be allocated takes no more keys (IndexFile.room).
+whose header and slots cannot be allocated takes no more keys (IndexFile.room); its slots are read with
+pread and its header written with pwrite (IndexFile.read_slots), never through the mapping. A loaded file's
+header is always read with pread (a file written elsewhere, or copied sparse, may hold holes there).
 
 Header write policy: header values live in Python ints (the authority for readers in this process).
 The 40 header bytes are written to the mapping at the end of every IndexService.build_index /
@@ -292,6 +294,10 @@ class IndexFile:
         # Header and slots are written through the mapping, entries with pwrite (module docstring): the
         # header and slot pages are allocated up front, so a full disk is an OSError, never a SIGBUS.
         self._write_limit = max_index_num       # puts accepted up to this entry number
+        # None while header and slots are allocated (read and written through the mapping); a read-only
+        # fd when a loaded file's could not be allocated: they are read with pread (a hole read through
+        # the mapping on a full tmpfs is a SIGBUS) and the header is written with pwrite
+        self._pread_fd: int | None = None
         try:
             self.mapped_file.reserve(self.entries_base)
         except OSError as e:
@@ -300,8 +306,9 @@ class IndexFile:
                 raise OSError(e.errno, f"cannot allocate the {self.entries_base} bytes of header and slots of "
                                        f"the new index file {self.path}: {e.strerror}") from e
             self._write_limit = 0               # set to indexCount below: read-only
-            log.warning("%s: cannot allocate its header and slots (%s): no more keys are put into it",
-                        self.path, e.strerror)
+            self._pread_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            log.warning("%s: cannot allocate its header and slots (%s): no more keys are put into it; they "
+                        "are read with pread", self.path, e.strerror)
         self.begin_timestamp = 0
         self.end_timestamp = 0
         self.begin_phy_offset = 0
@@ -316,6 +323,7 @@ class IndexFile:
             try:
                 self.load()
             except BaseException:
+                self._close_pread_fd()
                 self.mapped_file.close()
                 raise
             if self._write_limit == 0:
@@ -329,9 +337,13 @@ class IndexFile:
 
     # --- header -------------------------------------------------------------------------------------
     def load(self) -> None:
-        """Read the header from the mapping (RocketMQ: an indexCount <= 0 means 1) and check it."""
+        """Read the header with pread, never through the mapping (a file written elsewhere may hold a hole
+        there: SIGBUS on a full tmpfs), and check it (RocketMQ: an indexCount <= 0 means 1)."""
+        raw = self._pread(HEADER_SIZE, 0)
+        if len(raw) < HEADER_SIZE:
+            raise CorruptStoreError(str(self.path), len(raw), "index header cut short")
         (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
-         self.hash_slot_count, count) = _hdr_unpack(self._mm, 0)
+         self.hash_slot_count, count) = _hdr_unpack(raw, 0)
         self.index_count = count
         self.check_header()
         if count <= 0:
@@ -360,6 +372,40 @@ class IndexFile:
             log.warning("%s: index header begins after it ends (phy %d > %d or time %d > %d)", p,
                         self.begin_phy_offset, self.end_phy_offset, self.begin_timestamp, self.end_timestamp)
 
+    def _pread(self, size: int, pos: int) -> bytes:
+        """size bytes at pos, read through a file descriptor (never the mapping)."""
+        if self._pread_fd is not None:
+            return os.pread(self._pread_fd, size, pos)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, size, pos)
+        finally:
+            os.close(fd)
+
+    @property
+    def slots_allocated(self) -> bool:
+        """Header and slots are allocated: reading and writing them through the mapping is safe."""
+        return self._pread_fd is None
+
+    def read_slots(self) -> np.ndarray:
+        """The hash slots (big-endian int32), through the mapping when allocated (a view: do not keep it
+        past close), else a copy read with pread."""
+        if self._pread_fd is None:
+            return np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=HEADER_SIZE)
+        raw = self._pread(self.hash_slot_num * SLOT_SIZE, HEADER_SIZE)
+        return np.frombuffer(raw.ljust(self.hash_slot_num * SLOT_SIZE, b"\0"), dtype=">i4")
+
+    def _read_slot(self, mm, slot_pos: int) -> int:
+        if self._pread_fd is None:
+            return _slot_unpack(mm, slot_pos)[0]
+        raw = os.pread(self._pread_fd, SLOT_SIZE, slot_pos)
+        return _slot_unpack(raw, 0)[0] if len(raw) == SLOT_SIZE else 0
+
+    def _close_pread_fd(self) -> None:
+        fd, self._pread_fd = self._pread_fd, None
+        if fd is not None:
+            os.close(fd)
+
     def sanity_check(self, deep: bool = False) -> list[str]:
         """check_header(); with deep, also scan slots and entries: returns (and logs) what is wrong."""
         self.check_header()
@@ -367,7 +413,7 @@ class IndexFile:
             return []
         problems = []
         count = self.index_count
-        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=HEADER_SIZE)
+        slots = self.read_slots()
         bad = np.flatnonzero((slots < 0) | (slots >= count))
         if len(bad):
             problems.append(f"{len(bad)} slots outside [0, {count}), first slot {int(bad[0])} = {int(slots[bad[0]])}")
@@ -387,9 +433,15 @@ class IndexFile:
         return problems
 
     def write_header(self) -> None:
-        """Write the in-memory header values to the mapping (before any msync; see module docstring)."""
-        _hdr_pack(self._mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
-                  self.end_phy_offset, self.hash_slot_count, self.index_count)
+        """Write the in-memory header values to the mapping (before any msync; see module docstring); to
+        a file whose header could not be allocated with pwrite (a full disk is an OSError, not a SIGBUS)."""
+        if self._pread_fd is not None:
+            self.mapped_file.pwrite(0, codec.INDEX_HEADER.pack(
+                self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+                self.hash_slot_count, self.index_count))
+        else:
+            _hdr_pack(self._mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                      self.end_phy_offset, self.hash_slot_count, self.index_count)
         self._dirty = True
 
     @property
@@ -544,7 +596,7 @@ class IndexFile:
         try:
             mm = self._mm
             slot_pos = HEADER_SIZE + (key_hash % self.hash_slot_num) * SLOT_SIZE
-            cur = _slot_unpack(mm, slot_pos)[0]
+            cur = _slot_unpack(mm, slot_pos)[0] if self._pread_fd is None else self._read_slot(mm, slot_pos)
             if cur <= INVALID_INDEX or cur > count or count <= 1 or cur >= self.index_num:
                 if cur < 0 or cur >= self.index_num:
                     self._warn(("slot", slot_pos), "slot at byte %d holds %d, outside [0, %d]: no result",
@@ -583,7 +635,7 @@ class IndexFile:
                                slot_pos, count)
                     break
                 cur = prev
-        except (ValueError, TypeError):  # mapping closed under us (file deleted while being read)
+        except (ValueError, TypeError, OSError):  # mapping (or pread fd) closed under us: file deleted
             if not self._closed:
                 raise
             return
@@ -622,6 +674,7 @@ class IndexFile:
             self.flush()
         finally:
             self._closed = True
+            self._close_pread_fd()
             self.mapped_file.close()
 
     shutdown = close
@@ -629,6 +682,7 @@ class IndexFile:
     def destroy(self) -> None:
         """Unmap and delete the file."""
         self._closed = True
+        self._close_pread_fd()
         self.mapped_file.destroy()
 
     @property

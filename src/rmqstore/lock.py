@@ -26,22 +26,46 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config_file import check_file_or_missing
 from .errors import StoreLockedError
 
 log = logging.getLogger(__name__)
 
 _held: set[str] = set()      # POSIX locks are per process: also refuse a second open inside this one
 _held_lock = threading.Lock()
+_dir_fds: set[int] = set()   # directory fds holding a flock: a forked child closes its copies (below)
+
+
+def _close_dir_fds_in_child() -> None:
+    """After fork: the child's copies of the directory fds would keep the flock alive after the parent
+    released it (flock belongs to the open file, shared by both). Closing a copy releases nothing."""
+    for fd in list(_dir_fds):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _dir_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_dir_fds_in_child)
 
 
 class StoreLock:
+    """The store's lock: RocketMQ's POSIX lock on byte 0 of `lock` (what RocketMQ checks), and a flock on
+    the store directory itself. The directory lock holds even when `lock` is unlinked or replaced while
+    the store is open (a second process would create and lock a new `lock` file): a second writer is
+    refused either way, with StoreLockedError."""
+
     def __init__(self, store_dir: str | Path):
         self.store_dir = Path(store_dir)
         self.path = self.store_dir / "lock"
         self._fd: int | None = None
+        self._dir_fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise StoreLockedError at once (never waits); touches no byte of the store."""
+        """Take the lock or raise StoreLockedError at once (never waits); touches no byte of the store.
+        A directory where the lock file belongs: CorruptStoreError naming it."""
         key = str(self.store_dir.resolve())
         with _held_lock:
             if key in _held:
@@ -49,21 +73,73 @@ class StoreLock:
                 err.args = (f"store {self.store_dir} is already open in this process (pid {os.getpid()}); "
                             "close it before opening it again",)
                 raise err
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            check_file_or_missing(self.path, "lock file")
+            dir_fd = self._lock_directory()
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-            except OSError as e:
-                holder = _lock_holder(fd)
-                os.close(fd)
-                if e.errno in (errno.EACCES, errno.EAGAIN):
-                    err = StoreLockedError(str(self.store_dir))
-                    if holder:
-                        err.args = (err.args[0].replace("by another process", f"by another process (pid {holder})", 1),)
-                    raise err from None
+                fd = self._lock_file()
+            except BaseException:
+                self._unlock_directory(dir_fd)
                 raise
             _held.add(key)
             self._key = key
             self._fd = fd
+            self._dir_fd = dir_fd
+
+    def _lock_directory(self) -> int | None:
+        """flock the store directory (None where the filesystem cannot: the lock file alone then)."""
+        try:
+            dfd = os.open(self.store_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            log.warning("%s: cannot open the store directory to lock it (%s): only the lock file guards it",
+                        self.store_dir, e.strerror)
+            return None
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(dfd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = _lock_holder_of(self.path)
+                raise self._locked(holder, "the store directory is locked") from None
+            log.warning("%s: cannot flock the store directory (%s): only the lock file guards it",
+                        self.store_dir, e.strerror)
+            return None
+        _dir_fds.add(dfd)
+        return dfd
+
+    def _lock_file(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError as e:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                raise self._locked(holder) from None
+            raise
+        return fd
+
+    def _locked(self, holder: int | None, why: str = "") -> StoreLockedError:
+        err = StoreLockedError(str(self.store_dir))
+        msg = err.args[0]
+        if holder:
+            msg = msg.replace("by another process", f"by another process (pid {holder})", 1)
+        if why:
+            msg = f"{msg} ({why})"
+        err.args = (msg,)
+        return err
+
+    @staticmethod
+    def _unlock_directory(dfd: int | None) -> None:
+        """Unlock and close a directory fd this process holds (in a forked child it was closed already)."""
+        if dfd is None or dfd not in _dir_fds:
+            return
+        _dir_fds.discard(dfd)
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -73,7 +149,11 @@ class StoreLock:
                 finally:
                     os.close(self._fd)
                     self._fd = None
-                    _held.discard(self._key)
+                    dfd, self._dir_fd = self._dir_fd, None
+                    try:
+                        self._unlock_directory(dfd)
+                    finally:
+                        _held.discard(self._key)
 
 
 _FLOCK = "@hhqqi4x"   # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
@@ -87,6 +167,17 @@ def _lock_holder(fd: int) -> int | None:
         return pid if l_type != fcntl.F_UNLCK and pid > 0 else None
     except (OSError, struct.error, AttributeError):
         return None
+
+
+def _lock_holder_of(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _lock_holder(fd)
+    finally:
+        os.close(fd)
 
 
 def boot_id() -> str | None:
@@ -120,7 +211,8 @@ class AbortFile:
         self._lock = threading.Lock()
 
     def exists(self) -> bool:
-        return self.path.exists()
+        """Whether the file is there (a directory or other non-file there: CorruptStoreError naming it)."""
+        return check_file_or_missing(self.path, "abort file")
 
     def read_note(self) -> CrashNote | None:
         """The note of the run that left this abort file, if that run was in this boot and trusted its

@@ -13,12 +13,25 @@ import logging
 import threading
 from pathlib import Path
 
-from .config_file import PeriodicPersister, config_dir, dumps_pretty, load_json_file, string_to_file
+from .config_file import (PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file,
+                          string_to_file)
 
 log = logging.getLogger(__name__)
 
 TOPIC_GROUP_SEPARATOR = "@"
 DEFAULT_FLUSH_INTERVAL_MS = 5000
+
+
+def decode_offsets(data) -> dict[str, dict[int, int]]:
+    """consumerOffset.json's parsed JSON to {"topic@group": {queueId: offset}}; ValueError naming the entry
+    for a wrong shape (a table that is not an object, a non-numeric queue id or offset)."""
+    table = as_object(as_object(data, "consumerOffset.json").get("offsetTable"), "offsetTable")
+    out: dict[str, dict[int, int]] = {}
+    for key, m in table.items():
+        where = f"offsetTable[{key!r}]"
+        out[key] = {as_int(q, f"{where} queue id"): as_int(o, f"{where}[{q!r}]")
+                    for q, o in as_object(m, where).items()}
+    return out
 
 
 class ConsumerOffsetManager:
@@ -35,12 +48,10 @@ class ConsumerOffsetManager:
 
     # --- persistence ----------------------------------------------------------------------------
     def load(self) -> "ConsumerOffsetManager":
-        data = load_json_file(self.path)
-        if isinstance(data, dict):
-            table = {}
-            for key, m in (data.get("offsetTable") or {}).items():
-                if isinstance(m, dict):
-                    table[key] = {int(q): int(o) for q, o in m.items()}
+        """ConfigManager.load (config_file.load_config_file): consumerOffset.json, else its .bak; a
+        CorruptStoreError naming the file when neither is usable."""
+        table = load_config_file(self.path, decode_offsets)
+        if table is not None:
             with self._lock:
                 self.offset_table = table
         return self
@@ -52,7 +63,7 @@ class ConsumerOffsetManager:
     def persist(self) -> None:
         with self._lock:
             version = self._version
-        string_to_file(dumps_pretty(self.encode()), self.path)
+        string_to_file(dumps_pretty(self.encode()), self.path, decode_offsets)
         with self._lock:
             self._persisted_version = max(self._persisted_version, version)
 

@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import codec
-from .config_file import config_dir, dumps_pretty, load_json_file, string_to_file
+from .config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from .java_map import as_broker_map
 from .message import Message, MessageExt
 
@@ -112,6 +112,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def decode_delay_offsets(data) -> dict[int, int]:
+    """delayOffset.json's parsed JSON to {delay level: offset}; ValueError naming the entry if malformed."""
+    table = as_object(as_object(data, "delayOffset.json").get("offsetTable"), "offsetTable")
+    return {as_int(k, "offsetTable level"): as_int(v, f"offsetTable[{k!r}]") for k, v in table.items()}
+
+
 class ScheduleMessageService:
     FILE_NAME = "delayOffset.json"
 
@@ -133,10 +139,11 @@ class ScheduleMessageService:
 
     # --- offsets --------------------------------------------------------------------------------
     def load(self) -> None:
-        data = load_json_file(self.path)
-        if isinstance(data, dict):
-            table = data.get("offsetTable") or {}
-            self.offset_table = {int(k): int(v) for k, v in table.items()}
+        """delayOffset.json, else its .bak (config_file.load_config_file); CorruptStoreError naming the
+        file when neither is usable."""
+        table = load_config_file(self.path, decode_delay_offsets)
+        if table is not None:
+            self.offset_table = table
 
     def encode(self) -> dict:
         with self._lock:
@@ -145,7 +152,7 @@ class ScheduleMessageService:
     def persist(self) -> None:
         with self._lock:
             self._dirty = False
-        string_to_file(dumps_pretty(self.encode()), self.path)
+        string_to_file(dumps_pretty(self.encode()), self.path, decode_delay_offsets)
         self._last_persist = time.monotonic()
 
     def _update_offset(self, level: int, offset: int) -> None:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from .config import StoreConfig
-from .config_file import PeriodicPersister, config_dir, dumps_pretty, load_json_file, string_to_file
+from .config_file import (PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file,
+                          string_to_file)
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +86,36 @@ class TopicConfig:
 
     @classmethod
     def from_json(cls, name: str, d: dict) -> "TopicConfig":
-        return cls(topic_name=d.get("topicName", name),
-                   read_queue_nums=int(d.get("readQueueNums", DEFAULT_READ_QUEUE_NUMS)),
-                   write_queue_nums=int(d.get("writeQueueNums", DEFAULT_WRITE_QUEUE_NUMS)),
-                   perm=int(d.get("perm", PERM_READ | PERM_WRITE)),
+        """One entry of topicConfigTable; ValueError naming the topic and field for a wrong shape."""
+        d = as_object(d, f"topicConfigTable[{name!r}]")
+        where = f"topicConfigTable[{name!r}]."
+        topic_name = d.get("topicName", name)
+        if not isinstance(topic_name, str) or not topic_name:
+            raise ValueError(f"{where}topicName {topic_name!r} is not a topic name")
+        order = d.get("order", False)
+        if not isinstance(order, bool):
+            raise ValueError(f"{where}order {order!r} is not a boolean")
+        return cls(topic_name=topic_name,
+                   read_queue_nums=as_int(d.get("readQueueNums", DEFAULT_READ_QUEUE_NUMS), where + "readQueueNums"),
+                   write_queue_nums=as_int(d.get("writeQueueNums", DEFAULT_WRITE_QUEUE_NUMS),
+                                           where + "writeQueueNums"),
+                   perm=as_int(d.get("perm", PERM_READ | PERM_WRITE), where + "perm"),
                    topic_filter_type=str(d.get("topicFilterType", "SINGLE_TAG")),
-                   topic_sys_flag=int(d.get("topicSysFlag", 0)), order=bool(d.get("order", False)))
+                   topic_sys_flag=as_int(d.get("topicSysFlag", 0), where + "topicSysFlag"), order=order)
+
+
+def decode_topics(data) -> tuple[dict[str, TopicConfig], dict | None]:
+    """topics.json's parsed JSON to (table, dataVersion or None); ValueError for a wrong shape."""
+    data = as_object(data, "topics.json")
+    table = {name: TopicConfig.from_json(name, d)
+             for name, d in as_object(data.get("topicConfigTable"), "topicConfigTable").items()}
+    dv = data.get("dataVersion")
+    version = None
+    if dv is not None:
+        dv = as_object(dv, "dataVersion")
+        version = {"counter": as_int(dv.get("counter", 0), "dataVersion.counter"),
+                   "timestamp": as_int(dv.get("timestamp", 0), "dataVersion.timestamp")}
+    return table, version
 
 
 class TopicNotExistError(LookupError):
@@ -128,15 +153,15 @@ class TopicConfigManager:
 
     # --- persistence ----------------------------------------------------------------------------
     def load(self) -> "TopicConfigManager":
-        data = load_json_file(self.path)
-        if isinstance(data, dict):
+        """ConfigManager.load (config_file.load_config_file): topics.json, else topics.json.bak; a
+        CorruptStoreError naming the file when neither is usable."""
+        got = load_config_file(self.path, decode_topics)
+        if got is not None:
+            table, version = got
             with self._lock:
-                for name, d in (data.get("topicConfigTable") or {}).items():
-                    self.table[name] = TopicConfig.from_json(name, d)
-                dv = data.get("dataVersion")
-                if isinstance(dv, dict):
-                    self.data_version = {"counter": int(dv.get("counter", 0)),
-                                         "timestamp": int(dv.get("timestamp", 0))}
+                self.table.update(table)
+                if version is not None:
+                    self.data_version = version
         return self
 
     def encode(self) -> dict:
@@ -148,7 +173,7 @@ class TopicConfigManager:
         with self._lock:
             text = dumps_pretty(self.encode())
             self._dirty = False
-        string_to_file(text, self.path)
+        string_to_file(text, self.path, decode_topics)
 
     def start(self, interval_ms: int = 10_000) -> None:
         self._persister = PeriodicPersister("TopicConfigPersist", interval_ms, self.persist, lambda: self._dirty)

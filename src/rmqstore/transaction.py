@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from . import codec
-from .config_file import config_dir, dumps_pretty, load_json_file, string_to_file
+from .config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from .java_map import as_broker_map
 from .local_broker import broker_setting
 from .message import Message, MessageExt, PutMessageResult
@@ -110,6 +110,22 @@ class _Half:
     last_check: int = 0
 
 
+def _decode_state(data) -> tuple[int, dict[int, _Half], set[int]]:
+    """transactionCheck.json's parsed JSON; ValueError naming the entry for a wrong shape."""
+    data = as_object(data, "transactionCheck.json")
+    pending = {}
+    for off, h in as_object(data.get("halfTable"), "halfTable").items():
+        h = as_object(h, f"halfTable[{off!r}]")
+        pending[as_int(off, "halfTable offset")] = _Half(
+            str(h.get("producerGroup", "")), as_int(h.get("storeTimestamp", 0), f"halfTable[{off!r}].storeTimestamp"),
+            as_int(h.get("checkTimes", 0), f"halfTable[{off!r}].checkTimes"))
+    discarded = data.get("discarded") or []
+    if not isinstance(discarded, list):
+        raise ValueError("discarded is not a list")
+    return (as_int(data.get("scanOffset", 0), "scanOffset"), pending,
+            {as_int(x, "discarded offset") for x in discarded})
+
+
 class TransactionCheckService:
     FILE_NAME = "transactionCheck.json"
     SCAN_CHUNK = 4 << 20
@@ -132,14 +148,15 @@ class TransactionCheckService:
 
     # --- state ----------------------------------------------------------------------------------
     def _load(self) -> None:
-        data = load_json_file(self.path)
-        if not isinstance(data, dict):
+        """transactionCheck.json, else its .bak (config_file.load_config_file: CorruptStoreError naming
+        the file when neither is usable)."""
+        got = load_config_file(self.path, _decode_state)
+        if got is None:
             return
-        self.scan_offset = max(int(data.get("scanOffset", 0)), self.scan_offset)
-        for off, h in (data.get("halfTable") or {}).items():
-            self.pending[int(off)] = _Half(str(h.get("producerGroup", "")), int(h.get("storeTimestamp", 0)),
-                                           int(h.get("checkTimes", 0)))
-        self.discarded = {int(x) for x in data.get("discarded") or []}
+        scan, pending, discarded = got
+        self.scan_offset = max(scan, self.scan_offset)
+        self.pending.update(pending)
+        self.discarded = discarded
 
     def persist(self) -> None:
         with self._lock:
@@ -148,7 +165,7 @@ class TransactionCheckService:
                                           "checkTimes": h.check_times} for o, h in sorted(self.pending.items())},
                    "discarded": sorted(self.discarded)}
             self._dirty = False
-        string_to_file(dumps_pretty(doc), self.path)
+        string_to_file(dumps_pretty(doc), self.path, _decode_state)
 
     # --- following the commitlog ----------------------------------------------------------------
     def catch_up(self) -> None:

@@ -6,45 +6,31 @@ offset_store.ConsumerOffsetManager); the network broker uses them as they are.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config_file import as_object, load_config_file, string_to_file
 from ..remoting import fastjson
 
 log = logging.getLogger(__name__)
 
 
+def _decode_groups(data) -> dict:
+    """subscriptionGroup.json's parsed JSON: its subscriptionGroupTable (ValueError for a wrong shape)."""
+    return as_object(as_object(data, "subscriptionGroup.json").get("subscriptionGroupTable"),
+                     "subscriptionGroupTable")
+
+
 def _atomic_write(path: Path, text: str) -> None:
-    """RocketMQ's MixAll.string2File: keep the previous version as .bak, write via a temp file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    if path.exists():
-        try:
-            os.replace(path, path.with_name(path.name + ".bak"))
-        except OSError:
-            pass
-    os.replace(tmp, path)
+    """RocketMQ's MixAll.string2File, atomic, the previous good content kept as .bak (config_file)."""
+    string_to_file(text, path, _decode_groups)
 
 
 def _read_json(path: Path):
-    for p in (path, path.with_name(path.name + ".bak")):
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError:
-            continue
-        if not text.strip():
-            continue
-        try:
-            return fastjson.loads(text)
-        except ValueError as e:
-            log.warning("%s: unreadable (%s), trying the backup", p, e)
-    return None
+    """The file, else its .bak; CorruptStoreError naming it when neither is usable (config_file)."""
+    table = load_config_file(path, _decode_groups)
+    return None if table is None else {"subscriptionGroupTable": table}
 
 
 # --- subscription groups -----------------------------------------------------------------------------------
