@@ -5,7 +5,9 @@ end of this file; main() builds the parser from that table, loads the `-c/--conf
 StoreConfig.load and turns every error into one line on stderr and exit status 2.
 
 Exit status: 0 success; 1 the command ran but some item failed (e.g. a put that was not PUT_OK);
-2 error (bad argument, unreadable config, corrupt or unreadable store), nothing half-explained.
+2 error (bad argument, unreadable config, corrupt or unreadable store, a path that is not a store
+directory for a command that reads one: such commands never create a store), nothing half-explained;
+`load` also 141 (stdout closed early) and 130/143 (SIGINT/SIGTERM), see `rmqstore load --help`.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Callable, Iterator
 
 from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from .errors import RmqStoreError
-from .message import Message, PutMessageResult
+from .message import Message, PutMessageResult, PutMessageStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 PROG = "rmqstore"
@@ -40,6 +42,23 @@ def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
 
 def _open_for_write(store: Path, cfg: StoreConfig):
     return _open_store(store, cfg, services=True)
+
+
+STORE_MARKERS = ("commitlog", "consumequeue", "checkpoint")
+
+
+def _require_store(store: str | Path) -> Path:
+    """The store directory of a command that must not create one (get, dump, query, cat, stats, clean,
+    rebuild, check without --repair): CliError "not a store directory: PATH" (exit 2) unless PATH is a
+    directory holding commitlog/, consumequeue/ or checkpoint. Looks only: creates and changes nothing."""
+    path = Path(store)
+    try:
+        ok = path.is_dir() and any(os.path.lexists(path / name) for name in STORE_MARKERS)
+    except OSError:
+        ok = False
+    if not ok:
+        raise CliError(f"not a store directory: {path}")
+    return path
 
 
 # ==== helpers =======================================================================================
@@ -144,45 +163,172 @@ def _read_messages(stream, name: str) -> Iterator[tuple[int, Message]]:
             raise CliError(f"{name} line {lineno}: {e}") from None
 
 
+class _StopSignals:
+    """While active (main thread only): SIGINT and SIGTERM only set `signum`, so a batch being put and
+    reported is finished before the load stops; a second signal raises KeyboardInterrupt at once (for a
+    stdout that never drains). Restores the previous handlers on exit."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._prev: dict[int, object] = {}
+
+    def _handler(self, signum, _frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> "_StopSignals":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name)
+                self._prev[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, prev in self._prev.items():
+            signal.signal(sig, prev)
+
+
+# statuses of a message that is in the commitlog (FLUSH_*_TIMEOUT: stored, flushed or replicated late)
+_STORED = frozenset({PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                     PutMessageStatus.FLUSH_SLAVE_TIMEOUT, PutMessageStatus.SLAVE_NOT_AVAILABLE})
+
+
+@dataclass
+class _LoadRun:
+    """What a load did: `stored` messages in the commitlog, `failed` not answered PUT_OK (some of them
+    stored, flushed late), `reported` result lines printed (one per message, stored or not, in order)."""
+    stored: int = 0
+    reported: int = 0
+    failed: int = 0
+    stopped: str | None = None        # why the load stopped before the end of its input
+    status: int = EXIT_OK
+
+
+class _ResultOut:
+    """Result lines to stdout, each write complete before it returns: straight to fd 1 with os.write
+    (looping over partial writes), because CPython's buffered sys.stdout drops the rest of a large write
+    that a signal handled without raising interrupts midway (seen with a SIGINT on a full pipe). Falls back
+    to sys.stdout when it has no file descriptor (redirected in-process)."""
+
+    def __init__(self):
+        try:
+            sys.stdout.flush()
+            self._fd: int | None = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):
+            self._fd = None
+
+    def write(self, text: str) -> None:
+        if self._fd is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        view = memoryview(text.encode("utf-8"))
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def flush(self) -> None:
+        pass
+
+
+def _put_and_report(st, batch: list[Message], run: _LoadRun, out, progress: "_Progress") -> None:
+    """Put batch once, then print its results. A failed print (EPIPE: stdout closed) propagates; the
+    batch is never put again, and `run` says how many were stored and how many of them reported."""
+    results = st.put_messages(batch)
+    lines = []
+    i = run.reported
+    for r in results:
+        lines.append(_dumps({"i": i, **r.to_json()}))
+        i += 1
+        if r.status in _STORED:
+            run.stored += 1
+        if not r.ok:
+            run.failed += 1
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+    run.reported += len(lines)
+    progress.update(run.reported)
+
+
+def _load_stream(st, stream, name: str, out, run: _LoadRun, stop: _StopSignals) -> None:
+    """Put the stream's messages in batches of LOAD_CHUNK, each put exactly once (a batch is taken out of
+    the pending list before it is put, so an exception while printing its results never puts it again).
+    After a SIGINT/SIGTERM the messages read so far are put and reported, then it stops (run.stopped).
+    A malformed line: the messages before it are put and reported, then its CliError propagates."""
+    progress = _Progress("messages loaded")
+    batch: list[Message] = []
+    try:
+        try:
+            for _lineno, msg in _read_messages(stream, name):
+                batch.append(msg)
+                if len(batch) >= LOAD_CHUNK or stop.signum is not None:
+                    todo, batch = batch, []
+                    _put_and_report(st, todo, run, out, progress)
+                    if stop.signum is not None:
+                        break
+        except CliError:
+            todo, batch = batch, []
+            if todo:
+                _put_and_report(st, todo, run, out, progress)
+            raise
+        todo, batch = batch, []
+        if todo:
+            _put_and_report(st, todo, run, out, progress)
+    finally:
+        progress.done(run.reported)
+    if stop.signum is not None:
+        import signal
+
+        run.stopped = f"stopped by {signal.Signals(stop.signum).name}"
+        run.status = 128 + stop.signum
+
+
 def cmd_load(args: argparse.Namespace, cfg: StoreConfig) -> int:
-    """Append the messages of a JSON-lines input; print one put result per message."""
+    """Append the messages of a JSON-lines input; print one put result per message.
+
+    Each message is put once. A result line is printed only after its message was put, in input order.
+    When stdout is closed (EPIPE, e.g. `| head -2`) the load stops after the batch whose results could
+    not be printed (it is stored, not put again) and exits 141; on SIGINT/SIGTERM it finishes and reports
+    the batch in progress, closes the store cleanly and exits 130/143. Either way one stderr line says how
+    many messages were stored and how many of their results were printed."""
     if args.input in (None, "-"):
         stream, name = sys.stdin.buffer, "<stdin>"
     else:
         stream, name = open(args.input, "rb"), args.input
-    out = sys.stdout
-    n = failed = 0
-    progress = _Progress("messages loaded")
-
-    def put(st, batch: list[Message]) -> None:
-        nonlocal n, failed
-        lines = []
-        for r in st.put_messages(batch):
-            if not r.ok:
-                failed += 1
-            lines.append(_dumps({"i": n, **r.to_json()}))
-            n += 1
-        out.write("\n".join(lines) + "\n")
-        out.flush()
-        progress.update(n)
-
+    out = _ResultOut()
+    run = _LoadRun()
     with contextlib.closing(stream) if stream is not sys.stdin.buffer else contextlib.nullcontext():
-        with _open_for_write(Path(args.store), cfg) as st:
-            batch: list[Message] = []
+        with _StopSignals() as stop, _open_for_write(Path(args.store), cfg) as st:
             try:
-                for _lineno, msg in _read_messages(stream, name):
-                    batch.append(msg)
-                    if len(batch) >= LOAD_CHUNK:
-                        put(st, batch)
-                        batch = []
-            finally:   # on a bad line, what came before it is stored and reported
-                if batch:
-                    put(st, batch)
-    progress.done(n)
-    if failed:
-        print(f"{PROG} load: {failed} of {n} messages were not stored (see their status)", file=sys.stderr)
+                _load_stream(st, stream, name, out, run, stop)
+            except BrokenPipeError:
+                _stdout_to_devnull()
+                run.stopped, run.status = "stdout was closed", 141
+    if run.stopped:
+        print(f"{PROG} load: {run.stopped}: {run.stored} messages stored, the results of the first "
+              f"{run.reported} printed ({run.failed} not PUT_OK); the rest of {name} was not loaded",
+              file=sys.stderr)
+        return run.status
+    if run.failed:
+        print(f"{PROG} load: {run.failed} of {run.reported} messages were not answered PUT_OK (see their "
+              "status)", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _stdout_to_devnull() -> None:
+    """stdout's reader went away: point fd 1 at /dev/null so that no later flush raises again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _load_args(p: argparse.ArgumentParser) -> None:
@@ -208,6 +354,8 @@ def cmd_cat(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Print the commitlog's message records in physical order, one JSON object a line."""
     from .reader import CommitLogReader
 
+    if not os.path.isdir(args.store):
+        raise CliError(f"not a store directory: {args.store}")
     out = sys.stdout
     lines: list[str] = []
     with CommitLogReader(args.store, cfg) as reader:
@@ -237,8 +385,8 @@ def _cat_args(p: argparse.ArgumentParser) -> None:
 
 # ==== dump / get / query ============================================================================
 def _store_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", metavar="STORE", help="store directory (opened, locked and recovered: use a copy "
-                                                  "of a store another process has open)")
+    p.add_argument("store", metavar="STORE", help="an existing store directory, never created (opened, locked "
+                                                  "and recovered: use a copy of a store another process has open)")
 
 
 def _write_lines(objs) -> None:
@@ -264,7 +412,7 @@ def cmd_dump(args: argparse.Namespace, cfg: StoreConfig) -> int:
             keys = read_keys(args.keys)
         except ValueError as e:
             raise CliError(str(e)) from None
-    with _open_store(Path(args.store), cfg) as st:
+    with _open_store(_require_store(args.store), cfg) as st:
         _write_lines(dump_lines(st, keys))
     return EXIT_OK
 
@@ -277,7 +425,7 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_get(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """getMessage: messages of a queue from a logical offset; the status line goes to stderr."""
-    with _open_store(Path(args.store), cfg) as st:
+    with _open_store(_require_store(args.store), cfg) as st:
         r = st.get_message(args.group, args.topic, args.queue, args.offset, args.n)
         _write_lines(m.to_json() for m in r.messages)
         print(_dumps({"status": r.status.value, "nextBeginOffset": r.next_begin_offset,
@@ -310,7 +458,7 @@ def _ms(text: str) -> int:
 
 def cmd_query(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Messages of TOPIC carrying KEY (hash collisions and duplicates removed)."""
-    with _open_store(Path(args.store), cfg) as st:
+    with _open_store(_require_store(args.store), cfg) as st:
         found = st.find_messages_by_key(args.topic, args.key, args.max, args.begin, args.end)
         _write_lines(m.to_json() for m in found)
     return EXIT_OK if found else EXIT_FAILED
@@ -328,6 +476,7 @@ def _query_args(p: argparse.ArgumentParser) -> None:
 # ==== rebuild =======================================================================================
 def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Drop consume queues and index and rebuild them from the commitlog."""
+    _require_store(args.store)
     if args.engine == "spark":
         from .spark import rebuild_spark
 
@@ -354,12 +503,48 @@ def _rebuild_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", metavar="URL", default=None, help="Spark master (default local[*])")
 
 
+# ==== check =========================================================================================
+def cmd_check(args: argparse.Namespace, cfg: StoreConfig) -> int:
+    """A full consistency check (rmqstore.check): one line per problem, then a summary line; exit 0 when
+    clean, 1 when not. Read only, unless --repair (which takes the store's lock)."""
+    from .check import NotAStoreError, check_store, progress_bar, repair_store
+
+    update, close = progress_bar("check")
+    try:
+        if args.repair:
+            first, report = repair_store(args.store, cfg, progress=update)
+        else:
+            first = report = check_store(args.store, cfg, progress=update)
+    except NotAStoreError as e:
+        raise CliError(str(e)) from None
+    finally:
+        close()
+    for note in first.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for p in first.problems:
+        print(str(p))
+    if args.repair:
+        for line in report.repaired:
+            print(f"repaired: {line}")
+        for p in report.problems:
+            print(f"not repaired: {p}")
+    print(report.summary())
+    sys.stdout.flush()
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE", help="store directory")
+    p.add_argument("--repair", action="store_true", help="open the store (taking its lock), rebuild consume "
+                   "queues and index, quarantine malformed config files (FILE.corrupt-<time>), check again")
+
+
 # ==== clean =========================================================================================
 def cmd_clean(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Delete expired commitlog files (and the queue and index files below them) now."""
     from .cleanup import clean_store
 
-    with _open_store(Path(args.store), cfg) as st:
+    with _open_store(_require_store(args.store), cfg) as st:
         print(_dumps(clean_store(st, force=args.force)))
     return EXIT_OK
 
@@ -376,6 +561,7 @@ def cmd_stats(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Per topic and queue: messages, bytes, first/last store time, messages per minute (read only)."""
     from .spark import stats
 
+    _require_store(args.store)
     rows = stats(args.store, engine=args.engine, plot=args.plot, config=args.config or cfg)
     _write_lines(rows)
     if args.plot:
@@ -454,7 +640,9 @@ COMMANDS: list[Command] = [
                     "A malformed line stops the load with an error naming its line number; the "
                     "messages before it are stored and reported.",
         epilog="example:\n  rmqstore load -c store.conf ./my-store < messages.jsonl > puts.jsonl\n\n"
-               "exit status: 0 all stored, 1 some message refused (see its status), 2 error"),
+               "exit status: 0 all stored, 1 some message not answered PUT_OK (see its status), 2 error,\n"
+               "141 stdout closed early (`| head`), 130/143 SIGINT/SIGTERM: the load stops after the batch in\n"
+               "progress (stored once, never put again) and says on stderr how many were stored"),
     Command(
         "cat", "print the commitlog's records in physical order as JSON lines (read only)",
         cmd_cat, _cat_args,
@@ -486,6 +674,17 @@ COMMANDS: list[Command] = [
             _rebuild_args,
             epilog="examples:\n  rmqstore rebuild -c store.conf ./my-store\n"
                    "  rmqstore rebuild --engine spark --master local[2] ./my-store"),
+    Command("check", "check every file of a store (records, CRCs, queues, index, checkpoint, config)",
+            cmd_check, _check_args,
+            description="A full consistency check, read only (nothing is created, locked or written): every "
+                        "commitlog record (magic code, sizes, CRC; after a bad record the scan resumes at the "
+                        "next valid one), every consume queue unit against its record and every message "
+                        "against its queue, index entries against records, the checkpoint against the files, "
+                        "config/*.json. One line per problem (FILE: offset N: what), then a summary line. "
+                        "--repair opens the store, rebuilds what is derived and quarantines what is not.",
+            epilog="examples:\n  rmqstore check -c store.conf ./my-store\n"
+                   "  rmqstore check -c store.conf --repair ./my-store\n\n"
+                   "exit status: 0 clean, 1 problems found (after --repair: problems left), 2 error"),
     Command("clean", "delete expired files now (fileReservedTime, disk use)", cmd_clean, _clean_args,
             description="Apply RocketMQ's cleanup rules once: commitlog files older than fileReservedTime "
                         "hours (or, above diskMaxUsedSpaceRatio, the oldest), never the current file; then the "

@@ -19,11 +19,12 @@ from typing import Iterable, Protocol, Sequence
 
 from . import codec
 from .checkpoint import StoreCheckpoint
-from .commit_log import CommitLog
+from .commit_log import AppendFailed, CommitLog
 from .config import StoreConfig
 from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
 from .dispatch import Dispatcher
 from .errors import StoreClosedError
+from .failure import FailureChannel, FailureKind
 from .index_file import IndexService
 from .lock import AbortFile, StoreLock
 from .message_batch import MessageBatch
@@ -66,10 +67,13 @@ class MessageStore:
         self.commit_log = CommitLog(self.path, self.config)
         self.consume_queues = ConsumeQueueTable(self.path, self.config.mapped_file_size_consume_queue)
         self.index_service = IndexService(self.path, self.config)
-        self.dispatcher = Dispatcher(self.commit_log, self.consume_queues, self.index_service, self.config)
+        # one failure channel every service reports to (failure.py): read by wait_dispatched, close, check
+        self.failures = FailureChannel()
+        self.dispatcher = Dispatcher(self.commit_log, self.consume_queues, self.index_service, self.config,
+                                     self.failures)
         self.services: list = []          # flush / clean services: start() and shutdown()
         self.recovery_report: RecoveryReport | None = None
-        self.running_flags = RunningFlags()
+        self.running_flags = RunningFlags(self.failures)
         self.max_delay_level = len(self.config.delay_levels_ms())
         self.schedule_service = None      # schedule.ScheduleMessageService, started with the services
         self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
@@ -111,7 +115,10 @@ class MessageStore:
         self.recovery_report = recover_store(self)
 
     def close(self) -> None:
-        """Clean shutdown: stop services, dispatch and flush everything, remove the abort file."""
+        """Clean shutdown: stop services, dispatch and flush everything, remove the abort file.
+
+        Returns promptly when dispatching cannot progress (its reason is logged and on self.failures);
+        the abort file then stays, so that the next open recovers and re-dispatches."""
         if self._closed:
             return
         self._closed = True
@@ -119,7 +126,11 @@ class MessageStore:
         if self.schedule_service is not None:
             self.schedule_service.shutdown()
             self.schedule_service = None
-        self.dispatcher.shutdown(drain=True)
+        drained = self.dispatcher.shutdown(drain=True)
+        if not drained:
+            log.error("%s: closing with commitlog offsets %d..%d not dispatched: %s", self.path,
+                      self.dispatcher.reput_from_offset, self.commit_log.get_max_offset(),
+                      self.dispatcher.stuck_reason() or "dispatch did not finish in time")
         for s in reversed(self.services):
             s.shutdown()
         flush_failed = [s.failed for s in self.services if getattr(s, "failed", None)]
@@ -136,7 +147,7 @@ class MessageStore:
                 log.error("%s: final flush failed (%s): keeping the abort file so the next open recovers",
                           self.path, e)
         self._release_files()
-        if ok and self.dispatcher.error is None and self.dispatcher.write_error is None:
+        if ok and drained and self.dispatcher.stuck_reason() is None:
             self.abort_file.remove()
         else:
             self.abort_file.close()
@@ -181,7 +192,10 @@ class MessageStore:
 
     # --- put ------------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
-        """Append one message (put_messages for one, without the batch's costs)."""
+        """Append one message (put_messages for one, without the batch's costs). The message is validated
+        first (validation.py: refused with MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED and a reason); PUT_OK
+        means written at the answered offset and dispatched at the answered queue offset; a failed write
+        answers SERVICE_NOT_AVAILABLE (not stored) and the store refuses puts from then on."""
         if self._closed or not self.running_flags.writeable:
             return self.put_messages([msg])[0]      # refused there, with the reason logged
         p = msg.properties
@@ -196,7 +210,7 @@ class MessageStore:
             result = self.commit_log.put_message(msg)
         except OSError as e:
             self.record_write_failure(e)
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {e}")
         self.dispatcher.wakeup()
         return result
 
@@ -204,23 +218,31 @@ class MessageStore:
                      delay_rewrite: bool = True) -> Sequence[PutMessageResult]:
         """Append messages, or a MessageBatch (columns: the fastest way in); with delay_rewrite (the
         default), messages with a DELAY property go to SCHEDULE_TOPIC_XXXX as CommitLog.putMessage does
-        (see schedule.rewrite_delayed)."""
+        (see schedule.rewrite_delayed). One result per message, each true for that message: a refused
+        one does not stop the others, and a write that fails part way answers PUT_OK for exactly the
+        records written before it (they are stored and dispatched) and SERVICE_NOT_AVAILABLE for the rest."""
         if isinstance(msgs, MessageBatch):
             if delay_rewrite and codec.PROPERTY_DELAY in msgs.properties:
                 msgs = msgs.to_messages()
         else:
             msgs = list(msgs)
         if self._closed or not self.running_flags.writeable:
+            why = "the store is closed" if self._closed else f"puts are refused: {self.running_flags.why()}"
             if not self._closed:
                 log.warning("%s: put refused: %s", self.path, self.running_flags.why())
-            return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE) for _ in range(len(msgs))]
+            return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, why) for _ in range(len(msgs))]
         if delay_rewrite and not isinstance(msgs, MessageBatch):
             msgs = rewrite_delayed(msgs, self.max_delay_level)
         try:
             results = self.commit_log.put_messages(msgs)
+        except AppendFailed as e:
+            self.record_write_failure(e.error)
+            self.dispatcher.wakeup()        # the records written before the failure are dispatched
+            return e.results
         except OSError as e:
             self.record_write_failure(e)
-            return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE) for _ in range(len(msgs))]
+            return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {e}")
+                    for _ in range(len(msgs))]
         self.dispatcher.wakeup()
         return results
 
@@ -270,6 +292,12 @@ class MessageStore:
             if next_phy_file_start is not None and off_py < next_phy_file_start:
                 i += UNIT
                 continue
+            if size_py == codec.CQ_BLANK_SIZE and off_py == 0:
+                # a filler unit: its record was lost (a skipped damaged range, a missing file): removed
+                if result.buffer_total_size == 0:
+                    result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                i += UNIT
+                continue
             in_disk = max_py - off_py > memory
             if self._batch_full(size_py, max_msg_nums, result, in_disk):
                 break
@@ -316,16 +344,26 @@ class MessageStore:
                 or count > cfg.max_transfer_count_on_message_in_memory - 1)
 
     def _message_at(self, off: int, size: int, cq: ConsumeQueue | None = None, logical: int | None = None) -> MessageExt | None:
+        if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(off):
+            return None     # in a damaged range recovery skipped (recovery.py): not a message to answer
         raw = self.commit_log.get_message(off, size)
         if raw is None:
             return None
+        where = f" (unit {logical} of {cq.topic}/{cq.queue_id})" if cq is not None else ""
         try:
-            return MessageExt.from_record(codec.decode_record(raw, 0, len(raw)))
+            rec = codec.decode_record(raw, 0, len(raw), check_crc=True)   # a damaged body is not an answer
         except codec.RecordError as e:
-            where = f" (unit {logical} of {cq.topic}/{cq.queue_id})" if cq is not None else ""
             log.warning("%s: commitlog offset %d%s holds no valid message: %s",
                         self.commit_log.queue.store_path, off, where, e.reason)
             return None
+        if cq is not None:
+            # the unit must name this record: never answer FOUND with another queue's or offset's message
+            wrong = unit_record_mismatch(rec, off, size, cq.topic, cq.queue_id, logical)
+            if wrong is not None:
+                log.warning("%s: commitlog offset %d%s: %s; unit skipped (rmqstore check --repair rebuilds the "
+                            "queue)", self.commit_log.queue.store_path, off, where, wrong)
+                return None
+        return MessageExt.from_record(rec)
 
     # --- offsets and lookups --------------------------------------------------------------------
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
@@ -371,6 +409,8 @@ class MessageStore:
         return codec.struct.unpack_from(">q", raw, codec.store_timestamp_pos(sys_flag))[0]
 
     def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt | None:
+        if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(commit_log_offset):
+            return None     # in a damaged range recovery skipped
         return self.commit_log.look_message_by_offset(commit_log_offset, size)
 
     def view_message_by_id(self, msg_id: str) -> MessageExt | None:
@@ -411,17 +451,93 @@ class MessageStore:
     def dispatch_behind_bytes(self) -> int:
         return self.dispatcher.dispatch_behind_bytes()
 
-    def wait_dispatched(self, timeout: float = 10.0) -> bool:
-        return self.dispatcher.wait_dispatched(timeout=timeout)
+    def wait_dispatched(self, timeout: float = 10.0, *, raise_on_failure: bool = False) -> bool:
+        """True once everything written is in the consume queues and the index. False at the timeout, or
+        at once when dispatching cannot progress; with raise_on_failure that case raises a
+        StoreDispatchError with the reason instead (also on self.failures)."""
+        ok = self.dispatcher.wait_dispatched(timeout=timeout)
+        why = None if ok else self.dispatcher.stuck_reason()
+        if why is not None and raise_on_failure:
+            raise StoreDispatchError(f"{self.path}: dispatch stopped at offset "
+                                     f"{self.dispatcher.reput_from_offset}: {why}")
+        return ok
 
     def topics(self) -> dict[str, list[int]]:
         return {t: sorted(qs) for t, qs in sorted(self.consume_queues.table.items())}
 
+    def check(self, repair: bool = False):
+        """A full consistency check of this open store (rmqstore.check.check_store: every record with its
+        CRC, every consume queue unit against its record, index entries, checkpoint, config files), after
+        the dispatcher caught up. Returns a check.CheckReport (`ok`, `problems`, `summary()`).
+
+        repair=True, on the open store: consume queues with a damaged unit are cut there and rebuilt from
+        the commitlog by the dispatcher, malformed config files are quarantined (FILE.corrupt-<time>, the
+        .bak restored); then the check runs again and its report is returned (`repaired` says what was
+        done). Index damage is repaired at the next open, or by `rmqstore check --repair` on the closed
+        store. Nothing in the commitlog is ever deleted."""
+        from .check import _repair_config, check_store
+        self._check_open()
+        self.wait_dispatched()
+        report = check_store(self.path, self.config, live=True)
+        if not repair or report.ok:
+            return report
+        done: list[str] = []
+        _repair_config(report.bad_config, done)
+        done.extend(self._repair_queues())
+        after = check_store(self.path, self.config, live=True)
+        after.repaired = done
+        return after
+
+    def _repair_queues(self) -> list[str]:
+        """Cut every consume queue at its first damaged unit (all units checked) and re-dispatch from there."""
+        from .recovery import _commitlog_sources, _last_unit, _repair_queue, check_queue
+        cl = self.commit_log
+        done, starts = [], []
+        rep = RecoveryReport(clean_shutdown=True)
+        with self.dispatcher._lock:          # the dispatcher thread waits: no unit is appended meanwhile
+            sources = _commitlog_sources(cl)
+            cl_min = max(cl.get_min_offset(), 0)
+            for cq in list(self.consume_queues):
+                found = check_queue(cq, sources, cl_min)
+                if found is None or not _repair_queue(cq, cl, cl.get_max_offset(), found[0], found[1], rep):
+                    continue
+                last = _last_unit(cq)
+                cq.max_physic_offset = last[0] + last[1] if last is not None else -1
+                starts.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min)
+            if starts:
+                self.dispatcher.reput_from_offset = min(starts + [self.dispatcher.reput_from_offset])
+        if starts:
+            self.dispatcher.do_reput()
+            self.wait_dispatched()
+        done.extend(str(d) for d in rep.dropped)
+        return done
+
+
+def unit_record_mismatch(rec: codec.DecodedRecord, off: int, size: int, topic: str, queue_id: int,
+                         logical: int | None) -> str | None:
+    """What a consume queue unit (offset, size, logical offset of topic/queue_id) and the record it points
+    at disagree on, or None: the read path's cross-check (the fields are in the decoded header)."""
+    if rec.physical_offset != off:
+        return f"the record says it is at offset {rec.physical_offset}"
+    if rec.store_size != size:
+        return f"the record has {rec.store_size} bytes, the unit says {size}"
+    if rec.topic != topic or rec.queue_id != queue_id:
+        return f"the record belongs to {rec.topic}/{rec.queue_id}"
+    if logical is not None and rec.queue_offset != logical:
+        return f"the record has queue offset {rec.queue_offset}"
+    return None
+
+
+class StoreDispatchError(RuntimeError):
+    """wait_dispatched(raise_on_failure=True): dispatching cannot progress (the message says why)."""
+
 
 class RunningFlags:
-    """RocketMQ's RunningFlags: why the store refuses writes (disk full, a failed write)."""
+    """RocketMQ's RunningFlags: why the store refuses writes (disk full, a failed write). A failed write is
+    also reported to the failure channel."""
 
-    def __init__(self):
+    def __init__(self, failures: FailureChannel | None = None):
+        self.failures = failures
         self._lock = threading.Lock()
         self.disk_full = False
         self.disk_full_reason: str | None = None    # set with disk_full by the cleanup service
@@ -431,9 +547,12 @@ class RunningFlags:
     def writeable(self) -> bool:
         return not self.disk_full and self.write_error is None
 
-    def write_failed(self, why: str) -> None:
+    def write_failed(self, why: str, kind: FailureKind | str = FailureKind.WRITE) -> None:
+        """Refuse puts from now on, for this reason (a WRITE or FLUSH failure on the failure channel)."""
         with self._lock:
             self.write_error = why
+        if self.failures is not None:
+            self.failures.raise_condition("store.write", FailureKind(kind), why)
 
     def why(self) -> str:
         if self.disk_full:
