@@ -50,3 +50,17 @@ def test_fill_queue_is_bounded_by_what_was_lost(tmp_path):
     cq.put_units([(5000, 100, 0, 15)])
     assert cq.get_unit(15) == (5000, 100, 0)
     cq.shutdown()
+
+
+def test_cut_removes_zero_units_and_trailing_fillers(tmp_path):
+    """A power cut leaves zero units at a queue's end (and the power-loss model found units past the
+    commitlog's end kept in front of them): the cut keeps real units below the end only."""
+    from rmqstore.dispatch import FILLER_UNIT
+    cq = _queue(tmp_path, 25)
+    cq.queue.last.append(FILLER_UNIT * 5)          # units 25..29: fillers, the third file is full
+    cq.queue.get_last_mapped_file(30 * UNIT).append(bytes(UNIT * 4))    # a fourth file of zero units
+    assert cq.get_max_offset_in_queue() == 34
+    cq.truncate_dirty_logic_files(1000 + 100 * 23)  # units 23, 24 point past the end
+    assert cq.get_max_offset_in_queue() == 23
+    assert cq.max_physic_offset == 1000 + 100 * 23
+    cq.shutdown()

@@ -71,3 +71,26 @@ def test_damaged_queue_offset_in_a_header_makes_no_fillers(tmp_path, queue_kept)
             assert [(m.queue_offset, m.body) for m in got.messages] == [(i, b"m%03d" % i)], (i, got.status)
         got = s.get_message("g", "T", 0, 50, 1)     # its record names another offset: skipped, never served
         assert [(m.queue_offset, m.body) for m in got.messages] == [(51, b"m051")]
+
+
+def test_damaged_header_is_not_answered_by_id(tmp_path):
+    """A bit flipped in a record's QUEUEOFFSET (not covered by the body CRC) of a cleanly closed store:
+    view_message_by_id answered TopicB/2/4611686018427387907 for the message stored as TopicB/2/3 (found by
+    the corruption fuzzer). A dispatched message is answered by offset only where its queue says it is."""
+    from rmqstore import codec
+
+    path = tmp_path / "store"
+    with MessageStore.open(path, StoreConfig.from_dict(CFG)) as s:
+        rs = [s.put_message(Message("T", b"m%04d" % i, queue_id=i % 2, properties={"KEYS": f"k{i}"}))
+              for i in range(1000)]
+    victim = rs[6].append_result
+    with open(path / "commitlog" / "00000000000000000000", "r+b") as f:
+        f.seek(victim.wrote_offset + codec.POS_QUEUEOFFSET)
+        f.write(b"\x40")                            # queue offset 3 -> 2**62 + 3
+    with MessageStore.open(path, StoreConfig.from_dict(CFG)) as s:
+        assert s.view_message_by_id(victim.msg_id) is None
+        assert s.find_messages_by_key("T", "k6") == []
+        for i in (5, 7, 999):
+            m = s.view_message_by_id(rs[i].append_result.msg_id)
+            assert (m.queue_id, m.queue_offset, m.body) == (i % 2, i // 2, b"m%04d" % i)
+        assert [m.body for m in s.find_messages_by_key("T", "k7")] == [b"m0007"]

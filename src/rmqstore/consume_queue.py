@@ -348,28 +348,35 @@ class ConsumeQueue:
 
     # --- maintenance ----------------------------------------------------------------------------
     def truncate_dirty_logic_files(self, phy_offset: int) -> None:
-        """Remove units whose message starts at or after phy_offset (the commitlog was cut there)."""
+        """Remove units whose message starts at or after phy_offset (the commitlog was cut there), and what
+        follows the last unit kept: zero units (a file a crash left unwritten) and trailing fillers."""
         with self.lock:
             for mf in reversed(list(self.queue.files)):
-                if mf.read_position == 0 and mf is not self.queue.first:
+                first = mf is self.queue.first
+                if mf.read_position == 0 and not first:
                     self.queue.delete_last_mapped_file()    # an empty last file: the units are before it
                     continue
                 arr = np.frombuffer(mf.mm, dtype=_CQ_NP, count=mf.read_position // UNIT)
                 real = (arr["size"] > 0) & ~((arr["size"] == codec.CQ_BLANK_SIZE) & (arr["offset"] == 0))
                 keep = np.flatnonzero(real & (arr["offset"] < phy_offset))
-                if len(keep) == 0 and mf.read_position and real.any():
-                    del arr
-                    if mf is self.queue.first:
-                        self.queue.truncate_dirty_files(mf.file_from_offset)
-                        self.max_physic_offset = -1
-                        break
-                    self.queue.delete_last_mapped_file()
+                if len(keep) == 0 and not first:
+                    del arr, real
+                    self.queue.delete_last_mapped_file()    # nothing of it stays: zeros, fillers, units past
                     continue
-                n = (int(keep[-1]) + 1) if len(keep) else mf.read_position // UNIT
+                if len(keep) == 0 and real.any():           # the first file: every message past the end
+                    del arr, real
+                    self.queue.truncate_dirty_files(mf.file_from_offset)
+                    self.max_physic_offset = -1
+                    break
                 if len(keep):
                     k = int(keep[-1])
+                    n = k + 1
                     self.max_physic_offset = int(arr["offset"][k]) + int(arr["size"][k])
-                del arr
+                else:                                       # the first file holds fillers (and zeros) only
+                    nz = np.flatnonzero(arr["size"] != 0)
+                    n = int(nz[-1]) + 1 if len(nz) else 0
+                    self.max_physic_offset = -1
+                del arr, real
                 self.queue.truncate_dirty_files(mf.file_from_offset + n * UNIT)
                 break
             else:

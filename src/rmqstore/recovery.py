@@ -702,8 +702,9 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
         before = cq.get_max_offset_in_queue()
         dropped = cq.recover(commitlog_end)
         last = _last_unit(cq)
-        if last is not None and last[0] + last[1] > commitlog_end:
-            # units older than the files recover() checks still point past the end: cut them as well
+        if last is not None and (last[0] + last[1] > commitlog_end or last[1] <= 0):
+            # units older than the files recover() checks still point past the end, or the queue ends in
+            # zero units (a file a power cut left unwritten): cut them as well
             n = cq.get_max_offset_in_queue()
             cq.truncate_dirty_logic_files(commitlog_end)
             dropped += n - cq.get_max_offset_in_queue()

@@ -409,9 +409,29 @@ class MessageStore:
         return codec.struct.unpack_from(">q", raw, codec.store_timestamp_pos(sys_flag))[0]
 
     def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt | None:
+        """The message at a commitlog offset (RocketMQ's lookMessageByOffset), or None. Besides its own checks
+        (sizes, body CRC), a dispatched message must be where its consume queue says: its header fields are
+        not covered by the CRC, and a record whose QUEUEOFFSET, topic or queue id was damaged is not answered
+        as the message it no longer describes."""
         if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(commit_log_offset):
             return None     # in a damaged range recovery skipped
-        return self.commit_log.look_message_by_offset(commit_log_offset, size)
+        msg = self.commit_log.look_message_by_offset(commit_log_offset, size)
+        if msg is None or commit_log_offset >= self.dispatcher.reput_from_offset:
+            return msg      # not dispatched yet: no unit to agree with
+        tran = msg.sys_flag & codec.TRANSACTION_TYPE_MASK
+        if tran == codec.TRANSACTION_PREPARED_TYPE or tran == codec.TRANSACTION_ROLLBACK_TYPE:
+            return msg      # never in a consume queue
+        cq = self.consume_queues.find(msg.topic, msg.queue_id)
+        unit = cq.get_unit(msg.queue_offset) if cq is not None and 0 <= msg.queue_offset < 1 << 62 else None
+        if cq is not None and msg.queue_offset < cq.get_min_offset_in_queue():
+            return msg      # its unit was cleaned with its consume queue file: nothing to agree with
+        if unit is None or unit[0] != commit_log_offset:
+            log.warning("%s: commitlog offset %d: the record names %s/%d queue offset %d, whose unit %s: a "
+                        "damaged header; not answered", self.commit_log.queue.store_path, commit_log_offset,
+                        msg.topic, msg.queue_id, msg.queue_offset,
+                        "does not exist" if unit is None else f"points at {unit[0]}")
+            return None
+        return msg
 
     def view_message_by_id(self, msg_id: str) -> MessageExt | None:
         _, offset = codec.decode_message_id(msg_id)
