@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+from conftest import golden_dir
+
+GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 TOOLS = GOLDEN.parent / "tools"
 CONF = str(GOLDEN / "rmq440-clean" / "store.conf")
 

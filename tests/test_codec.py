@@ -339,7 +339,8 @@ def test_walk_records_golden_commitlog():
     """Every golden commitlog file walks to the same end as check_record's walk, CRCs checked."""
     import pathlib
     import mmap
-    root = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+    from conftest import golden_dir
+    root = golden_dir()
     files = sorted(root.glob("*/commitlog/*")) + sorted(root.glob("*/store/commitlog/*"))
     files = [f for f in files if f.is_file() and f.name.isdigit()]
     assert files, f"no golden commitlog under {root}"

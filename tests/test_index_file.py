@@ -1,6 +1,6 @@
 """IndexFile / IndexService: byte compatibility with RocketMQ 4.4.0's index files, queries, corruption.
 
-The golden stores under /work/shared/golden are read-only: every test works on a copy in a tmp dir.
+The golden stores ($RMQSTORE_GOLDEN, else ../shared/golden) are read-only: every test works on a copy in a tmp dir.
 """
 from __future__ import annotations
 
@@ -17,18 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import golden_dir
+
 from rmqstore import codec
 from rmqstore.config import StoreConfig
 from rmqstore.errors import CorruptStoreError
 from rmqstore.index_file import (ENTRY_SIZE, HEADER_SIZE, IndexFile, IndexService, key_hash, key_hashes,
                                  time_millis_to_human_string)
 
-GOLDEN = Path("/work/shared/golden")
+GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 SETS = ["rmq440-clean", "rmq440-crash"]
 LOGGER = "rmqstore.index_file"
 FOREVER = 2 ** 63 - 1
 
-needs_golden = pytest.mark.skipif(not (GOLDEN / "rmq440-clean").is_dir(), reason="golden stores not present")
+needs_golden = pytest.mark.usefixtures("golden")     # fails (never skips) when the golden data is missing
 
 
 # --- helpers -------------------------------------------------------------------------------------------

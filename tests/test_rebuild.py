@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import golden_dir
+
 from rmqstore import codec
 from rmqstore.config import StoreConfig
 from rmqstore.rebuild import rebuild_store
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 
 
 def copy_store(name: str, dst: Path) -> Path:

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import golden_dir
+
 from rmqstore import codec
 from rmqstore.config import StoreConfig
 from rmqstore.dump import dump_lines, read_keys
 from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store import MessageStore
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 TOOLS = GOLDEN.parent / "tools"
 
 
