@@ -23,8 +23,10 @@ $(VENV)/.stamp-%: pyproject.toml | $(PY)
 
 install: $(VENV)/.stamp-spark,test,bench
 
+# Two workers (pytest-xdist), a test module per worker at a time: the suite's Spark sessions, child
+# processes and tmpfs mounts stay within their module. PYTEST_ARGS='-n 0' runs it in one process.
 test: $(VENV)/.stamp-spark,test,bench
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 demo: $(VENV)/.stamp-spark
 	$(PY) -m rmqstore.demo
