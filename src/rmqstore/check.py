@@ -28,7 +28,6 @@ problems. repair_store() (`check --repair`) opens the store (taking its lock), r
 """
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import time
@@ -40,6 +39,7 @@ import numpy as np
 
 from . import codec
 from .config import StoreConfig
+from .mapped_file import FileCache
 from .recovery import UNIT_MISSING, UNIT_REASONS, index_file_problems, structure_problem, unit_problems
 
 UNIT = codec.CQ_STORE_UNIT_SIZE
@@ -103,35 +103,6 @@ def _digit_files(d: Path, digits: int | None = 20) -> list[tuple[int, Path, int]
         if n.isdigit() and (digits is None or len(n) == digits) and p.is_file():
             out.append((int(n), p, p.stat().st_size))
     return out
-
-
-class _Maps:
-    """Read-only mappings, opened on first use and closed together."""
-
-    def __init__(self):
-        self._m: dict[Path, tuple[mmap.mmap | None, np.ndarray]] = {}
-
-    def get(self, path: Path) -> tuple[mmap.mmap | None, np.ndarray]:
-        got = self._m.get(path)
-        if got is None:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                size = os.fstat(fd).st_size
-                mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-            finally:
-                os.close(fd)
-            got = self._m[path] = (mm, np.frombuffer(mm, np.uint8) if mm is not None else np.empty(0, np.uint8))
-        return got
-
-    def close(self) -> None:
-        for mm, arr in self._m.values():
-            del arr
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:      # a view still points into it: the GC unmaps it
-                    pass
-        self._m.clear()
 
 
 def store_root(path: str | os.PathLike) -> Path:
@@ -219,7 +190,7 @@ def _has_data(path: Path, pos: int, end: int) -> bool:
         os.close(fd)
 
 
-def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: _Maps, crashed: bool,
+def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: FileCache, crashed: bool,
                     progress: Progress | None = None) -> Records:
     """Check every commitlog record; returns the columns of the valid ones."""
     cdir = root / "commitlog"
@@ -338,7 +309,7 @@ def _read_units(files: list[tuple[int, Path, int]], fsize: int, report: CheckRep
     return first, cat(offs), cat(sizes)
 
 
-def check_consume_queues(root: Path, cfg: StoreConfig, recs: Records, report: CheckReport, maps: _Maps,
+def check_consume_queues(root: Path, cfg: StoreConfig, recs: Records, report: CheckReport, maps: FileCache,
                          behind_ok: bool) -> None:
     """Every unit of every queue against its record; every dispatched record present in its queue."""
     fsize = cfg.mapped_file_size_consume_queue
@@ -616,7 +587,7 @@ def check_store(path: str | os.PathLike, config: StoreConfig | None = None, *, p
         report.notes.append(f"{root}: abort file present (not shut down cleanly): what recovery repairs at the "
                             "next open is listed as notes")
     behind_ok = live or crashed
-    maps = _Maps()
+    maps = FileCache()
     try:
         recs = check_commitlog(root, cfg, report, maps, behind_ok, progress)
         check_consume_queues(root, cfg, recs, report, maps, behind_ok)
@@ -726,7 +697,7 @@ def _repair_derived(path: Path, cfg: StoreConfig, progress: Progress | None, don
 def _clamp_checkpoint(p: Path, root: Path, cfg: StoreConfig) -> str:
     """Set checkpoint timestamps later than the newest record back to it (the checkpoint then vouches for
     less: recovery checks more). Written with pwrite + fsync."""
-    maps = _Maps()
+    maps = FileCache()
     try:
         recs = check_commitlog(root, cfg, CheckReport(str(root)), maps, False)
     finally:

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from .errors import RmqStoreError
-from .message import Message, PutMessageResult, PutMessageStatus
+from .message import Message, PutMessageStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 PROG = "rmqstore"

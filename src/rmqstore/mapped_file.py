@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .errors import CorruptStoreError
 
 log = logging.getLogger(__name__)
@@ -539,3 +541,38 @@ class MappedFileQueue:
             self.store_path.rmdir()
         except OSError:
             pass
+
+
+# --- read-only mappings (readers that never write or lock: StoreView, Spark, check) -----------------------
+def map_read_only(path: str) -> mmap.mmap | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+    finally:
+        os.close(fd)
+
+
+class FileCache:
+    """Read-only mappings of commitlog files, opened on first use (one per file and partition)."""
+
+    def __init__(self):
+        self._maps: dict[str, tuple[mmap.mmap | None, np.ndarray]] = {}
+
+    def get(self, path: str) -> tuple[mmap.mmap | None, np.ndarray]:
+        got = self._maps.get(path)
+        if got is None:
+            mm = map_read_only(path)
+            arr = np.frombuffer(mm, dtype=np.uint8) if mm is not None else np.empty(0, dtype=np.uint8)
+            got = self._maps[path] = (mm, arr)
+        return got
+
+    def close(self) -> None:
+        maps, self._maps = self._maps, {}
+        for mm, arr in maps.values():
+            del arr
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:    # a batch still points into it: the GC unmaps it
+                    pass

@@ -468,10 +468,10 @@ def _topic_matches(raw: np.ndarray, pos: np.ndarray, total: np.ndarray, sys_flag
     v1 = magic == codec.MESSAGE_MAGIC_CODE
     ok &= body_len >= 0
     out = np.zeros(len(pos), dtype=bool)
-    for is_v1, field in ((True, struct.pack(">B", len(topic) & 0xFF)), (False, struct.pack(">H", len(topic) & 0xFFFF))):
+    for is_v1, length in ((True, struct.pack(">B", len(topic) & 0xFF)), (False, struct.pack(">H", len(topic) & 0xFFFF))):
         if is_v1 and len(topic) > 127:
             continue
-        want = field + topic
+        want = length + topic
         sel = np.flatnonzero(ok & (v1 == is_v1) & (tpos + len(want) <= end))
         if len(sel):
             got = _gather(raw, f"V{len(want)}", tpos[sel])

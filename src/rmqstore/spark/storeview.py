@@ -23,7 +23,6 @@ from __future__ import annotations
 import fcntl
 import glob
 import logging
-import mmap
 import os
 import struct
 import types
@@ -35,9 +34,9 @@ import numpy as np
 
 from .. import codec
 from ..config import StoreConfig
-from ..consume_queue import search_by_time
+from ..consume_queue import search_by_time, short_only_file
 from ..index_file import IndexFile, key_hash
-from ..consume_queue import short_only_file
+from ..mapped_file import FileCache, map_read_only  # noqa: F401 - used here and by spark modules
 from ..recovery import CQ_CHECK_SAMPLE, _checked_positions, structure_problem, unit_problems
 from . import records as R
 
@@ -75,40 +74,7 @@ def _digit_files(d: str, digits: int | None = 20) -> list[tuple[int, str, int]]:
     return out
 
 
-def map_read_only(path: str) -> mmap.mmap | None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-    finally:
-        os.close(fd)
-
-
-class FileCache:
-    """Read-only mappings of commitlog files, opened on first use (one per file and partition)."""
-
-    def __init__(self):
-        self._maps: dict[str, tuple[mmap.mmap | None, np.ndarray]] = {}
-
-    def get(self, path: str) -> tuple[mmap.mmap | None, np.ndarray]:
-        got = self._maps.get(path)
-        if got is None:
-            mm = map_read_only(path)
-            arr = np.frombuffer(mm, dtype=np.uint8) if mm is not None else np.empty(0, dtype=np.uint8)
-            got = self._maps[path] = (mm, arr)
-        return got
-
-    def close(self) -> None:
-        maps, self._maps = self._maps, {}
-        for mm, arr in maps.values():
-            del arr
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:    # a batch still points into it: the GC unmaps it
-                    pass
-
-
+# read-only mappings live with the other mappings (rmqstore.mapped_file); the names stay importable here
 _FLOCK = struct.Struct("hhqqi4x")
 
 
