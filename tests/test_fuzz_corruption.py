@@ -53,7 +53,10 @@ from store_checks import make_message, records_in_dir
 
 pytestmark = pytest.mark.slow
 
-SEED = int(os.environ.get("RMQSTORE_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 30))))
+# A fixed seed by default, so that `make test` is repeatable (the seeds that found defects are kept as
+# the defaults); RMQSTORE_FUZZ_SEED=random draws a new one (printed), RMQSTORE_FUZZ_SEED=N replays one.
+_SEED = os.environ.get("RMQSTORE_FUZZ_SEED", "605003459")
+SEED = random.SystemRandom().randrange(1 << 30) if _SEED == "random" else int(_SEED)
 N_MUTATIONS = int(os.environ.get("RMQSTORE_FUZZ_MUTATIONS", "300"))
 ONLY = {int(i) for i in os.environ.get("RMQSTORE_FUZZ_ONLY", "").split(",") if i.strip()}
 WORKERS = 2

@@ -34,7 +34,10 @@ from store_checks import Acked, body_for, small_config, verify_store
 
 pytestmark = pytest.mark.slow
 
-SEED = int(os.environ.get("RMQSTORE_KILL_SEED", str(random.SystemRandom().randrange(1 << 30))))
+# A fixed seed by default, so that `make test` is repeatable (the seeds that found defects are kept as
+# the defaults); RMQSTORE_KILL_SEED=random draws a new one (printed), RMQSTORE_KILL_SEED=N replays one.
+_SEED = os.environ.get("RMQSTORE_KILL_SEED", "20261124")
+SEED = random.SystemRandom().randrange(1 << 30) if _SEED == "random" else int(_SEED)
 KILLS = 20
 OLD_SAMPLE = 150
 

@@ -41,7 +41,10 @@ from store_checks import Acked, small_config, verify_store
 
 pytestmark = pytest.mark.slow
 
-SEED = int(os.environ.get("RMQSTORE_POWER_SEED", str(random.SystemRandom().randrange(1 << 30))))
+# A fixed seed by default, so that `make test` is repeatable (the seeds that found defects are kept as
+# the defaults); RMQSTORE_POWER_SEED=random draws a new one (printed), RMQSTORE_POWER_SEED=N replays one.
+_SEED = os.environ.get("RMQSTORE_POWER_SEED", "892798346")
+SEED = random.SystemRandom().randrange(1 << 30) if _SEED == "random" else int(_SEED)
 RUNS = 3
 CUTS_PER_RUN = 4
 PAGE = 4096
