@@ -1,11 +1,24 @@
-"""The comparison suite at its tiny scale: a well-formed report and a PNG (structure, not speed)."""
+"""The comparison suite at its tiny scale: a well-formed report and a PNG (structure, not speed); RocketMQ
+4.4.0's own store is measured in the same run when its reference benchmark is built, and the report says
+plainly when it is not; small runs do not overwrite the committed full-scale report."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 pytest.importorskip("matplotlib")
+
+
+ROCKETMQ_ROWS = ("RocketMQ 4.4.0 putMessage (1 at a time", "RocketMQ 4.4.0 SYNC_FLUSH, 1 producer thread",
+                 "RocketMQ 4.4.0 SYNC_FLUSH, 16 producer threads", "RocketMQ 4.4.0 putMessage 1 at a time, until")
+
+
+def _compare_rows(md: str) -> list[list[str]]:
+    body = md.split("| workload | RocketMQ 4.4.0 | rmqstore | rmqstore / RocketMQ | limit on this machine |\n"
+                    "|---|---|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in body.splitlines()]
 
 
 def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
@@ -38,3 +51,75 @@ def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
         assert s in systems, s
     targets = md.split("## Targets", 1)[1].split("\n## ", 1)[0]
     assert len(re.findall(r"\| (MET|NOT MET|n/a) \|", targets)) == 8
+    # RocketMQ 4.4.0: every row of issue 20's table, measured now (a ratio) or said to be not built
+    for gone in ("do_reput", "figure from the issue", "218,000"):
+        assert gone not in md, gone
+    compare = _compare_rows(md)
+    assert len(compare) == 5 and all(len(c) == 5 for c in compare), compare
+    built = benchsuite.find_reference() is not None
+    for workload, rocketmq, rmq, ratio, _limit in compare:
+        assert rmq.endswith("msg/s"), (workload, rmq)
+        if built:
+            assert rocketmq.endswith("msg/s") and re.fullmatch(r"\d+\.\d\dx", ratio), (workload, rocketmq, ratio)
+        else:
+            assert rocketmq == "not built" and ratio == "n/a", (workload, rocketmq, ratio)
+    for name in ROCKETMQ_ROWS:
+        row = next(r for r in systems.splitlines() if name in r)
+        assert ("msg/s" in row) if built else ("not built" in row), row
+    if not built:
+        assert "was not run: its reference benchmark is not built" in md and "build.sh" in md
+
+
+def test_benchsuite_says_when_rocketmq_is_not_built(tmp_path, monkeypatch):
+    from rmqstore import benchsuite
+    monkeypatch.setenv("RMQSTORE_REFERENCE", str(tmp_path / "no-such-refbench"))
+    out = tmp_path / "B.md"
+    assert benchsuite.main(["--scale", "tiny", "--out", str(out), "--chart", "", "--work", str(tmp_path),
+                            "--only", "e2e,rocketmq"]) == 0
+    md = out.read_text()
+    assert "was not run: its reference benchmark is not built on this machine" in md
+    assert "bash ../shared/reference/build.sh" in md
+    assert all(c[1] == "not built" and c[3] == "n/a" for c in _compare_rows(md))
+    assert "| RocketMQ 4.4.0 putMessage 1 at a time, until dispatched | not built" in md
+
+
+def test_small_runs_do_not_overwrite_the_committed_report():
+    from rmqstore.benchsuite import default_outputs
+    assert default_outputs("full") == ("BENCHMARKS.md", "benchmarks/results.png")
+    for scale in ("small", "tiny"):
+        md, png = default_outputs(scale)
+        assert md.startswith("benchmarks/work/") and png.startswith("benchmarks/work/") and scale in md
+    assert os.path.basename(default_outputs("small")[1]) != "results.png"
+
+
+# bench_spark / bench_server answers as they were in the committed full-scale run (BENCHMARKS.md)
+SPARK = {"scale": 200000, "body_size": 512, "master": "local[*]", "cores": 2, "messages": 200000,
+         "bytes": 133999946, "local_reader_seconds": 2.895, "local_reader_msgs_per_s": 69077,
+         "local_reader_MB_per_s": 46.3, "local_vectorised_headers_seconds": 0.36,
+         "local_vectorised_headers_msgs_per_s": 555945, "local_vectorised_headers_MB_per_s": 372.5,
+         "spark_queue_seconds": 2.471, "spark_queue_msgs_per_s": 80941, "spark_queue_MB_per_s": 54.2,
+         "spark_commitlog_seconds": 2.054, "spark_commitlog_msgs_per_s": 97357, "spark_commitlog_MB_per_s": 65.2,
+         "parquet_write_seconds": 10.477, "parquet_MB": 113.5, "spark_parquet_seconds": 1.006,
+         "spark_parquet_msgs_per_s": 198851, "spark_parquet_MB_per_s": 133.2, "same_answer": True,
+         "rebuild_local_seconds": 1.795, "rebuild_spark_seconds": 5.49, "rebuild_spark_tasks": 19,
+         "rebuild_same_queues": True}
+SERVER = {"messages": 100000, "sync_messages": 10000, "body_size": 256, "in_flight": 512, "queues": 4,
+          "async_send_msgs_per_s": 19021, "async_send_errors": 0,
+          "async_send_cpu_us_per_msg": {"client": 47.3, "server": 41.1}, "sync_send_msgs_per_s": 2336,
+          "sync_send_latency_ms": {"p50": 0.385, "p99": 0.814}, "push_consume_msgs_per_s": 32310,
+          "consumed": 100000, "server_exit": 0}
+
+
+def test_spark_and_server_results_are_rows_with_ratios(tmp_path):
+    from rmqstore import benchsuite
+    tables = [benchsuite.spark_table(SPARK), benchsuite.server_table(SERVER)]
+    md = benchsuite.render_markdown(tables, "full", tmp_path, 1.0, [], (0, 0, 0), None)
+    for title, n in (("## Spark: read 200,000 messages", 5), ("## RocketMQ-protocol server over loopback", 3)):
+        section = md.split(title, 1)[1].split("\n## ", 1)[0]
+        rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| system")]
+        assert len(rows) == n, rows
+        assert all(re.search(r"\| (\d+\.\d\d|1\.00 \(reference\)) \|$", r) for r in rows), rows
+    assert "| Spark reading the same messages from Parquet | 198,851 msg/s, 133 MB/s, 1.01 s | 2.46 |" in md
+    chart = tmp_path / "r.png"
+    benchsuite.render_chart(tables, chart, "full")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

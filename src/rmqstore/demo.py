@@ -1,9 +1,9 @@
 """`python -m rmqstore.demo` (what `make demo` runs): a short tour on a store in ./demo-store.
 
-1. generates a few messages in the messages.jsonl format (two topics, tags, keys, a unicode topic,
+1. writes a few messages to demo-store/messages.jsonl (three topics, one of them in Chinese, tags, keys,
    an empty body, a prepared transaction message);
-2. `rmqstore load ./demo-store` appends them and prints one put result each;
-3. `rmqstore cat ./demo-store` decodes the records back in physical order;
+2. runs `rmqstore load`, `rmqstore cat --limit 3` and `rmqstore stats` on them and shows each command line
+   followed by its real output (the first lines of it, and how many more there are);
 4. the library: a producer sends orders, a consumer group reads them, a key query finds one;
 5. the pipeline: Spark reads the store as a DataFrame and streams from it (skipped, with a note, when
    rmqstore[spark] is not installed).
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,39 +38,64 @@ def demo_messages(n: int = 24) -> list[dict]:
     return out
 
 
-def run(args: list[str], stdin: str | None = None) -> str:
+SHOW_LINES = 4      # lines of each command's output the demo prints; the rest is counted, not invented
+
+
+def run(args: list[str], stdin_file: Path | None = None, out=print) -> str:
+    """Runs `rmqstore ARGS [< stdin_file]` (this interpreter's rmqstore), prints the command line as a shell
+    would take it and then the first SHOW_LINES lines of its standard output verbatim (a line
+    `  [... N more lines]` says how many are not shown). Returns the whole output; exits on a failure."""
     cmd = [sys.executable, "-m", "rmqstore", *args]
-    print("$ rmqstore " + " ".join(args) + (" < messages.jsonl" if stdin is not None else ""), flush=True)
-    res = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+    shown = "$ rmqstore " + " ".join(shlex.quote(a) for a in args)
+    out(shown + (f" < {shlex.quote(str(stdin_file))}" if stdin_file is not None else ""))
+    stdin = stdin_file.read_text(encoding="utf-8") if stdin_file is not None else None
+    res = subprocess.run(cmd, input=stdin, capture_output=True, text=True, encoding="utf-8")
     if res.returncode != 0:
         sys.stderr.write(res.stderr)
-        raise SystemExit(f"demo: `rmqstore {' '.join(args)}` exited with {res.returncode}")
+        raise SystemExit(f"demo: `{shown[2:]}` exited with {res.returncode}")
+    lines = res.stdout.splitlines()
+    for line in lines[:SHOW_LINES]:
+        out(line)
+    if len(lines) > SHOW_LINES:
+        out(f"  [... {len(lines) - SHOW_LINES} more lines]")
     return res.stdout
 
 
-def main() -> int:
-    if STORE.exists():
-        shutil.rmtree(STORE)
-    STORE.mkdir()
-    (STORE / "store.conf").write_text(CONFIG)
+def command_tour(store: Path = STORE, out=print) -> dict:
+    """The command-line part of the demo, in the current directory: writes STORE/messages.jsonl, then runs
+    and shows `rmqstore load`, `rmqstore cat --limit 3` and `rmqstore stats` on it. Every line after a `$`
+    line is that command's own output (tests/test_demo.py re-runs them and compares)."""
+    if store.exists():
+        shutil.rmtree(store)
+    store.mkdir()
+    conf = store / "store.conf"
+    conf.write_text(CONFIG)
     msgs = demo_messages()
-    jsonl = "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in msgs)
+    jsonl = store / "messages.jsonl"
+    jsonl.write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in msgs), encoding="utf-8")
+    out(f"== the commands: {len(msgs)} messages (three topics, tags, keys, an empty body, a prepared "
+        f"transaction message) written to {jsonl}, RocketMQ's file format with 4 KiB commitlog files ({conf})")
+    puts = run(["load", "-c", str(conf), str(store)], stdin_file=jsonl, out=out)
+    out("")
+    records = run(["cat", "-c", str(conf), "--limit", "3", str(store)], out=out)
+    out("")
+    files = sorted(p.name for p in (store / "commitlog").iterdir())
+    out(f"$ ls {store}/commitlog")
+    for f in files:
+        out(f)
+    out("")
+    stats_out = None
+    try:
+        import pyarrow  # noqa: F401 - `rmqstore stats` (local engine) needs it
+    except ImportError:
+        out("(pyarrow is not installed: skipping `rmqstore stats`)")
+    else:
+        stats_out = run(["stats", "-c", str(conf), str(store)], out=out)
+    return {"puts": puts, "records": records, "files": files, "stats": stats_out}
 
-    puts = run(["load", "-c", str(STORE / "store.conf"), str(STORE)], stdin=jsonl)
-    for line in puts.splitlines()[:5]:
-        print("  " + line)
-    print(f"  ... {len(puts.splitlines())} put results\n")
 
-    records = run(["cat", str(STORE)])
-    print(f"{'offset':>7} {'size':>4}  {'topic':<10} {'q':>1} {'qoff':>4} {'sysFlag':>7}  properties / body")
-    for line in records.splitlines():
-        r = json.loads(line)
-        props = r["properties"].replace("\x01", "=").replace("\x02", " ").strip()
-        body = bytes.fromhex(r["body"]).decode(errors="replace")[:24]
-        print(f"{r['commitLogOffset']:>7} {r['storeSize']:>4}  {r['topic']:<10} {r['queueId']:>1} "
-              f"{r['queueOffset']:>4} {r['sysFlag']:>7}  {props[:60]} | {body!r}")
-    files = sorted(p.name for p in (STORE / "commitlog").iterdir())
-    print(f"\n{len(records.splitlines())} records in {STORE}/commitlog: {', '.join(files)}")
+def main() -> int:
+    command_tour(STORE)
     library_tour()
     pipeline_tour()
     return 0
