@@ -215,3 +215,27 @@ def test_check_reports_every_file_kind_via_api(golden, golden_copy):
         _damage(store, cfg, how)
     kinds = {p.kind for p in check_store(store, cfg).problems}
     assert kinds == {"consume queue", "index", "checkpoint", "config"}
+
+
+def test_repair_moves_a_cut_index_file_aside(tmp_path):
+    """An index file cut short is refused at open (a wrong configuration is likelier), and `check --repair`,
+    asked with this configuration, moves it aside and indexes its keys again (found by the outside tester:
+    open, dump and check --repair all refused, and nothing repaired the derived file)."""
+    from rmqstore.message import Message
+    path = tmp_path / "store"
+    cfg = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600}
+    with MessageStore.open(path, StoreConfig.from_dict(cfg)) as s:
+        for i in range(500):
+            s.put_message(Message("T", b"m%d" % i, properties={"KEYS": f"k{i}"}))
+    conf = tmp_path / "store.conf"
+    conf.write_text("".join(f"{k}={v}\n" for k, v in cfg.items()))
+    (f,) = [p for p in (path / "index").iterdir()]
+    f.write_bytes(f.read_bytes()[:1000])
+    r = run_cli("dump", "-c", conf, path)
+    assert r.returncode == 2 and b"check --repair" in r.stderr, r.stderr
+    r = run_cli("check", "-c", conf, "--repair", path)
+    assert r.returncode == 0, r.stdout.decode()[-1500:]
+    assert any(p.name.startswith(f.name + ".corrupt-") for p in (path / "index").iterdir())
+    assert run_cli("check", "-c", conf, path).returncode == 0
+    with MessageStore.open(path, StoreConfig.from_dict(cfg)) as s:
+        assert [m.body for m in s.find_messages_by_key("T", "k321")] == [b"m321"]

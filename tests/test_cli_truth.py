@@ -170,3 +170,13 @@ def test_read_commands_never_create_a_store(tmp_path, command, kind):
     assert "not a store directory" in err and str(p) in err, err
     assert res.stdout == b""
     assert _snapshot(p) == before, f"{command} changed {p}"
+
+
+def test_load_refuses_deeply_nested_json_in_one_line(tmp_path):
+    """A line of 200,000 '[' raised RecursionError with a traceback (found by the outside tester): it is a
+    line that is not a message, named on one line, exit 2; the lines before it are stored once."""
+    good = b'{"topic": "T", "body": "6869"}\n' * 3
+    r = run_cli("load", tmp_path / "s", input=good + b"[" * 200_000 + b"\n")
+    err = r.stderr.decode().strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "line 4" in err[0] and "Traceback" not in r.stderr.decode()
+    assert len(r.stdout.splitlines()) == 3

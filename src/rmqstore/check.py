@@ -660,6 +660,7 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
         first = check_store(path, cfg, progress=progress, live=False)
         done: list[str] = []
         _repair_config(first.bad_config, done)
+        _quarantine_misfit_index(Path(path), cfg, done)
     finally:
         lock.release()
     if any(p.kind == "commitlog" for p in first.problems):
@@ -670,6 +671,22 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
     after = check_store(path, cfg, progress=progress, live=False)
     first.repaired = after.repaired = done
     return first, after
+
+
+def _quarantine_misfit_index(path: Path, cfg: StoreConfig, done: list[str]) -> None:
+    """Index files whose size is not the configured geometry's: at open that is refused (likelier a wrong
+    configuration than damage), but a repair was asked for with this configuration, and the index is derived:
+    each is moved aside (FILE.corrupt-<time>) and its keys are indexed again from the commitlog."""
+    d = store_root(path) / "index"
+    if not d.is_dir():
+        return
+    expected = codec.index_file_size(cfg.max_hash_slot_num, cfg.max_index_num)
+    for p in sorted(d.iterdir()):
+        if p.name.isdigit() and p.is_file() and p.stat().st_size not in (0, expected):
+            size = p.stat().st_size
+            aside = quarantine(p)
+            done.append(f"{p}: {size} bytes, not the {expected} of maxHashSlotNum={cfg.max_hash_slot_num} "
+                        f"maxIndexNum={cfg.max_index_num}: moved to {aside.name}, its keys indexed again")
 
 
 def _repair_derived(path: Path, cfg: StoreConfig, progress: Progress | None, done: list[str]) -> None:

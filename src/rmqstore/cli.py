@@ -130,6 +130,8 @@ def _message_from_line(raw: bytes) -> Message:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise ValueError("not a message: JSON nested too deeply") from None
     if not isinstance(d, dict):
         raise ValueError(f"expected a JSON object, got {type(d).__name__}")
     if not isinstance(d.get("topic"), str):

@@ -41,6 +41,8 @@ from .failure import Failure, FailureChannel, FailureKind
 log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20
+FILL_SLACK = 64        # queue offsets a jump may skip beyond what lost ranges hold: records misattributed by
+                       # a damaged topic or queue id byte (a larger jump is a damaged QUEUEOFFSET)
 MIN_RECORD_SIZE = codec.HEADER_V4.size + 4   # the smallest record: a 1-byte topic, no body, no properties
 SMALL_ROUND = 32        # messages: after a round of fewer, the dispatcher rests 1 ms
 _II = codec._II
@@ -116,7 +118,7 @@ class Dispatcher:
         """fill_queue, bounded by what the lost commitlog ranges (skipped, missing files) could hold; a jump
         past that is a damaged record header, reported on the failure channel."""
         lost = sum(b - a for a, b in self.skip_ranges) + sum(b - a for a, b in self.commit_log.queue.gaps)
-        if not fill_queue(cq, upto, lost // MIN_RECORD_SIZE + 1):
+        if not fill_queue(cq, upto, lost // MIN_RECORD_SIZE + FILL_SLACK):
             self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {upto} of "
                                  f"{cq.topic}/{cq.queue_id}, far past the queue's end: damaged header",
                                  path=str(self.commit_log.queue.store_path), offset=offset)
@@ -342,9 +344,14 @@ class Dispatcher:
                 topic, qid = names[int(batch.topic_ids[i0])], int(batch.queue_ids[i0])
                 qoffs = batch.queue_offsets[part]
                 cq = find(topic, qid)
-                if int(qoffs[0]) > cq.get_max_offset_in_queue():
-                    self._fill(cq, int(qoffs[0]), int(batch.offsets[part[0]]))
-                cq.put_arrays(batch.offsets[part], batch.sizes[part], batch.tags_codes[part], qoffs)
+                # each record keeps the queue offset it carries: where the queue's offsets jump ahead (a
+                # record lost or misattributed by a damaged topic / queue id byte), the gap is filled first
+                runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
+                for a, b in zip([0, *runs.tolist()], [*runs.tolist(), len(part)]):
+                    if int(qoffs[a]) > cq.get_max_offset_in_queue():
+                        self._fill(cq, int(qoffs[a]), int(batch.offsets[part[a]]))
+                    sel = part[a:b]
+                    cq.put_arrays(batch.offsets[sel], batch.sizes[sel], batch.tags_codes[sel], qoffs[a:b])
                 grown.append((topic, qid, int(qoffs[-1]) + 1))
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
@@ -365,9 +372,13 @@ class Dispatcher:
         grown = []
         for (topic, qid), units in by_queue.items():
             cq = find(topic, qid)
-            if units[0][3] > cq.get_max_offset_in_queue():
-                self._fill(cq, units[0][3], units[0][0])
-            cq.put_units(units)
+            start = 0
+            for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see dispatch)
+                if i == len(units) or units[i][3] > units[i - 1][3] + 1:
+                    if units[start][3] > cq.get_max_offset_in_queue():
+                        self._fill(cq, units[start][3], units[start][0])
+                    cq.put_units(units[start:i])
+                    start = i
             grown.append((topic, qid, units[-1][3] + 1))
         if self.index_service is not None:
             self.index_service.build_index_batch(reqs)

@@ -755,7 +755,9 @@ class IndexService:
                 if size != expected:
                     raise CorruptStoreError(str(p), size, f"index file size {size} is not {expected}, the size "
                                             f"for maxHashSlotNum={self.hash_slot_num} maxIndexNum={self.index_num}; "
-                                            "was the store written with another configuration?")
+                                            "was the store written with another configuration (pass its "
+                                            "broker.conf with -c)? If not, the file is damaged: `rmqstore check "
+                                            "--repair` moves it aside and indexes its keys again")
                 try:
                     f = IndexFile(p, self.hash_slot_num, self.index_num, load=True)
                 except CorruptStoreError as e:
