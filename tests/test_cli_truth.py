@@ -67,6 +67,9 @@ def test_load_into_head_puts_each_message_once(golden, tmp_path):
         assert rc == 141, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert "stdout was closed" in err and f"{len(records)} messages stored" in err, err
+        import re
+        printed = int(re.search(r"the results of the first (\d+) printed", err).group(1))
+        assert 2 <= printed <= len(records), err        # what went into the pipe (head read 2 of them)
 
 
 # --- defect 12: load and SIGINT -----------------------------------------------------------------------------

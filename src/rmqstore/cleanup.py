@@ -139,8 +139,9 @@ class CleanCommitLogService:
         elif flags.disk_full:
             flags.disk_full = False
             flags.disk_full_reason = None
-            log.warning("%s: disk %.1f%% used, under diskSpaceWarningLevelRatio %.0f%% again: puts accepted",
-                        store.path, used * 100, warning * 100)
+            still = f", but puts stay refused: {flags.write_error}" if flags.write_error else ": puts accepted"
+            log.warning("%s: disk %.1f%% used, under diskSpaceWarningLevelRatio %.0f%% again%s",
+                        store.path, used * 100, warning * 100, still)
         return state
 
     # --- deleting ------------------------------------------------------------------------------------

@@ -221,6 +221,7 @@ class _ResultOut:
     to sys.stdout when it has no file descriptor (redirected in-process)."""
 
     def __init__(self):
+        self.lines = 0      # complete lines written (counted as they go: a write cut by EPIPE counts its part)
         try:
             sys.stdout.flush()
             self._fd: int | None = sys.stdout.fileno()
@@ -231,10 +232,13 @@ class _ResultOut:
         if self._fd is None:
             sys.stdout.write(text)
             sys.stdout.flush()
+            self.lines += text.count("\n")
             return
         view = memoryview(text.encode("utf-8"))
         while view:
-            view = view[os.write(self._fd, view):]
+            n = os.write(self._fd, view)
+            self.lines += view[:n].tobytes().count(b"\n")
+            view = view[n:]
 
     def flush(self) -> None:
         pass
@@ -253,9 +257,12 @@ def _put_and_report(st, batch: list[Message], run: _LoadRun, out, progress: "_Pr
             run.stored += 1
         if not r.ok:
             run.failed += 1
-    out.write("\n".join(lines) + "\n")
-    out.flush()
-    run.reported += len(lines)
+    before = out.lines
+    try:
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+    finally:        # EPIPE part way: the lines that did go out count as reported
+        run.reported += out.lines - before
     progress.update(run.reported)
 
 
