@@ -183,3 +183,26 @@ def test_load_refuses_deeply_nested_json_in_one_line(tmp_path):
     err = r.stderr.decode().strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "line 4" in err[0] and "Traceback" not in r.stderr.decode()
     assert len(r.stdout.splitlines()) == 3
+
+
+def test_sigint_while_stdin_is_idle_stops_the_load(tmp_path):
+    """Ctrl-C (or systemctl stop) while load waits for more input: it used to wait for the next line
+    (forever on an idle stdin). It stops at once, puts and reports what it read, exit 130."""
+    p = subprocess.Popen([*rmqstore_cmd(), "load", tmp_path / "s"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.stdin.write(b'{"topic": "T", "body": "6869"}\n' * 3)
+        p.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "s" / "abort").exists() and time.monotonic() < deadline:     # opened
+            time.sleep(0.05)
+        time.sleep(1.0)             # the three lines read, the load waiting for the fourth
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)          # stdin stays open: no end of input to stop it
+        out, err = p.stdout.read(), p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert len(out.splitlines()) == 3 and b"3 messages stored" in err, (out, err)
+    assert len(_records(tmp_path / "s")) == 3

@@ -165,21 +165,44 @@ def _read_messages(stream, name: str) -> Iterator[tuple[int, Message]]:
             raise CliError(f"{name} line {lineno}: {e}") from None
 
 
+class _StopReading(Exception):
+    """A SIGINT / SIGTERM arrived while the load waited for its next input line."""
+
+
+def _until_stopped(items, stop: "_StopSignals"):
+    """items, until a signal arrives while waiting for the next one (an idle stdin would otherwise hold
+    the signal until its next line, or forever)."""
+    it = iter(items)
+    while True:
+        stop.reading = True
+        try:
+            item = next(it)
+        except (StopIteration, _StopReading):
+            return
+        finally:
+            stop.reading = False
+        yield item
+
+
 class _StopSignals:
     """While active (main thread only): SIGINT and SIGTERM only set `signum`, so a batch being put and
-    reported is finished before the load stops; a second signal raises KeyboardInterrupt at once (for a
-    stdout that never drains). Restores the previous handlers on exit."""
+    reported is finished before the load stops; while it waits for input (`reading`) the wait ends at once;
+    a second signal raises KeyboardInterrupt at once (for a stdout that never drains). Restores the
+    previous handlers on exit."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self):
         self.signum: int | None = None
+        self.reading = False
         self._prev: dict[int, object] = {}
 
     def _handler(self, signum, _frame) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
+        if self.reading:
+            raise _StopReading
 
     def __enter__(self) -> "_StopSignals":
         import signal
@@ -275,7 +298,7 @@ def _load_stream(st, stream, name: str, out, run: _LoadRun, stop: _StopSignals) 
     batch: list[Message] = []
     try:
         try:
-            for _lineno, msg in _read_messages(stream, name):
+            for _lineno, msg in _until_stopped(_read_messages(stream, name), stop):
                 batch.append(msg)
                 if len(batch) >= LOAD_CHUNK or stop.signum is not None:
                     todo, batch = batch, []
