@@ -83,6 +83,25 @@ def _record(results, msgs_or_bodies, topic, qids, acked, failed) -> None:
             reasons.append(getattr(r, "reason", None))
 
 
+
+def _run_threads(targets: list, timeout: float) -> None:
+    """Run each callable in a thread, join them, and raise the first exception one of them raised."""
+    errors: list = []
+
+    def guarded(fn) -> None:
+        try:
+            fn()
+        except BaseException as e:     # noqa: BLE001 - re-raised in the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in targets]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout)
+    assert not errors, errors
+
+
 # --- defect 2: one malformed put does not poison a group commit round --------------------------------------
 def test_sync_flush_malformed_put_is_refused_in_its_own_thread(tmp_path):
     path = tmp_path / "s"
@@ -90,13 +109,6 @@ def test_sync_flush_malformed_put_is_refused_in_its_own_thread(tmp_path):
     acked, failed, bad = {}, set(), []
     with MessageStore.open(path, cfg) as store:
         start = threading.Barrier(4)
-        errors: list = []
-
-        def good(t: int) -> None:
-            try:
-                put_good(t)
-            except BaseException as e:     # noqa: BLE001 - reported by the test thread
-                errors.append(e)
 
         def put_good(t: int) -> None:
             start.wait()
@@ -112,13 +124,7 @@ def test_sync_flush_malformed_put_is_refused_in_its_own_thread(tmp_path):
                 r = store.put_message(Message("T", "a str body", queue_id=0))
                 bad.append((r, time.monotonic() - t0))
 
-        threads = [threading.Thread(target=good, args=(t,)) for t in range(3)]
-        threads.append(threading.Thread(target=malformed))
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
-        assert not errors, errors
+        _run_threads([*(lambda t=t: put_good(t) for t in range(3)), malformed], 60)
         assert not failed, f"{len(failed)} good puts were not answered PUT_OK"
         after = Message("T", _body("after", 10), queue_id=0)     # the store goes on
         r = store.put_message(after)
@@ -234,13 +240,6 @@ def test_threads_racing_a_full_disk_get_true_answers(tmp_path, flush):
             fill_up(ballast)
             _free(ballast, 200 << 10)       # about 180 records: under 200 units per queue
             start = threading.Barrier(4)
-            errors: list = []
-
-            def producer(t: int) -> None:
-                try:
-                    produce(t)
-                except BaseException as e:     # noqa: BLE001 - reported by the test thread
-                    errors.append(e)
 
             def produce(t: int) -> None:
                 start.wait()
@@ -263,12 +262,7 @@ def test_threads_racing_a_full_disk_get_true_answers(tmp_path, flush):
                     if misses > 3:
                         return
 
-            threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join(120)
-            assert not errors, errors
+            _run_threads([lambda t=t: produce(t) for t in range(4)], 120)
             assert failed, "the disk never filled"
             assert len(acked) > 50
             _check(store, acked, failed)
