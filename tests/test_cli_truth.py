@@ -206,3 +206,23 @@ def test_sigint_while_stdin_is_idle_stops_the_load(tmp_path):
     assert p.returncode == 130, err
     assert len(out.splitlines()) == 3 and b"3 messages stored" in err, (out, err)
     assert len(_records(tmp_path / "s")) == 3
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["stats", "--engine", "spark"]], ids=["local", "spark"])
+def test_a_missing_extra_is_named(golden, argv):
+    """The base install has neither pyarrow nor PySpark: `stats` printed a traceback (No module named
+    'pyarrow'); it names the package and the extra that brings it, on one line, exit 2 (issue 19)."""
+    blocker = ("import sys\n"
+               "class Block:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in ('pyarrow', 'pyspark'):\n"
+               "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+               "sys.meta_path.insert(0, Block())\n"
+               "from rmqstore.cli import main\n"
+               "sys.exit(main(sys.argv[1:]))\n")
+    gset = golden / "rmq440-clean"
+    r = subprocess.run([sys.executable, "-c", blocker, *argv, "-c", str(gset / "store.conf"), str(gset / "store")],
+                       capture_output=True, text=True, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert "not installed" in err[0] and "rmqstore[spark]" in err[0] and "Traceback" not in r.stderr

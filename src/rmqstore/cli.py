@@ -28,6 +28,9 @@ from .errors import RmqStoreError
 from .message import Message, PutMessageStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+# packages of the extras (pyproject.toml) a command may need: a missing one is named with its extra
+OPTIONAL_PACKAGES = {"pyarrow": "spark", "pyspark": "spark", "pandas": "spark", "matplotlib": "spark",
+                     "queuelib": "bench", "persistqueue": "bench"}
 PROG = "rmqstore"
 
 
@@ -782,6 +785,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides = command.config_overrides(args) if command.config_overrides else None
         cfg = StoreConfig.load(args.config, overrides)
         return command.run(args, cfg)
+    except ModuleNotFoundError as e:
+        extra = OPTIONAL_PACKAGES.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"{PROG} {command.name}: needs {e.name}, which is not installed: pip install 'rmqstore[{extra}]'",
+              file=sys.stderr)
+        return EXIT_ERROR
     except BrokenPipeError:
         # the reader went away (`rmqstore cat | head`): stop quietly, like other Unix tools
         with contextlib.suppress(OSError):
