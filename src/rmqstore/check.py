@@ -45,7 +45,6 @@ from .recovery import UNIT_MISSING, UNIT_REASONS, index_file_problems, structure
 UNIT = codec.CQ_STORE_UNIT_SIZE
 _CQ_NP = np.dtype(codec.CQ_DTYPE)
 _ENTRY_NP = np.dtype(codec.INDEX_ENTRY_DTYPE)
-_NOT_DISPATCHED = (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
 Progress = Callable[[int, int], None]       # (bytes done, bytes in all)
 
 
@@ -135,8 +134,7 @@ class Records:
     end: int = 0                     # where the last valid record ends
 
     def dispatched(self) -> np.ndarray:
-        tran = self.sys_flags & codec.TRANSACTION_TYPE_MASK
-        return (tran != _NOT_DISPATCHED[0]) & (tran != _NOT_DISPATCHED[1])
+        return codec.is_dispatched(self.sys_flags)
 
 
 def _next_valid(buf, pos: int, end: int, base: int) -> int | None:

@@ -60,6 +60,13 @@ TRANSACTION_NOT_TYPE = 0x0
 TRANSACTION_PREPARED_TYPE = 0x4
 TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
+
+
+def is_dispatched(sys_flag):
+    """A record goes to a consume queue unless it is a prepared (half) or rolled-back transaction message.
+    Takes one sysFlag (-> bool) or a numpy array of them (-> bool array)."""
+    tran = sys_flag & TRANSACTION_TYPE_MASK
+    return (tran != TRANSACTION_PREPARED_TYPE) & (tran != TRANSACTION_ROLLBACK_TYPE)
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
 

@@ -418,8 +418,7 @@ class MessageStore:
         msg = self.commit_log.look_message_by_offset(commit_log_offset, size)
         if msg is None or commit_log_offset >= self.dispatcher.reput_from_offset:
             return msg      # not dispatched yet: no unit to agree with
-        tran = msg.sys_flag & codec.TRANSACTION_TYPE_MASK
-        if tran == codec.TRANSACTION_PREPARED_TYPE or tran == codec.TRANSACTION_ROLLBACK_TYPE:
+        if not codec.is_dispatched(msg.sys_flag):
             return msg      # never in a consume queue
         cq = self.consume_queues.find(msg.topic, msg.queue_id)
         unit = cq.get_unit(msg.queue_offset) if cq is not None and 0 <= msg.queue_offset < 1 << 62 else None
