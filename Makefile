@@ -29,10 +29,10 @@ test: $(VENV)/.stamp-spark,test,bench
 	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 demo: $(VENV)/.stamp-spark
-	$(PY) -m rmqstore.demo
+	$(PY) -m rmqstore.tools.demo
 
 bench: $(VENV)/.stamp-spark,bench
-	$(PY) -m rmqstore.benchsuite --scale $(SCALE)
+	$(PY) -m rmqstore.tools.benchsuite --scale $(SCALE)
 
 # Generated files only; the virtualenv stays (`make distclean` removes it too).
 clean:

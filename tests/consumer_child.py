@@ -13,9 +13,9 @@ import os
 import sys
 import time
 
-from rmqstore.config import StoreConfig
-from rmqstore.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
+from rmqstore.store.store import MessageStore
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ import random
 import sys
 import time
 
-from rmqstore.message import PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.message import PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import Acked, make_message, small_config
 
 

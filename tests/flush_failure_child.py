@@ -10,10 +10,10 @@ import json
 import sys
 import time
 
-from rmqstore import codec
-from rmqstore.flush import FlushConsumeQueueService, GroupCommitService
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store import codec
+from rmqstore.store.flush import FlushConsumeQueueService, GroupCommitService
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 from store_checks import fill_up, small_config
 
 

@@ -181,7 +181,7 @@ def check_reads(store, exp: Expected, limit: int = 10, per_offset_max: int = 400
 
 def check_put(store, exp: Expected) -> list[str]:
     """One put after the open: PUT_OK means readable at the answered queue offset, promptly."""
-    from rmqstore.message import Message, PutMessageStatus
+    from rmqstore.store.message import Message, PutMessageStatus
     topic, qid = sorted(exp.queues)[0] if exp.queues else ("FuzzTopic", 0)
     body = b"after-the-damage"
     r = store.put_message(Message(topic, body, queue_id=qid, properties={"KEYS": "fuzz-put"}))
@@ -201,10 +201,10 @@ def _names_store_file(text: str, root: Path) -> bool:
 
 
 def phase_open(root: Path, conf: str, exp: Expected) -> dict:
-    from rmqstore.config import StoreConfig
+    from rmqstore.store.config import StoreConfig
     from rmqstore.errors import RmqStoreError
-    from rmqstore.local_broker import LocalBroker
-    from rmqstore.store import MessageStore
+    from rmqstore.messaging.local_broker import LocalBroker
+    from rmqstore.store.store import MessageStore
     out: dict = {"phase": "open", "problems": []}
     try:
         store = MessageStore.open(root, StoreConfig.load(conf))
@@ -242,7 +242,7 @@ def phase_open(root: Path, conf: str, exp: Expected) -> dict:
 
 def run_cli(argv: list[str]) -> tuple[int | None, str, str, str | None]:
     """cli.main(argv) in this process: (exit status, stdout, stderr, traceback of an uncaught exception)."""
-    from rmqstore import cli
+    from rmqstore.tools import cli
     out, err = io.StringIO(), io.StringIO()
     rc, tb = None, None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

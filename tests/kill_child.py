@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rmqstore.message import GetMessageStatus, Message, PutMessageStatus  # noqa: E402
-from rmqstore.message_batch import MessageBatch  # noqa: E402
-from rmqstore.store import MessageStore  # noqa: E402
+from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus  # noqa: E402
+from rmqstore.store.message_batch import MessageBatch  # noqa: E402
+from rmqstore.store.store import MessageStore  # noqa: E402
 from store_checks import QUEUES, TOPICS, Acked, body_for, make_message, small_config  # noqa: E402
 
 THREADS = 3

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message
 
 CHILD = Path(__file__).with_name("crash_child.py")
 TOPICS = ("TopicA", "TopicB", "TopicC")
@@ -309,7 +309,7 @@ def small_filesystem(path: Path, size_mb: int = 8):
 
 def fill_to(ballast: Path, ratio: float) -> float:
     """Grow or shrink the ballast file so that its filesystem is `ratio` used; returns the ratio reached."""
-    from rmqstore.cleanup import disk_used_ratio
+    from rmqstore.store.cleanup import disk_used_ratio
     st = os.statvfs(ballast.parent)
     total = st.f_blocks * st.f_frsize
     used = total - st.f_bfree * st.f_frsize

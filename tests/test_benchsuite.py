@@ -22,7 +22,7 @@ def _compare_rows(md: str) -> list[list[str]]:
 
 
 def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
-    from rmqstore import benchsuite
+    from rmqstore.tools import benchsuite
 
     out, chart = tmp_path / "BENCHMARKS.md", tmp_path / "benchmarks" / "results.png"
     assert benchsuite.main(["--scale", "tiny", "--out", str(out), "--chart", str(chart),
@@ -71,7 +71,7 @@ def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
 
 
 def test_benchsuite_says_when_rocketmq_is_not_built(tmp_path, monkeypatch):
-    from rmqstore import benchsuite
+    from rmqstore.tools import benchsuite
     monkeypatch.setenv("RMQSTORE_REFERENCE", str(tmp_path / "no-such-refbench"))
     out = tmp_path / "B.md"
     assert benchsuite.main(["--scale", "tiny", "--out", str(out), "--chart", "", "--work", str(tmp_path),
@@ -84,7 +84,7 @@ def test_benchsuite_says_when_rocketmq_is_not_built(tmp_path, monkeypatch):
 
 
 def test_small_runs_do_not_overwrite_the_committed_report():
-    from rmqstore.benchsuite import default_outputs
+    from rmqstore.tools.benchsuite import default_outputs
     assert default_outputs("full") == ("BENCHMARKS.md", "benchmarks/results.png")
     for scale in ("small", "tiny"):
         md, png = default_outputs(scale)
@@ -111,7 +111,7 @@ SERVER = {"messages": 100000, "sync_messages": 10000, "body_size": 256, "in_flig
 
 
 def test_spark_and_server_results_are_rows_with_ratios(tmp_path):
-    from rmqstore import benchsuite
+    from rmqstore.tools import benchsuite
     tables = [benchsuite.spark_table(SPARK), benchsuite.server_table(SERVER)]
     md = benchsuite.render_markdown(tables, "full", tmp_path, 1.0, [], (0, 0, 0), None)
     for title, n in (("## Spark: read 200,000 messages", 5), ("## RocketMQ-protocol server over loopback", 3)):

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from rmqstore import codec
-from rmqstore.check import check_store
-from rmqstore.config import StoreConfig
-from rmqstore.reader import CommitLogReader
-from rmqstore.store import MessageStore
+from rmqstore.store import codec
+from rmqstore.store.check import check_store
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.store import MessageStore
 
 SET = "rmq440-clean"
 
@@ -172,8 +172,8 @@ def test_not_a_store_is_one_line_exit_2(tmp_path):
 
 CHILD = """
 import sys, time
-from rmqstore.store import MessageStore
-from rmqstore.config import StoreConfig
+from rmqstore.store.store import MessageStore
+from rmqstore.store.config import StoreConfig
 s = MessageStore.open(sys.argv[1], StoreConfig.load(sys.argv[2]))
 print("READY", flush=True)
 time.sleep(60)
@@ -221,7 +221,7 @@ def test_repair_moves_a_cut_index_file_aside(tmp_path):
     """An index file cut short is refused at open (a wrong configuration is likelier), and `check --repair`,
     asked with this configuration, moves it aside and indexes its keys again (found by the outside tester:
     open, dump and check --repair all refused, and nothing repaired the derived file)."""
-    from rmqstore.message import Message
+    from rmqstore.store.message import Message
     path = tmp_path / "store"
     cfg = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600}
     with MessageStore.open(path, StoreConfig.from_dict(cfg)) as s:

@@ -14,10 +14,9 @@ import sys
 import threading
 import time
 
-from rmqstore.cleanup import (CleanCommitLogService, CleanupService, clean_store, disk_used_ratio,
-                              parse_delete_when)
-from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.cleanup import CleanCommitLogService, CleanupService, clean_store, disk_used_ratio, parse_delete_when
+from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import fill_to, make_message, small_config, small_filesystem, verify_store
 
 OK_READ = {GetMessageStatus.FOUND, GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.MESSAGE_WAS_REMOVING,
@@ -285,9 +284,9 @@ def test_a_file_not_yet_dispatched_is_never_deleted(tmp_path):
 
 ENOSPC_CHILD = r"""
 import sys
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 # commitlog files of 32 MiB on a 4 MiB filesystem: the disk fills inside a file, under the put; the index
 # file (2 MiB, sparse) fills up with it
 cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 32 << 20, "maxHashSlotNum": 1000, "maxIndexNum": 100000,
@@ -313,9 +312,9 @@ store.close()
 
 REOPEN_FULL_CHILD = r"""
 import sys
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 32 << 20, "maxHashSlotNum": 1000, "maxIndexNum": 100000,
                              "mappedFileSizeConsumeQueue": 6000, "cleanResourceInterval": 3600000})
 store = MessageStore.open(sys.argv[1], cfg)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import golden_store, read_jsonl, run_cli
-from rmqstore import codec
+from rmqstore.store import codec
 from rmqstore.errors import CorruptStoreError
-from rmqstore.reader import CommitLogReader
+from rmqstore.store.reader import CommitLogReader
 
 
 def lines(b: bytes) -> list[dict]:

@@ -65,8 +65,8 @@ def test_rebuild_prints_counts(clean_copy):
 def test_second_process_gets_clear_lock_error(clean_copy):
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from rmqstore.store import MessageStore\n"
-        "from rmqstore.config import StoreConfig\n"
+        "from rmqstore.store.store import MessageStore\n"
+        "from rmqstore.store.config import StoreConfig\n"
         f"s = MessageStore.open({str(clean_copy)!r}, StoreConfig.load({CONF!r}))\n"
         "print('open', flush=True)\n"
         "sys.stdin.read()\n"

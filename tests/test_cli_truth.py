@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from conftest import read_jsonl, rmqstore_cmd, run_cli
-from rmqstore.reader import CommitLogReader
+from rmqstore.store.reader import CommitLogReader
 
 
 def _records(store: Path, conf: Path | None = None) -> list[dict]:
-    from rmqstore.config import StoreConfig
+    from rmqstore.store.config import StoreConfig
 
     cfg = StoreConfig.load(str(conf)) if conf else None
     with CommitLogReader(store, cfg) as r:
@@ -218,7 +218,7 @@ def test_a_missing_extra_is_named(golden, argv):
                "        if name.split('.')[0] in ('pyarrow', 'pyspark'):\n"
                "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
                "sys.meta_path.insert(0, Block())\n"
-               "from rmqstore.cli import main\n"
+               "from rmqstore.tools.cli import main\n"
                "sys.exit(main(sys.argv[1:]))\n")
     gset = golden / "rmq440-clean"
     r = subprocess.run([sys.executable, "-c", blocker, *argv, "-c", str(gset / "store.conf"), str(gset / "store")],

@@ -12,7 +12,7 @@ import pytest
 
 from rmqstore.client import (Admin, ConsumeFromWhere, ConsumeStatus, LocalTransactionState, Message, MessageQueue,
                              MQClientError, Producer, PullConsumer, PullStatus, PushConsumer, SendStatus)
-from rmqstore.server import ServerProcess
+from rmqstore.broker.server import ServerProcess
 
 CONF = {"mappedFileSizeCommitLog": 32 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
         "maxHashSlotNum": 50000, "maxIndexNum": 200000,

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.config import StoreConfig
-from rmqstore.consumer import (CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT,
-                               ConsumeFromWhere, PullConsumer, PullStatus, PushConsumer,
-                               measure_long_polling_latency)
-from rmqstore.local_broker import LocalBroker
-from rmqstore.producer import Producer
-from rmqstore.store import MessageStore
-from rmqstore.topic_config import MessageQueue
+from rmqstore.store.config import StoreConfig
+from rmqstore.messaging.consumer import CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, ConsumeFromWhere, PullConsumer, PullStatus, PushConsumer, measure_long_polling_latency
+from rmqstore.messaging.local_broker import LocalBroker
+from rmqstore.messaging.producer import Producer
+from rmqstore.store.store import MessageStore
+from rmqstore.messaging.topic_config import MessageQueue
 from store_checks import wait_until
 
 HERE = Path(__file__).resolve().parent

@@ -17,8 +17,8 @@ import signal
 import time
 from pathlib import Path
 
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import Acked, Child, body_for, small_config, verify_store
 
 

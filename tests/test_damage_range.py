@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.config import StoreConfig
-from rmqstore.message import GetMessageStatus, Message
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import GetMessageStatus, Message
+from rmqstore.store.store import MessageStore
 
 FILE_SIZE = 256 * 1024
 TOPICS = ("TopicA", "TopicB")
@@ -38,9 +38,9 @@ def _body(i: int) -> bytes:
 
 _CHILD = r"""
 import json, os, signal, sys
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 path, n, file_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 topics = ("TopicA", "TopicB")
 def body(i):

@@ -47,7 +47,7 @@ def _real(cmdline: str, cwd: Path) -> list[str]:
 
 
 def test_demo_commands_show_their_real_output(tmp_path, monkeypatch):
-    from rmqstore.demo import STORE, command_tour
+    from rmqstore.tools.demo import STORE, command_tour
     demo_dir, replay = tmp_path / "demo", tmp_path / "replay"
     demo_dir.mkdir()
     replay.mkdir()

@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 from conftest import run_cli
-from rmqstore.config import StoreConfig
+from rmqstore.store.config import StoreConfig
 from rmqstore.errors import CorruptStoreError
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 
 CFG = {"mappedFileSizeCommitLog": 64 * 1024, "mappedFileSizeConsumeQueue": 20 * 100}
 

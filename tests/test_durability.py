@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore import codec
+from rmqstore.store import codec
 from rmqstore.errors import CorruptStoreError
-from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import (Acked, Child, file_bytes, make_message, records_in_dir, small_config, verify_store)
 
 CL_SIZE = 65536
@@ -329,7 +329,7 @@ def test_reads_during_recovery_damage_never_raise(templates, tmp_path):
 # --- the lock ---------------------------------------------------------------------------------------------
 _HOLD = """
 import sys, time
-from rmqstore.store import MessageStore
+from rmqstore.store.store import MessageStore
 from store_checks import small_config
 s = MessageStore.open(sys.argv[1], small_config())
 print("READY", flush=True)
@@ -339,7 +339,7 @@ time.sleep(60)
 _TRY_OPEN = """
 import sys, time
 from rmqstore.errors import StoreLockedError
-from rmqstore.store import MessageStore
+from rmqstore.store.store import MessageStore
 from store_checks import small_config
 t0 = time.monotonic()
 try:

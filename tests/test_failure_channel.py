@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.config import StoreConfig
-from rmqstore.failure import FailureChannel, FailureKind
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore, StoreDispatchError
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.failure import FailureChannel, FailureKind
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore, StoreDispatchError
 from store_checks import small_filesystem
 
 

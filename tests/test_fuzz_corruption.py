@@ -45,10 +45,10 @@ from pathlib import Path
 import pytest
 
 from conftest import _make_writable, golden_store, run_cli
-from rmqstore.config import StoreConfig
-from rmqstore.local_broker import LocalBroker
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.messaging.local_broker import LocalBroker
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import make_message, records_in_dir
 
 pytestmark = pytest.mark.slow

@@ -15,11 +15,11 @@ import types
 
 import pytest
 
-from rmqstore.config import SYNC_FLUSH, StoreConfig
-from rmqstore.flush import GroupCommitService
-from rmqstore.lock import AbortFile
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore, RunningFlags
+from rmqstore.store.config import SYNC_FLUSH, StoreConfig
+from rmqstore.store.flush import GroupCommitService
+from rmqstore.store.lock import AbortFile
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore, RunningFlags
 
 NEVER = 600_000          # sync flush timeout (ms) no test waits for
 JOIN = 20.0              # seconds a put may take to come back before the test calls it stuck

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from kill_child import Zygote, check_acked, read_side, wait_ready
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import Acked, body_for, small_config, verify_store
 
 pytestmark = pytest.mark.slow

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.config import StoreConfig
+from rmqstore.store.config import StoreConfig
 from rmqstore.errors import StoreLockedError
-from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 
 CONF = {"mappedFileSizeCommitLog": 1 << 20, "mappedFileSizeConsumeQueue": 6000}
 
 WRITER = r"""
 import sys
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 store = MessageStore.open(sys.argv[1], StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20,
                                                              "mappedFileSizeConsumeQueue": 6000}))
 def put(n, start):
@@ -39,10 +39,10 @@ print("ACKED", acked, flush=True)
 
 SECOND = r"""
 import sys
-from rmqstore.config import StoreConfig
+from rmqstore.store.config import StoreConfig
 from rmqstore.errors import StoreLockedError
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 try:
     store = MessageStore.open(sys.argv[1], StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20,
                                                                  "mappedFileSizeConsumeQueue": 6000}))

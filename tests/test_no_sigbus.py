@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rmqstore.config import StoreConfig
-from rmqstore.lock import AbortFile, boot_id
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.lock import AbortFile, boot_id
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 from store_checks import small_filesystem
 
 CONF = {"mappedFileSizeCommitLog": 1 << 20, "mappedFileSizeConsumeQueue": 6000, "maxHashSlotNum": 4000,
@@ -26,9 +26,9 @@ N = 200
 
 OPEN_CHILD = r"""
 import sys
-from rmqstore.config import StoreConfig
+from rmqstore.store.config import StoreConfig
 from rmqstore.errors import RmqStoreError
-from rmqstore.store import MessageStore
+from rmqstore.store.store import MessageStore
 conf = {"mappedFileSizeCommitLog": 1 << 20, "mappedFileSizeConsumeQueue": 6000, "maxHashSlotNum": 4000,
         "maxIndexNum": 8000}
 try:

@@ -15,7 +15,7 @@ def test_version_is_the_installed_distributions():
 def test_public_names_import_from_the_top():
     from rmqstore import (Message, MessageBatch, MessageStore, Producer, PullConsumer, PushConsumer,
                           StoreConfig)
-    from rmqstore.store import MessageStore as M
+    from rmqstore.store.store import MessageStore as M
     assert MessageStore is M
     assert {Message, MessageBatch, Producer, PullConsumer, PushConsumer, StoreConfig}
     assert set(rmqstore.__all__) <= set(dir(rmqstore))
@@ -32,6 +32,6 @@ def test_unknown_name_is_an_attribute_error():
 
 def test_import_is_cheap():
     """`import rmqstore` loads neither the store nor numpy: the names load on first use."""
-    code = "import sys, rmqstore; print('numpy' in sys.modules, 'rmqstore.store' in sys.modules)"
+    code = "import sys, rmqstore; print('numpy' in sys.modules, 'rmqstore.store.store' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 
 from kill_child import Zygote, check_acked, read_side, wait_acked, wait_ready
-from rmqstore import codec
-from rmqstore.message import Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store import codec
+from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 from store_checks import Acked, small_config, verify_store
 
 pytestmark = pytest.mark.slow
@@ -152,7 +152,10 @@ def _cut_queues(copy: Path, recs: dict, logics_ts: int, rng: random.Random) -> N
 
 def _cut_index(copy: Path, index_ts: int, rng: random.Random) -> None:
     for p in sorted((copy / "index").iterdir()):
-        begin = codec.INDEX_HEADER.unpack_from(p.read_bytes(), 0)[0]
+        raw = p.read_bytes()
+        if len(raw) < codec.INDEX_HEADER.size:   # copied while being created: left as the cut found it
+            continue
+        begin = codec.INDEX_HEADER.unpack_from(raw, 0)[0]
         if begin > index_ts and rng.random() < 0.5:
             p.unlink()
 

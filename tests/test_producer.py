@@ -8,14 +8,13 @@ from collections import Counter
 
 import pytest
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.local_broker import LocalBroker
-from rmqstore.message import PutMessageStatus
-from rmqstore.producer import (Producer, SendError, SendStatus, TopicNotExistError, client_ip, create_uniq_id,
-                               select_queue_by_hash)
-from rmqstore.store import MessageStore
-from rmqstore.topic_config import MessageQueue
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.messaging.local_broker import LocalBroker
+from rmqstore.store.message import PutMessageStatus
+from rmqstore.messaging.producer import Producer, SendError, SendStatus, TopicNotExistError, client_ip, create_uniq_id, select_queue_by_hash
+from rmqstore.store.store import MessageStore
+from rmqstore.messaging.topic_config import MessageQueue
 
 
 def cfg(**kw) -> StoreConfig:

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from conftest import golden_store, read_jsonl
 
-from rmqstore import codec
-from rmqstore.commit_log import CommitLog
-from rmqstore.message_batch import MessageBatch
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message, PutMessageStatus
+from rmqstore.store import codec
+from rmqstore.store.commit_log import CommitLog
+from rmqstore.store.message_batch import MessageBatch
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message, PutMessageStatus
 
 SETS = ["rmq440-clean", "rmq440-crash"]
 
@@ -271,7 +271,7 @@ def test_columnar_batch_equals_one_by_one(batches, tmp_path_factory):
 
 
 def test_columnar_path_is_taken(tmp_path, monkeypatch):
-    from rmqstore import bench
+    from rmqstore.tools import bench
     calls = []
     real = CommitLog._put_columnar
     monkeypatch.setattr(CommitLog, "_put_columnar", lambda self, b: calls.append(b.n) or real(self, b))
@@ -356,8 +356,8 @@ def test_message_batch_checks_its_columns():
 def test_columnar_results_are_a_lazy_sequence(tmp_path):
     """The columnar path answers a PutMessageResults: each way of reading it says what the per-message
     results say, and a failed sync flush turns every appended message into FLUSH_DISK_TIMEOUT."""
-    from rmqstore import bench
-    from rmqstore.message import PutMessageResults
+    from rmqstore.tools import bench
+    from rmqstore.store.message import PutMessageResults
     cl = CommitLog(tmp_path, StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024}))
     cl.load()
     try:
@@ -509,7 +509,7 @@ def test_concurrent_producers(tmp_path, monkeypatch):
 def test_bench_runs(tmp_path, capsys):
     import argparse
 
-    from rmqstore import bench
+    from rmqstore.tools import bench
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     res = bench.run(p.parse_args(["--messages", "3000", "--batch", "100", "--store", str(tmp_path / "s"),
@@ -555,7 +555,7 @@ def test_bench_sync_flush_goes_through_group_commit(tmp_path, capsys):
     several producer threads some msyncs serve more than one put."""
     import argparse
 
-    from rmqstore import bench
+    from rmqstore.tools import bench
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     res = bench.run(p.parse_args(["--messages", "400", "--threads", "8", "--flush", "sync", "--workload", "put",

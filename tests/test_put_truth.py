@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.message_batch import COLUMNAR_MIN, MessageBatch
-from rmqstore.store import MessageStore
+from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.message_batch import COLUMNAR_MIN, MessageBatch
+from rmqstore.store.store import MessageStore
 from store_checks import fill_up, small_config, small_filesystem, walk_commitlog
 
 OK = PutMessageStatus.PUT_OK

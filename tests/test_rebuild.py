@@ -9,9 +9,9 @@ import pytest
 
 from conftest import golden_dir
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.rebuild import rebuild_store
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.rebuild import rebuild_store
 
 GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 
@@ -70,10 +70,10 @@ def test_dispatcher_parses_up_to_the_next_hinted_batch(tmp_path, monkeypatch):
     """Records without columns (a put of the general path; batches put while DISPATCH_HINTS_MAX batches
     waited) are parsed, and the parse stops where the next batch with columns starts, so that the dispatcher
     takes the columns again from there; the queues and index equal a rebuild's."""
-    from rmqstore import commit_log
-    from rmqstore.bench import generate_messages
-    from rmqstore.message import Message
-    from rmqstore.store import MessageStore
+    from rmqstore.store import commit_log
+    from rmqstore.tools.bench import generate_messages
+    from rmqstore.store.message import Message
+    from rmqstore.store.store import MessageStore
 
     monkeypatch.setattr(commit_log, "DISPATCH_HINTS_MAX", 4)
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20, "maxHashSlotNum": 512, "maxIndexNum": 4096})
@@ -107,10 +107,10 @@ def test_dispatch_from_the_writers_columns_equals_a_rebuild(tmp_path):
     across file rolls, several topics, prepared transaction messages and batches of every kind."""
     import random
 
-    from rmqstore.bench import generate_messages
-    from rmqstore.message import Message
-    from rmqstore.message_batch import MessageBatch
-    from rmqstore.store import MessageStore
+    from rmqstore.tools.bench import generate_messages
+    from rmqstore.store.message import Message
+    from rmqstore.store.message_batch import MessageBatch
+    from rmqstore.store.store import MessageStore
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeConsumeQueue": 300 * 20,
                                  "maxHashSlotNum": 512, "maxIndexNum": 2048})
     rng = random.Random(7)

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from rmqstore import codec, scanner
-from rmqstore.config import StoreConfig
-from rmqstore.message import Message
-from rmqstore.store import MessageStore
+from rmqstore.store import codec, scanner
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
 
 SEED = random.randrange(1 << 30)
 

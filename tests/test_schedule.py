@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.java_map import JavaHashMap, as_broker_map, hashmap_order
-from rmqstore.message import Message
-from rmqstore.producer import Producer
-from rmqstore.schedule import SCHEDULE_TOPIC, rewrite_delayed
-from rmqstore.store import MessageStore
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.java_map import JavaHashMap, as_broker_map, hashmap_order
+from rmqstore.store.message import Message
+from rmqstore.messaging.producer import Producer
+from rmqstore.messaging.schedule import SCHEDULE_TOPIC, rewrite_delayed
+from rmqstore.store.store import MessageStore
 from store_checks import wait_until
 
 

@@ -1,4 +1,4 @@
-"""rmqstore's server (`python -m rmqstore.server`, in a child process) driven at the frame level: the
+"""rmqstore's server (`python -m rmqstore.broker.server`, in a child process) driven at the frame level: the
 requests of a real RocketMQ 4.4.0 Java client (small.pcap) replayed and every answer checked against the
 real broker's, the name server's topic rules, and robustness (malformed, oversized and half frames,
 unknown codes, a clean SIGTERM)."""
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore import codec
+from rmqstore.store import codec
 from rmqstore.remoting import FrameDecoder, RemotingCommand, fastjson
 from rmqstore.remoting.body import encode_batch
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType
-from rmqstore.server import ServerProcess
+from rmqstore.broker.server import ServerProcess
 
 NOTES = Path(os.environ.get("RMQSTORE_REMOTING_NOTES", Path(__file__).resolve().parents[2] / "shared" / "notes" / "remoting"))
 PCAP = NOTES / "small.pcap"

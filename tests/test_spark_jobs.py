@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
 from rmqstore.errors import StoreLockedError
-from rmqstore.message import Message
-from rmqstore.rebuild import rebuild_store
-from rmqstore.store import MessageStore
+from rmqstore.store.message import Message
+from rmqstore.store.rebuild import rebuild_store
+from rmqstore.store.store import MessageStore
 
 from conftest import golden_store, read_jsonl
 

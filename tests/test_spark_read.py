@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.reader import CommitLogReader
-from rmqstore.store import MessageStore
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.store import MessageStore
 
 from conftest import golden_store, read_jsonl
 

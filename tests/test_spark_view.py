@@ -13,17 +13,17 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.dump import queue_messages
-from rmqstore.message import Message
-from rmqstore.reader import CommitLogReader, find_commitlog_dir, list_commitlog_files
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.tools.dump import queue_messages
+from rmqstore.store.message import Message
+from rmqstore.store.reader import CommitLogReader, find_commitlog_dir, list_commitlog_files
 from rmqstore.spark import options as O
 from rmqstore.spark import plan as P
 from rmqstore.spark import records as R
 from rmqstore.spark import scan as S
 from rmqstore.spark import storeview as SV
-from rmqstore.store import MessageStore
+from rmqstore.store.store import MessageStore
 
 from conftest import golden_store, read_jsonl
 

@@ -11,11 +11,11 @@ import pytest
 
 from conftest import golden_dir
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.dump import dump_lines, read_keys
-from rmqstore.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.store import MessageStore
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.tools.dump import dump_lines, read_keys
+from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.store import MessageStore
 
 GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 TOOLS = GOLDEN.parent / "tools"

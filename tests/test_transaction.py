@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from rmqstore import codec
-from rmqstore.config import StoreConfig
-from rmqstore.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
-from rmqstore.local_broker import LocalBroker
-from rmqstore.store import MessageStore
-from rmqstore.transaction import LocalTransactionState as S
-from rmqstore.transaction import TransactionProducer
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
+from rmqstore.messaging.local_broker import LocalBroker
+from rmqstore.store.store import MessageStore
+from rmqstore.messaging.transaction import LocalTransactionState as S
+from rmqstore.messaging.transaction import TransactionProducer
 from store_checks import wait_until
 
 

@@ -1,6 +1,6 @@
 """`python -m rmqstore`: the same command line as the `rmqstore` script."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

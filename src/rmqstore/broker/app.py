@@ -15,7 +15,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..config import StoreConfig
+from ..store.config import StoreConfig
 from .core import Broker
 from .namesrv import NameServer
 from .net import RemotingServer
@@ -63,7 +63,7 @@ class BrokerServer:
         self.loop = asyncio.get_running_loop()
         cfg = self.cfg
         if self.store is None:
-            from ..store import MessageStore
+            from ..store.store import MessageStore
             self.store = await self.loop.run_in_executor(None, MessageStore.open, self.store_path, cfg)
         try:
             await self._start_services()
@@ -73,7 +73,7 @@ class BrokerServer:
         self.started = True
 
     async def _start_services(self) -> None:
-        from ..local_broker import LocalBroker
+        from ..messaging.local_broker import LocalBroker
         cfg = self.cfg
         root = self.store_path
         local = LocalBroker.of(self.store)      # topics.json, consumerOffset.json, retry / DLQ send-back

@@ -1,9 +1,9 @@
 """bench_server: throughput of rmqstore's server over loopback, driven by rmqstore.client.
 
-    from rmqstore.server import bench_server
+    from rmqstore.broker.server import bench_server
     print(bench_server("small"))
 
-Starts `python -m rmqstore.server` on a temporary store (a child process, free ports), then, with 256-byte
+Starts `python -m rmqstore.broker.server` on a temporary store (a child process, free ports), then, with 256-byte
 bodies on a 4-queue topic: async sends with `in_flight` outstanding (as the RocketMQ numbers: 512), sync
 sends, and a push consumer draining the async backlog; also the CPU time per message of this process (the
 client) and of the server, over the async sends and over the consumption (Linux). Scales: "small" 10,000
@@ -47,7 +47,7 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
                  store_dir: str | Path | None = None, conf: dict | None = None, sync_messages: int | None = None,
                  keep_store: bool = False) -> dict:
     from ..client import Admin, ConsumeFromWhere, ConsumeStatus, Message, Producer, PushConsumer
-    from ..server import ServerProcess
+    from .server import ServerProcess
 
     n = SCALES[scale] if isinstance(scale, str) else int(scale)
     n_sync = sync_messages if sync_messages is not None else max(1000, n // 10)

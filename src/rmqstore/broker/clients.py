@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .. import codec
+from ..store import codec
 from ..remoting.codes import RequestCode
 from ..remoting.command import RemotingCommand
 from .net import Channel

@@ -20,9 +20,9 @@ from itertools import repeat
 from operator import add, attrgetter, itemgetter
 from typing import Callable
 
-from .. import codec, validation
-from ..message import GetMessageStatus, Message, PutMessageResult, PutMessageResults, PutMessageStatus
-from ..message_batch import COLUMNAR_MIN, MessageBatch
+from ..store import codec, validation
+from ..store.message import GetMessageStatus, Message, PutMessageResult, PutMessageResults, PutMessageStatus
+from ..store.message_batch import COLUMNAR_MIN, MessageBatch
 from ..remoting import fastjson
 from ..remoting.body import BodyError, decode_batch
 from ..remoting.codes import (DEFAULT_TOPIC, DLQ_GROUP_TOPIC_PREFIX, MASTER_ID, PERM_READ, PERM_WRITE,
@@ -130,7 +130,7 @@ class Broker:
                  trace_on: bool = True, reject_transaction: bool = False):
         self.store = store
         self.cfg = cfg
-        self.local = local               # rmqstore.local_broker.LocalBroker: topics, offsets, send-back
+        self.local = local               # rmqstore.messaging.local_broker.LocalBroker: topics, offsets, send-back
         self.topics = local.topics
         self.offsets = local.offsets
         self.groups = groups
@@ -966,7 +966,7 @@ class Broker:
             return False
         if phy <= 0 and self.store.get_max_offset_in_queue(topic, qid) == 0:
             return False
-        from ..store import TOTAL_PHYSICAL_MEMORY_SIZE
+        from ..store.store import TOTAL_PHYSICAL_MEMORY_SIZE
         memory = TOTAL_PHYSICAL_MEMORY_SIZE * self.cfg.access_message_in_memory_max_ratio // 100
         return self.store.get_max_phy_offset() - phy > memory
 
@@ -1103,7 +1103,7 @@ class Broker:
 
     # --- transactions ---------------------------------------------------------------------------------
     def end_transaction(self, ch: Channel, req: RemotingCommand):
-        """EndTransactionProcessor, over rmqstore.transaction's TransactionCheckService (the store-level model:
+        """EndTransactionProcessor, over rmqstore.messaging.transaction's TransactionCheckService (the store-level model:
         the half sits in its real topic and queue with sysFlag PREPARED; commit appends a copy with sysFlag
         COMMIT and preparedTransactionOffset = the half's offset, rollback one with ROLLBACK and no body)."""
         h = Header(req.ext_fields)
@@ -1123,7 +1123,7 @@ class Broker:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
         if half.queue_offset != tran_offset:
             return req.make_response(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        from ..transaction import LocalTransactionState
+        from ..messaging.transaction import LocalTransactionState
         state = (LocalTransactionState.COMMIT_MESSAGE if kind == codec.TRANSACTION_COMMIT_TYPE
                  else LocalTransactionState.ROLLBACK_MESSAGE)
         tx = self.local.transactions
@@ -1183,7 +1183,7 @@ class _RemoteTransactionProducer:
     """What TransactionCheckService needs of a producer, for a group whose producers are remote clients."""
 
     def __init__(self, broker: Broker, group: str):
-        from ..local_broker import broker_setting
+        from ..messaging.local_broker import broker_setting
         cfg = broker.cfg
         self.broker = broker
         self.group = group
@@ -1192,7 +1192,7 @@ class _RemoteTransactionProducer:
         self.transaction_check_interval_ms = broker_setting(cfg, "transactionCheckInterval", 60_000)
 
     def _check_local_transaction(self, msg):
-        from ..transaction import LocalTransactionState
+        from ..messaging.transaction import LocalTransactionState
         self.broker.send_check_transaction_state(self.group, msg)
         return LocalTransactionState.UNKNOW      # the producer answers later with END_TRANSACTION
 

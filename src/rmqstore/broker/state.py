@@ -1,6 +1,6 @@
 """Subscription groups (RocketMQ's SubscriptionGroupManager, config/subscriptionGroup.json).
 
-Topics and consumer offsets are rmqstore.local_broker's (topic_config.TopicConfigManager,
+Topics and consumer offsets are rmqstore.messaging.local_broker's (topic_config.TopicConfigManager,
 offset_store.ConsumerOffsetManager); the network broker uses them as they are.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config_file import as_object, load_config_file, string_to_file
+from ..store.config_file import as_object, load_config_file, string_to_file
 from ..remoting import fastjson
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .. import codec
+from ..store import codec
 from ..remoting import fastjson
 from ..remoting.codes import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, UNIQUE_MSG_QUERY_FLAG, RequestCode, ResponseCode
 from .instance import MQClientInstance, subscribe_info

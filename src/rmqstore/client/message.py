@@ -6,10 +6,10 @@ import enum
 import zlib
 from dataclasses import dataclass, field
 
-from .. import codec
-from ..consumer import ConsumeConcurrentlyStatus, ConsumeFromWhere, PullStatus  # noqa: F401  (shared with the in-process API)
-from ..producer import SendStatus  # noqa: F401
-from ..transaction import LocalTransactionState  # noqa: F401
+from ..store import codec
+from ..messaging.consumer import ConsumeConcurrentlyStatus, ConsumeFromWhere, PullStatus  # noqa: F401  (shared with the in-process API)
+from ..messaging.producer import SendStatus  # noqa: F401
+from ..messaging.transaction import LocalTransactionState  # noqa: F401
 from ..remoting.codes import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, ResponseCode)
 

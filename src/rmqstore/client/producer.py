@@ -25,7 +25,7 @@ import time
 import zlib
 from typing import Callable
 
-from .. import codec
+from ..store import codec
 from ..remoting.body import UniqIdGenerator, encode_batch_entry
 from ..remoting.codes import (CURRENT_VERSION, DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX, RequestCode,

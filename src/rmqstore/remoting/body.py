@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .. import codec
+from ..store import codec
 
 _BATCH_HEAD = struct.Struct(">iiiii")
 _H = struct.Struct(">h")

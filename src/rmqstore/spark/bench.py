@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 
-from ..config import StoreConfig
+from ..store.config import StoreConfig
 
 TOPICS = ("BenchA", "BenchB", "BenchC", "BenchD")
 
@@ -30,8 +30,8 @@ def bench_config() -> StoreConfig:
 def write_store(path: str, scale: int, config: StoreConfig, body_size: int = 512, seed: int = 7) -> dict:
     """A store of `scale` messages: 4 topics x 4 queues, bodies of body_size/2..3*body_size/2 bytes, tags,
     keys on half of them, UNIQ_KEY on all."""
-    from ..message import Message
-    from ..store import MessageStore
+    from ..store.message import Message
+    from ..store.store import MessageStore
     rnd = random.Random(seed)
     blob = random.Random(seed).randbytes(4 << 20)      # bodies do not compress (as real payloads mostly do not)
     t0 = time.perf_counter()
@@ -76,8 +76,8 @@ def _agg(df):
 def bench_spark(scale: int = 200_000, *, body_size: int = 512, repeat: int = 2, work_dir: str | None = None,
                 master: str | None = None, spark=None, keep: bool = False) -> dict:
     """Measure (see the module docstring); returns a dict of numbers."""
-    from ..reader import CommitLogReader
-    from ..rebuild import rebuild_store
+    from ..store.reader import CommitLogReader
+    from ..store.rebuild import rebuild_store
     from . import spark_session
     from .rebuild import rebuild_spark
     from .stats import local_scan

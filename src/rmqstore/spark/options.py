@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..config import StoreConfig
+from ..store.config import StoreConfig
 from ..errors import ConfigError
 from . import storeview as SV
 from .records import ms_from_datetime

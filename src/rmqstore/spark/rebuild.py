@@ -1,7 +1,7 @@
 """rebuild_spark: drop and rebuild a store's consume queues and index with Spark (distributed dispatch).
 
 1. driver: take the store's lock (held to the end), remove consumequeue/ and index/, recover the commitlog
-   as MessageStore.open does (rmqstore.recovery.recover_commit_log: invalid data after the last valid
+   as MessageStore.open does (rmqstore.store.recovery.recover_commit_log: invalid data after the last valid
    record is cut off);
 2. one task per commitlog file parses it (codec.parse_dispatch_columns, the local dispatcher's parser) and
    returns its records' columns and the hashes of their index keys;
@@ -14,7 +14,7 @@
    index file's end, as a local rebuild's close() writes them), abort file removed, lock released; a
    read-only check (storeview) that recovery would find nothing to re-dispatch.
 
-Consume queues are byte-identical to the local engine's (rmqstore.rebuild.rebuild_store) and RocketMQ's;
+Consume queues are byte-identical to the local engine's (rmqstore.store.rebuild.rebuild_store) and RocketMQ's;
 index files have the same headers, slots and entries. Index file NAMES differ: the local engine (like
 RocketMQ) names a file by the clock when it creates it; this engine names it, deterministically, by the
 store time of its first message (yyyyMMddHHmmssSSS, local time; one more than the previous name when that
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codec
-from ..config import StoreConfig
-from ..index_file import time_millis_to_human_string
+from ..store import codec
+from ..store.config import StoreConfig
+from ..store.index_file import time_millis_to_human_string
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 def parse_file(task: tuple) -> dict:
     """Task of step 2: (path, base offset, limit, delay levels) -> columns of the file's records."""
     path, base, limit, delay_levels, with_index = task
-    from ..index_file import key_hashes
+    from ..store.index_file import key_hashes
     from .storeview import map_read_only
     mm = map_read_only(path)
     if mm is None:
@@ -97,7 +97,7 @@ def parse_file(task: tuple) -> dict:
 def write_queue(task: tuple) -> dict:
     """Task of step 4: one consume queue."""
     root, file_size, topic, qid, offs, sizes, tags, qoffs = task
-    from ..consume_queue import ConsumeQueue
+    from ..store.consume_queue import ConsumeQueue
     cq = ConsumeQueue(topic, qid, Path(root) / "consumequeue", file_size)
     try:
         cq.put_arrays(offs, sizes, tags, qoffs)
@@ -111,7 +111,7 @@ def write_queue(task: tuple) -> dict:
 def write_index_file(task: tuple) -> dict:
     """Task of step 4: one index file."""
     path, slots, num, prev_phy, prev_ts, hashes, phys, stamps = task
-    from ..index_file import IndexFile
+    from ..store.index_file import IndexFile
     f = IndexFile(path, slots, num, prev_phy, prev_ts)
     try:
         n = len(hashes)
@@ -146,11 +146,11 @@ def _session(master: str | None, spark):
 
 def rebuild_spark(store_path, config: StoreConfig | None = None, master: str | None = None, spark=None) -> dict:
     """Drop and rebuild the consume queues and index of the store at store_path with Spark tasks; returns
-    counts like rmqstore.rebuild.rebuild_store (plus engine, tasks)."""
-    from ..checkpoint import StoreCheckpoint
-    from ..commit_log import CommitLog
-    from ..lock import AbortFile, StoreLock
-    from ..recovery import RecoveryReport, recover_commit_log
+    counts like rmqstore.store.rebuild.rebuild_store (plus engine, tasks)."""
+    from ..store.checkpoint import StoreCheckpoint
+    from ..store.commit_log import CommitLog
+    from ..store.lock import AbortFile, StoreLock
+    from ..store.recovery import RecoveryReport, recover_commit_log
 
     path = Path(store_path).resolve()
     config = config or StoreConfig()

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import codec
+from ..store import codec
 
 log = logging.getLogger(__name__)
 

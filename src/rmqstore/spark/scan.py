@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import codec
+from ..store import codec
 from . import records as R
 from . import storeview as SV
 

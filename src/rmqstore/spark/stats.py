@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from ..config import StoreConfig
+from ..store.config import StoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Two cases:
   record being written; nothing after the queues is read.
 
 * nobody holds the store: the view is what the store serves after MessageStore.open's recovery, which
-  is emulated read-only, step by step (rmqstore.recovery, ConsumeQueue.recover, IndexService.load):
+  is emulated read-only, step by step (rmqstore.store.recovery, ConsumeQueue.recover, IndexService.load):
   the commitlog is checked (after a crash from the file the checkpoint vouches for, with CRCs, as
   recovery does; after a clean shutdown from where the queues and the index end), queue units are kept
   up to the last valid one and not past the commitlog's end, and the records recovery would re-dispatch
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codec
-from ..config import StoreConfig
-from ..consume_queue import search_by_time, short_only_file
-from ..index_file import IndexFile, key_hash
-from ..mapped_file import FileCache, map_read_only  # noqa: F401 - used here and by spark modules
-from ..recovery import CQ_CHECK_SAMPLE, _checked_positions, structure_problem, unit_problems
+from ..store import codec
+from ..store.config import StoreConfig
+from ..store.consume_queue import search_by_time, short_only_file
+from ..store.index_file import IndexFile, key_hash
+from ..store.mapped_file import FileCache, map_read_only  # noqa: F401 - used here and by spark modules
+from ..store.recovery import CQ_CHECK_SAMPLE, _checked_positions, structure_problem, unit_problems
 from . import records as R
 
 log = logging.getLogger(__name__)
@@ -74,18 +74,18 @@ def _digit_files(d: str, digits: int | None = 20) -> list[tuple[int, str, int]]:
     return out
 
 
-# read-only mappings live with the other mappings (rmqstore.mapped_file); the names stay importable here
+# read-only mappings live with the other mappings (rmqstore.store.mapped_file); the names stay importable here
 _FLOCK = struct.Struct("hhqqi4x")
 
 
 def lock_held_elsewhere(store: str | os.PathLike) -> bool:
-    """True when another process (or this one, through rmqstore.lock) holds the store's lock.
+    """True when another process (or this one, through rmqstore.store.lock) holds the store's lock.
 
     A probe (F_GETLK on byte 0, the byte MessageStore and RocketMQ lock): nothing is locked or written.
     """
     root = Path(store)
     try:
-        from ..lock import _held
+        from ..store.lock import _held
         if str(root.resolve()) in _held:
             return True
     except ImportError:  # pragma: no cover
@@ -862,7 +862,7 @@ def _recover_index(view: StoreView, cache: FileCache, end: int | None, destroy: 
             drop_from = min(drop_from if drop_from is not None else len(loaded), later[0] - 1)
     if deep and loaded:
         try:
-            from ..recovery import index_file_problems
+            from ..store.recovery import index_file_problems
         except ImportError:  # pragma: no cover
             index_file_problems = None
         checked = 0

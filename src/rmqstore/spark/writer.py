@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from .. import codec, validation
-from ..config import StoreConfig
+from ..store import codec, validation
+from ..store.config import StoreConfig
 from ..errors import ConfigError, StoreLockedError
 from . import storeview as SV
 from .records import COLUMNS
@@ -227,8 +227,8 @@ class RocketMQWriter(DataSourceArrowWriter):
 
 def append_encoded(path: str, config: StoreConfig, msgs: list[EncodedRows]) -> dict:
     """Append the encoded rows (in order) to the store at path, holding its lock; returns counts."""
-    from ..message import DEFAULT_HOST, Message
-    from ..store import MessageStore
+    from ..store.message import DEFAULT_HOST, Message
+    from ..store.store import MessageStore
     total = sum(m.rows for m in msgs)
     store = MessageStore.open(path, config, start_services=False)
     try:

@@ -61,7 +61,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from . import codec
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 from .mapped_file import MappedFile
 
 log = logging.getLogger(__name__)

@@ -24,18 +24,17 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-from . import codec
-from .java_map import as_broker_map
+from ..store import codec
+from ..store.java_map import as_broker_map
 from .long_polling import ArrivalHub
-from .message import Message, MessageExt, PutMessageResult, PutMessageStatus
+from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
 from .offset_store import DEFAULT_FLUSH_INTERVAL_MS, ConsumerOffsetManager
 from .rebalance import ConsumerRegistry
 from .schedule import _java_int
-from .topic_config import (PERM_READ, PERM_WRITE, MessageQueue, TopicConfig, TopicConfigManager, dlq_topic,
-                           retry_topic)
+from .topic_config import PERM_READ, PERM_WRITE, MessageQueue, TopicConfig, TopicConfigManager, dlq_topic, retry_topic
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .store import MessageStore
+    from ..store.store import MessageStore
     from .transaction import TransactionCheckService
 
 log = logging.getLogger(__name__)

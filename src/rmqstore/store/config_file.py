@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

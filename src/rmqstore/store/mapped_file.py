@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 
 log = logging.getLogger(__name__)
 

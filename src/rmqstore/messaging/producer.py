@@ -35,11 +35,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from . import codec, validation
-from .errors import RmqStoreError
-from .java_map import JavaHashMap
+from ..store import codec, validation
+from ..errors import RmqStoreError
+from ..store.java_map import JavaHashMap
 from .local_broker import PROPERTY_WAIT_STORE_MSG_OK, LocalBroker
-from .message import Message, MessageExt, PutMessageResult, PutMessageStatus
+from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
 from .topic_config import AUTO_CREATE_TOPIC_KEY_TOPIC, PERM_WRITE, MessageQueue, TopicNotExistError
 
 log = logging.getLogger(__name__)

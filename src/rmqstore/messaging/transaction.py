@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
-from . import codec
-from .config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
-from .java_map import as_broker_map
+from ..store import codec
+from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.java_map import as_broker_map
 from .local_broker import broker_setting
-from .message import Message, MessageExt, PutMessageResult
+from ..store.message import Message, MessageExt, PutMessageResult
 from .producer import Producer, SendResult, SendStatus, TopicNotExistError
 from .topic_config import MessageQueue
 

@@ -1,6 +1,6 @@
 """rmqstore bench: throughput of the store, as JSON.
 
-    python -m rmqstore.bench [--workload put,put_batch] [--messages N | --scale small|full] ...
+    python -m rmqstore.tools.bench [--workload put,put_batch] [--messages N | --scale small|full] ...
 
 Each workload runs in a fresh store directory and reports what it measured under its name in the
 "workloads" object of the JSON printed to stdout (and returned by `run`), next to the machine it ran on
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from .message import Message, PutMessageResults
-from .message_batch import MessageBatch
+from ..store.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from ..store.message import Message, PutMessageResults
+from ..store.message_batch import MessageBatch
 
 SCALES = {"small": 100_000, "full": 1_000_000}
 DEFAULT_WORKLOADS = "put,put_batch,put_columns,e2e"
@@ -162,12 +162,12 @@ def open_commit_log(ctx: BenchContext, name: str) -> PutTarget:
     run: each put is answered by its GroupCommitService once an msync covers it (RocketMQ's group commit:
     one msync serves every put waiting), the dispatcher builds queues and index meanwhile."""
     if ctx.config.flush_disk_type == SYNC_FLUSH:
-        from .flush import GroupCommitService
-        from .store import MessageStore
+        from ..store.flush import GroupCommitService
+        from ..store.store import MessageStore
         store = MessageStore.open(ctx.store_dir(name), ctx.config)
         svc = next(s for s in store.services if isinstance(s, GroupCommitService))
         return PutTarget(store.commit_log, svc, store.close)
-    from .commit_log import CommitLog
+    from ..store.commit_log import CommitLog
     cl = CommitLog(ctx.store_dir(name), ctx.config)
     cl.load()
     return PutTarget(cl, None, cl.shutdown)
@@ -328,7 +328,7 @@ def batch_columns(msgs: list[Message]) -> dict:
                  "(consume queues and a key per message in the index), until all is dispatched; the "
                  "dispatcher's lag sampled every 10 ms")
 def _wl_e2e(ctx: BenchContext) -> dict:
-    from .store import MessageStore
+    from ..store.store import MessageStore
     msgs = ctx.messages()
     size = max(1, ctx.args.batch)
     batches = [batch_columns(msgs[i:i + size]) for i in range(0, len(msgs), size)]
@@ -454,7 +454,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rmqstore.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rmqstore.tools.bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     run(parser.parse_args(argv))
     return 0

@@ -13,8 +13,7 @@ import logging
 import threading
 from pathlib import Path
 
-from .config_file import (PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file,
-                          string_to_file)
+from ..store.config_file import PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 

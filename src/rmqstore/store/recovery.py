@@ -45,7 +45,7 @@ from .commit_log import CommitLog
 from .config import StoreConfig
 from .consume_queue import _CQ_NP as _CQ_UNIT_NP
 from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 from .failure import FailureChannel, FailureKind
 from .mapped_file import MappedFile, offset_to_file_name
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import StoreConfig
-from .config_file import (PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file,
-                          string_to_file)
+from ..store.config import StoreConfig
+from ..store.config_file import PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .store import MessageStore
+    from ..store.store import MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from .errors import RmqStoreError
-from .message import Message, PutMessageStatus
+from ..store.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from ..errors import RmqStoreError
+from ..store.message import Message, PutMessageStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 # packages of the extras (pyproject.toml) a command may need: a missing one is named with its extra
@@ -38,7 +38,7 @@ PROG = "rmqstore"
 def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
     """Open (lock, recover, dispatch) a store; a context manager. `services` starts the dispatcher and
     flush threads (needed by long-running writers); short commands dispatch synchronously."""
-    from .store import MessageStore
+    from ..store.store import MessageStore
 
     return MessageStore.open(store, cfg, start_services=services)
 
@@ -387,7 +387,7 @@ CAT_CHUNK = 512
 
 def cmd_cat(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Print the commitlog's message records in physical order, one JSON object a line."""
-    from .reader import CommitLogReader
+    from ..store.reader import CommitLogReader
 
     if not os.path.isdir(args.store):
         raise CliError(f"not a store directory: {args.store}")
@@ -513,11 +513,11 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Drop consume queues and index and rebuild them from the commitlog."""
     _require_store(args.store)
     if args.engine == "spark":
-        from .spark import rebuild_spark
+        from ..spark import rebuild_spark
 
         out = rebuild_spark(args.store, cfg, master=args.master)
     else:
-        from .rebuild import ProgressBar, rebuild_store
+        from ..store.rebuild import ProgressBar, rebuild_store
 
         bar = ProgressBar(1, "rebuild")
 
@@ -540,9 +540,9 @@ def _rebuild_args(p: argparse.ArgumentParser) -> None:
 
 # ==== check =========================================================================================
 def cmd_check(args: argparse.Namespace, cfg: StoreConfig) -> int:
-    """A full consistency check (rmqstore.check): one line per problem, then a summary line; exit 0 when
+    """A full consistency check (rmqstore.store.check): one line per problem, then a summary line; exit 0 when
     clean, 1 when not. Read only, unless --repair (which takes the store's lock)."""
-    from .check import NotAStoreError, check_store, progress_bar, repair_store
+    from ..store.check import NotAStoreError, check_store, progress_bar, repair_store
 
     update, close = progress_bar("check")
     try:
@@ -577,7 +577,7 @@ def _check_args(p: argparse.ArgumentParser) -> None:
 # ==== clean =========================================================================================
 def cmd_clean(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Delete expired commitlog files (and the queue and index files below them) now."""
-    from .cleanup import clean_store
+    from ..store.cleanup import clean_store
 
     with _open_store(_require_store(args.store), cfg) as st:
         print(_dumps(clean_store(st, force=args.force)))
@@ -594,7 +594,7 @@ def _clean_args(p: argparse.ArgumentParser) -> None:
 # ==== stats =========================================================================================
 def cmd_stats(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Per topic and queue: messages, bytes, first/last store time, messages per minute (read only)."""
-    from .spark import stats
+    from ..spark import stats
 
     _require_store(args.store)
     rows = stats(args.store, engine=args.engine, plot=args.plot, config=args.config or cfg)
@@ -613,13 +613,13 @@ def _stats_args(p: argparse.ArgumentParser) -> None:
 
 # ==== serve =========================================================================================
 def _serve_args(p: argparse.ArgumentParser) -> None:
-    from . import server
+    from ..broker import server
 
     server.cli_add_arguments(p)
 
 
 def _serve_run(args: argparse.Namespace, cfg: StoreConfig) -> int:
-    from . import server
+    from ..broker import server
 
     return server.cli_run(args, cfg)
 
@@ -642,7 +642,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace, cfg: StoreConfig) -> int:
     if args.server:
-        from . import server
+        from ..broker import server
 
         return server.cli_bench_server(args, cfg)
     from . import bench
@@ -735,7 +735,7 @@ COMMANDS: list[Command] = [
                         "bound to brokerIP1 (loopback by default). RocketMQ 4.x clients (Java, Go, C++) and "
                         "rmqstore.client talk to it. SIGTERM shuts down cleanly.",
             epilog="example:\n  rmqstore serve -c broker.conf ./my-store",
-            config_overrides=lambda args: __import__("rmqstore.server", fromlist=["x"]).cli_config_overrides(args)),
+            config_overrides=lambda args: __import__("rmqstore.broker.server", fromlist=["x"]).cli_config_overrides(args)),
     Command("bench", "measure put, dispatch and read throughput (JSON on stdout)", cmd_bench, _bench_args,
             epilog="example:\n  rmqstore bench --scale small"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)

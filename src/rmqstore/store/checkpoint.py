@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import codec
 from .config_file import check_file_or_missing
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,10 @@ import numpy as np
 
 from . import codec, validation
 from .config import StoreConfig
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 from .mapped_file import MappedFile, MappedFileQueue
-from .message_batch import (COLUMNAR_MIN, INT32, INT64, EncodedBatch, MessageBatch, NotColumnar, chop,
-                            encode_columns, int_column, props_from_columns, props_of_dicts)
-from .message import (AppendMessageResult, AppendMessageStatus, Message, MessageExt, PutMessageResult,
-                      PutMessageResults, PutMessageStatus)
+from .message_batch import COLUMNAR_MIN, INT32, INT64, EncodedBatch, MessageBatch, NotColumnar, chop, encode_columns, int_column, props_from_columns, props_of_dicts
+from .message import AppendMessageResult, AppendMessageStatus, Message, MessageExt, PutMessageResult, PutMessageResults, PutMessageStatus
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Iterator
 
 from . import codec
 from .config import StoreConfig
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 from .message import MessageExt
 
 __all__ = ["CommitLogFile", "CommitLogReader", "RecordInfo", "ScanSummary", "find_commitlog_dir",

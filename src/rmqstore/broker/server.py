@@ -1,7 +1,7 @@
 """`rmqstore serve STORE [-c broker.conf]`: a RocketMQ 4.x name server and broker over one store, in one
-asyncio process (also `python -m rmqstore.server STORE ...`).
+asyncio process (also `python -m rmqstore.broker.server STORE ...`).
 
-    from rmqstore.server import serve
+    from rmqstore.broker.server import serve
     serve("/data/store", StoreConfig.load("broker.conf"))       # blocks until SIGTERM / SIGINT
 
 broker.conf keys used: brokerName, brokerClusterName, brokerIP1 (also the listening address, 127.0.0.1 by
@@ -12,7 +12,7 @@ shortPollingTimeMills, flushDiskType, serverChannelMaxIdleTimeSeconds, plus ever
 On start it prints one JSON line to stdout, `{"event": "ready", "namesrv": ..., "broker": ..., "vip": ...}`.
 SIGTERM / SIGINT stop it cleanly: connections closed, consumer offsets and topics persisted, store closed.
 
-Wiring into rmqstore.cli (one Command each):
+Wiring into rmqstore.tools.cli (one Command each):
     Command("serve", "run a RocketMQ name server and broker over the store", server.cli_run,
             server.cli_add_arguments, config_overrides=server.cli_config_overrides)
     `rmqstore bench --server`: server.cli_bench_server(args, cfg) (uses args.scale: small | full)
@@ -27,10 +27,10 @@ import signal
 import sys
 from pathlib import Path
 
-from .broker.app import BrokerServer
-from .config import StoreConfig
+from .app import BrokerServer
+from ..store.config import StoreConfig
 
-log = logging.getLogger("rmqstore.server")
+log = logging.getLogger("rmqstore.broker.server")
 
 
 async def run_server(store_path: str | Path, config: StoreConfig | None = None, *, namesrv: bool = True,
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .errors import RmqStoreError
+    from ..errors import RmqStoreError
     try:
         return cli_run(args, StoreConfig.load(args.config, cli_config_overrides(args) or None))
     except (RmqStoreError, OSError) as e:
@@ -155,7 +155,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ServerProcess:
-    """`python -m rmqstore.server STORE` in a child process on free loopback ports.
+    """`python -m rmqstore.broker.server STORE` in a child process on free loopback ports.
 
         with ServerProcess(store_dir, {"autoCreateTopicEnable": "true"}) as srv:
             Producer("g", srv.namesrv_addr) ...
@@ -201,7 +201,7 @@ class ServerProcess:
         conf_path.write_text("\n".join(lines) + "\n")
         fd, self.stderr_path = tempfile.mkstemp(prefix="rmqstore-server-", suffix=".log")
         os.close(fd)
-        args = [sys.executable, "-m", "rmqstore.server", str(self.store), "-c", str(conf_path)]
+        args = [sys.executable, "-m", "rmqstore.broker.server", str(self.store), "-c", str(conf_path)]
         if self.log_level == "INFO":
             args.append("-v")
         if not self.embedded_namesrv:
@@ -260,7 +260,7 @@ class ServerProcess:
 
 def bench_server(scale="small", **kw) -> dict:
     """Async send, sync send and push-consume throughput over loopback (see rmqstore.broker.bench)."""
-    from .broker.bench import bench_server as _bench
+    from .bench import bench_server as _bench
     return _bench(scale, **kw)
 
 

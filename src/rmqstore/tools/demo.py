@@ -1,4 +1,4 @@
-"""`python -m rmqstore.demo` (what `make demo` runs): a short tour on a store in ./demo-store.
+"""`python -m rmqstore.tools.demo` (what `make demo` runs): a short tour on a store in ./demo-store.
 
 1. writes a few messages to demo-store/messages.jsonl (three topics, one of them in Chinese, tags, keys,
    an empty body, a prepared transaction message);
@@ -106,11 +106,11 @@ def library_tour() -> None:
 
     import time
 
-    from .config import StoreConfig
-    from .consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
-    from .message_batch import MessageBatch
-    from .producer import Producer
-    from .store import MessageStore
+    from ..store.config import StoreConfig
+    from ..messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
+    from ..store.message_batch import MessageBatch
+    from ..messaging.producer import Producer
+    from ..store.store import MessageStore
 
     print("\n== the library: a producer and a consumer group")
     cfg = StoreConfig.load(STORE / "store.conf")
@@ -157,7 +157,7 @@ def library_tour() -> None:
 
 def pipeline_tour() -> None:
     try:
-        from .spark import demo_pipeline
+        from ..spark import demo_pipeline
         import pyspark  # noqa: F401
     except ImportError:
         print("\n(rmqstore[spark] is not installed: skipping the Spark pipeline)")

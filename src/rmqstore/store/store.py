@@ -23,15 +23,14 @@ from .commit_log import AppendFailed, CommitLog
 from .config import StoreConfig
 from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
 from .dispatch import Dispatcher
-from .errors import StoreClosedError
+from ..errors import StoreClosedError
 from .failure import FailureChannel, FailureKind
 from .index_file import IndexService
 from .lock import AbortFile, StoreLock
 from .message_batch import MessageBatch
-from .message import (GetMessageResult, GetMessageStatus, Message, MessageExt, PutMessageResult,
-                      PutMessageStatus)
+from .message import GetMessageResult, GetMessageStatus, Message, MessageExt, PutMessageResult, PutMessageStatus
 from .recovery import RecoveryReport, recover_store
-from .schedule import rewrite_delayed
+from ..messaging.schedule import rewrite_delayed
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ class MessageStore:
                 install_cleanup_services(self)
                 for s in self.services:
                     s.start()
-                from .schedule import ScheduleMessageService
+                from ..messaging.schedule import ScheduleMessageService
                 self.schedule_service = ScheduleMessageService(self)
                 self.schedule_service.start()
         except BaseException:
@@ -485,7 +484,7 @@ class MessageStore:
         return {t: sorted(qs) for t, qs in sorted(self.consume_queues.table.items())}
 
     def check(self, repair: bool = False):
-        """A full consistency check of this open store (rmqstore.check.check_store: every record with its
+        """A full consistency check of this open store (rmqstore.store.check.check_store: every record with its
         CRC, every consume queue unit against its record, index entries, checkpoint, config files), after
         the dispatcher caught up. Returns a check.CheckReport (`ok`, `problems`, `summary()`).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from .store import MessageStore
+from ..store.store import MessageStore
 
 DUMP_GROUP = "rmqstore-dump"
 MAX_TIME = 2 ** 63 - 1

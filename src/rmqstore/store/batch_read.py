@@ -1,7 +1,7 @@
 """Batched consume of a whole queue range: consume queue units with numpy, bodies gathered from the commitlog
 in bulk.
 
-    from rmqstore.batch_read import read_queue_bodies
+    from rmqstore.store.batch_read import read_queue_bodies
     bodies = read_queue_bodies(store, "TopicA", 0)                       # list[bytes], in queue order
     buf, offsets = read_queue_bodies(store, "TopicA", 0, as_buffer=True)  # one bytes + int64 offsets (Arrow-style)
 

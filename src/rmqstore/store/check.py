@@ -563,7 +563,7 @@ def _store_is_open(root: Path) -> bool:
     try:
         return lock._lock_holder_of(root / "lock") is not None
     except AttributeError:  # pragma: no cover - an older lock module
-        from .spark.storeview import lock_held_elsewhere
+        from ..spark.storeview import lock_held_elsewhere
         return lock_held_elsewhere(root)
 
 

@@ -28,13 +28,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import codec
-from .config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
-from .java_map import as_broker_map
-from .message import Message, MessageExt
+from ..store import codec
+from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.java_map import as_broker_map
+from ..store.message import Message, MessageExt
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .store import MessageStore
+    from ..store.store import MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config_file import check_file_or_missing
-from .errors import StoreLockedError
+from ..errors import StoreLockedError
 
 log = logging.getLogger(__name__)
 
