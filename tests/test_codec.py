@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.store import codec
+from rmqstore.store import codec, scanner
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -326,13 +326,13 @@ def test_walk_records_agrees_with_check_record(recs, data, check_crc):
             struct.pack_into(">i", buf, i, data.draw(INT32))
     limit = data.draw(st.integers(0, len(buf)))
     want = _walk_one_by_one(bytes(buf), limit, check_crc)
-    saved = codec.WALK_BATCH
+    saved = scanner.WALK_BATCH
     try:
         for batch in (saved, 1, 2, 5):
-            codec.WALK_BATCH = batch
+            scanner.WALK_BATCH = batch
             assert _walk_batched(bytes(buf), limit, check_crc) == want, batch
     finally:
-        codec.WALK_BATCH = saved
+        scanner.WALK_BATCH = saved
 
 
 def test_walk_records_golden_commitlog():

@@ -7,7 +7,8 @@ are parsed with Arrow compute kernels. No Python object is made per record, exce
 holds data the fast path cannot represent exactly (invalid UTF-8, a property key written twice):
 those batches fall back to codec's own decoding, row by row, so the answer is always codec's.
 
-The validity rules are codec.check_record's (a record that fails them is reported, not parsed).
+The validity rule is the record scanner's (store/scanner.py: RecordColumns, walk_positions); a record
+that fails it is reported, not parsed.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import codec
+from ..store import codec, scanner
+from ..store.scanner import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +45,7 @@ COLUMNS = [n for n, _ in FIELDS]
 # Columns that are never null (IsNotNull filters on them are always true).
 NEVER_NULL = frozenset(COLUMNS) - {"tags", "body"}
 
-_MAGIC1 = codec.MESSAGE_MAGIC_CODE
-_MAGIC2 = codec.MESSAGE_MAGIC_CODE_V2
-_BLANK = codec.BLANK_MAGIC_CODE
-_TRAN_MASK = codec.TRANSACTION_TYPE_MASK
 MIN_HEADER = codec.HEADER_V4.size            # 88
-_AR = {n: np.arange(n, dtype=np.int64) for n in (1, 2, 4, 8, 16, 20)}
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _HEX_PAIRS = np.stack([_HEX[np.arange(256) >> 4], _HEX[np.arange(256) & 15]], axis=1).copy()  # (256, 2)
@@ -56,17 +53,6 @@ EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
 # --- gathers -----------------------------------------------------------------------------------------
-def _be(buf: np.ndarray, pos: np.ndarray, n: int, signed: bool = True) -> np.ndarray:
-    """Big-endian integers of n bytes at each position (positions must be in bounds), as int64."""
-    if len(pos) == 0:
-        return np.empty(0, dtype=np.int64)
-    if n == 1:
-        return buf[pos].astype(np.int64)
-    m = buf[pos[:, None] + _AR[n]]
-    dt = (">i" if signed else ">u") + str(n)
-    return m.view(dt).reshape(-1).astype(np.int64)
-
-
 def ranges_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The flat index of the concatenated ranges [start, start + length), and the offsets of each range
     in it (len(starts) + 1 values)."""
@@ -223,97 +209,12 @@ def _parse_properties_slow(props: pa.Array) -> Props:
 
 
 # --- record headers --------------------------------------------------------------------------------
-class Records:
+class Records(scanner.RecordColumns):
     """Fixed fields and layout of records at positions `pos` of `buf` (a commitlog file's bytes, whose
-    first byte is commitlog offset `base`), computed with numpy for all records at once.
-
-    `valid` says which records are whole and consistent (codec.check_record's rules, without CRC; with
-    `unit_size`, also RocketMQ getMessage's: the unit's bytes are readable and hold the whole record).
-    Fields of invalid records are garbage. `select(mask)` keeps some records; `batch()` builds rows.
+    first byte is commitlog offset `base`), computed with numpy for all records at once: the record
+    scanner's RecordColumns (its `valid` is the record rule, without CRC; with `unit_size`, also RocketMQ
+    getMessage's), plus the Arrow columns: `batch()` builds rows. Fields of invalid records are garbage.
     """
-
-    def __init__(self, buf: np.ndarray, base: int, pos: np.ndarray, limit: int | None = None,
-                 unit_size: np.ndarray | None = None):
-        self.buf = buf
-        self.base = base
-        limit = len(buf) if limit is None else min(limit, len(buf))
-        pos = np.asarray(pos, dtype=np.int64)
-        self.pos = pos
-        n = len(pos)
-        ok = (pos >= 0) & (pos + MIN_HEADER <= limit)
-        if unit_size is not None:
-            ok &= (unit_size > 0) & (pos + unit_size <= limit)
-        # Clamped positions keep every gather in bounds; the rows they stand for are marked invalid.
-        top = max(limit - MIN_HEADER, 0)
-        p = np.clip(pos, 0, top) if n and len(buf) >= MIN_HEADER else np.zeros(n, dtype=np.int64)
-        if len(buf) < MIN_HEADER:
-            ok[:] = False
-            buf = self.buf = np.zeros(MIN_HEADER + 64, dtype=np.uint8)
-            limit = 0
-        self.total = _be(buf, p, 4)
-        magic = _be(buf, p + 4, 4, signed=False)
-        self.magic = magic
-        ok &= (magic == _MAGIC1) | (magic == _MAGIC2)
-        self.body_crc = _be(buf, p + 8, 4)
-        self.queue_id = _be(buf, p + 12, 4)
-        self.flag = _be(buf, p + 16, 4)
-        self.queue_offset = _be(buf, p + 20, 8)
-        self.phys = _be(buf, p + 28, 8)
-        self.sys_flag = _be(buf, p + 36, 4)
-        self.born_ts = _be(buf, p + 40, 8)
-        born_alen = np.where(self.sys_flag & codec.SYSFLAG_BORNHOST_V6, 16, 4)
-        store_alen = np.where(self.sys_flag & codec.SYSFLAG_STOREHOST_V6, 16, 4)
-        hs = MIN_HEADER + (born_alen - 4) + (store_alen - 4)
-        ok &= pos + hs <= limit
-        if unit_size is not None:
-            ok &= self.total <= unit_size
-        ok &= (self.total >= hs + 3) & (pos + self.total <= limit)
-        def at(q, width):            # a position clamped so that `width` bytes from it are in bounds
-            return np.clip(q, 0, max(limit - width, 0))
-        self.born_host_pos = p + 48
-        self.born_alen = born_alen
-        sts = p + 48 + born_alen + 4
-        self.store_ts = _be(buf, at(sts, 8), 8)
-        self.store_host_pos = sts + 8
-        self.store_alen = store_alen
-        rc = self.store_host_pos + store_alen + 4
-        self.reconsume = _be(buf, at(rc, 4), 4)
-        self.prepared = _be(buf, at(rc + 4, 8), 8)
-        self.body_len = _be(buf, at(rc + 12, 4), 4)
-        self.body_pos = rc + 16
-        tl_pos = self.body_pos + self.body_len
-        end = pos + self.total
-        v2 = magic == _MAGIC2
-        ok &= (self.body_len >= 0) & (tl_pos + 3 <= end)
-        topic_len = np.where(v2, _be(buf, at(tl_pos, 2), 2, signed=False), _be(buf, at(tl_pos, 1), 1))
-        ok &= v2 | (topic_len <= codec.MAX_TOPIC_LENGTH)
-        self.topic_pos = tl_pos + np.where(v2, 2, 1)
-        self.topic_len = topic_len
-        pl_pos = self.topic_pos + topic_len
-        ok &= pl_pos + 2 <= end
-        self.props_len = _be(buf, at(pl_pos, 2), 2)
-        self.props_pos = pl_pos + 2
-        ok &= (self.props_len >= 0) & (self.props_pos + self.props_len == end)
-        self.valid = ok
-        self.limit = limit
-
-    def __len__(self) -> int:
-        return len(self.pos)
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Commitlog offset of each record (where it is, not what its PHYSICALOFFSET field says)."""
-        return self.pos + self.base
-
-    def select(self, mask) -> "Records":
-        """A view on the records where mask is true (an index array works too)."""
-        out = object.__new__(Records)
-        for k, v in self.__dict__.items():
-            out.__dict__[k] = v[mask] if isinstance(v, np.ndarray) and v.ndim == 1 and k != "buf" else v
-        return out
-
-    def slice(self, a: int, b: int) -> "Records":
-        return self.select(slice(a, b))
 
     def topics(self) -> pa.Array:
         arr, _ = _strings(self.buf, self.topic_pos, self.topic_len)
@@ -358,36 +259,14 @@ class Records:
 
 
 # --- walking a commitlog file ------------------------------------------------------------------------
-_II = codec._II
+_WHY = {Outcome.END_OF_FILE: "blank", Outcome.END_OF_DATA: "end", Outcome.INVALID: "invalid"}
 
 
 def walk(mm, start: int, limit: int) -> tuple[np.ndarray, int, str]:
-    """Record positions from `start` (a record boundary) in a commitlog file's bytes, by their TOTALSIZE
-    fields alone; the rest of each record is checked afterwards, vectorised (Records.valid).
-
-    Returns (positions, stop position, why): why is "blank" (an END_OF_FILE record at the stop
-    position), "end" (zeros or the limit: the data ends), or "invalid" (a record that cannot be one).
-    """
-    out = []
-    append = out.append
-    unpack = _II.unpack_from
-    pos = start
-    why = "end"
-    while pos + 8 <= limit:
-        total, magic = unpack(mm, pos)
-        if magic == _BLANK:
-            why = "blank"
-            break
-        if magic != _MAGIC1 and magic != _MAGIC2:
-            if total != 0 or magic != 0:
-                why = "invalid"
-            break
-        if total < MIN_HEADER + 3 or pos + total > limit:
-            why = "invalid"
-            break
-        append(pos)
-        pos += total
-    return np.array(out, dtype=np.int64), pos, why
+    """Old form of scanner.walk_positions, its outcome as "blank" / "end" / "invalid" (kept for callers
+    not yet moved to the scanner's Outcome)."""
+    positions, stop, why = scanner.walk_positions(mm, start, limit)
+    return positions, stop, _WHY[why]
 
 
 def ms_from_datetime(value) -> float:

@@ -39,11 +39,9 @@ from __future__ import annotations
 import functools
 import ipaddress
 import operator
-import re
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
 
 # --- commitlog ---------------------------------------------------------------------------------
 MESSAGE_MAGIC_CODE = 0xDAA320A7
@@ -62,11 +60,6 @@ TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
 
 
-def is_dispatched(sys_flag):
-    """A record goes to a consume queue unless it is a prepared (half) or rolled-back transaction message.
-    Takes one sysFlag (-> bool) or a numpy array of them (-> bool array)."""
-    tran = sys_flag & TRANSACTION_TYPE_MASK
-    return (tran != TRANSACTION_PREPARED_TYPE) & (tran != TRANSACTION_ROLLBACK_TYPE)
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
 
@@ -292,70 +285,9 @@ class RecordError(ValueError):
         super().__init__(f"offset {pos}: {reason}")
 
 
-# Outcome kinds of check_record.
-KIND_MESSAGE, KIND_BLANK, KIND_END = 0, 1, 2
-
-
-def check_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[int, int]:
-    """Validate the record at pos without decoding it: returns (kind, size).
-
-    KIND_END: no data (a zero total size: the file's written part ends here).
-    KIND_BLANK: an END_OF_FILE record; size is what it spans.
-    KIND_MESSAGE: a whole message record of that size.
-    Raises RecordError for anything else (bad magic, sizes out of range, bad CRC, inconsistent lengths).
-    """
-    if pos + 8 > limit:
-        if pos >= limit or not any(buf[pos:limit]):
-            return KIND_END, 0
-        raise RecordError(pos, f"{limit - pos} trailing bytes, too short for a record header")
-    total, magic = _II.unpack_from(buf, pos)
-    if magic == BLANK_MAGIC_CODE:
-        if total < END_FILE_MIN_BLANK_LENGTH or pos + total > limit:
-            raise RecordError(pos, f"blank record of size {total} does not fit the file")
-        return KIND_BLANK, total
-    if total == 0 and magic == 0:
-        return KIND_END, 0
-    if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
-        raise RecordError(pos, f"bad magic code {magic:#010x}")
-    if total < HEADER_V4.size + 3 or pos + total > limit:
-        raise RecordError(pos, f"total size {total} out of range (file has {limit - pos} bytes left)")
-    sys_flag = _I.unpack_from(buf, pos + POS_SYSFLAG)[0]
-    hs = header_struct(sys_flag)
-    if hs.size + 3 > total:
-        raise RecordError(pos, f"total size {total} too small for the header")
-    body_len = _I.unpack_from(buf, pos + hs.size - 4)[0]
-    p = pos + hs.size + body_len
-    if body_len < 0 or p + 3 > pos + total:
-        raise RecordError(pos, f"body length {body_len} does not fit total size {total}")
-    if magic == MESSAGE_MAGIC_CODE:
-        topic_len = buf[p]
-        if topic_len > 127:
-            raise RecordError(pos, f"topic length {topic_len} over 127")
-        p += 1 + topic_len
-    else:
-        topic_len = struct.unpack_from(">H", buf, p)[0]
-        p += 2 + topic_len
-    if p + 2 > pos + total:
-        raise RecordError(pos, "topic does not fit total size")
-    props_len = _H.unpack_from(buf, p)[0]
-    if props_len < 0 or p + 2 + props_len != pos + total:
-        raise RecordError(pos, f"lengths add up to {p + 2 + props_len - pos}, total size says {total}")
-    if check_crc:
-        crc = _I.unpack_from(buf, pos + POS_BODYCRC)[0]
-        b0 = pos + hs.size
-        if body_crc(buf[b0:b0 + body_len]) != crc:
-            raise RecordError(pos, f"body CRC mismatch (stored {crc})")
-    return KIND_MESSAGE, total
-
-
-def decode_record(buf, pos: int, limit: int | None = None, read_body: bool = True,
-                  check_crc: bool = False) -> DecodedRecord:
-    """Decode the message record at pos (raises RecordError if there is none)."""
-    if limit is None:
-        limit = len(buf)
-    kind, size = check_record(buf, pos, limit, check_crc)
-    if kind != KIND_MESSAGE:
-        raise RecordError(pos, "no message record here" if kind == KIND_END else "END_OF_FILE blank record")
+def decode_fields(buf, pos: int, read_body: bool = True) -> DecodedRecord:
+    """Every field of the message record at pos, which the rule has passed (scanner.decode_record checks
+    first; this only reads the layout)."""
     sys_flag = _I.unpack_from(buf, pos + POS_SYSFLAG)[0]
     hs = header_struct(sys_flag)
     (total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_addr, born_port,
@@ -377,90 +309,6 @@ def decode_record(buf, pos: int, limit: int | None = None, read_body: bool = Tru
     return DecodedRecord(total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
                          format_host(born_addr, born_port), store_ts, format_host(store_addr, store_port),
                          reconsume, prep, body, topic, props, store_addr, store_port)
-
-
-def iter_records(buf, start: int, limit: int, check_crc: bool = False) -> Iterator[tuple[int, int, int]]:
-    """Walk records from start: yields (pos, kind, size) for messages and the blank; stops at KIND_END.
-
-    A RecordError propagates to the caller with the position of the bad record.
-    """
-    pos = start
-    while pos < limit:
-        kind, size = check_record(buf, pos, limit, check_crc)
-        if kind == KIND_END:
-            return
-        yield pos, kind, size
-        if kind == KIND_BLANK:
-            return
-        pos += size
-
-
-WALK_BATCH = 1 << 16     # records checked per vectorised step of walk_records
-
-
-def walk_records(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[int, int, int]:
-    """check_record over the run of records from pos, many at a time: returns (where the walk stopped,
-    KIND_END or KIND_BLANK, the blank's size or 0). Raises RecordError at the first invalid record,
-    exactly as check_record would.
-
-    Runs of plain records (v1 magic, IPv4 hosts) are checked column-wise with numpy (and their body
-    CRCs with one crc32 call each); any other record goes through check_record."""
-    import numpy as np
-    raw = np.frombuffer(buf, dtype=np.uint8, count=limit)
-    unpack = _I.unpack_from
-    hsize = HEADER_V4.size
-    smallest = hsize + 3
-    try:
-        while True:
-            start = pos
-            positions = []
-            add = positions.append
-            # follow the total sizes only (the columns check the rest, magic codes included); a record
-            # that does not fit the file ends the run
-            stop = min(limit - smallest, pos + WALK_BATCH * smallest)
-            while pos <= stop:
-                total = unpack(buf, pos)[0]
-                if total < smallest:
-                    break
-                add(pos)
-                pos += total
-            if positions and pos > limit:
-                pos = positions.pop()
-            n = len(positions)
-            if n:
-                P = np.asarray(positions, dtype=np.int64)
-                hdr, total, tpos, _, _, ok = _v4_columns(raw, P, limit)
-                if check_crc:
-                    sel = np.flatnonzero(ok)
-                    mv = memoryview(buf)
-                    crcs = np.fromiter((crc32(mv[a:b]) for a, b in zip((P[sel] + hsize).tolist(), tpos[sel].tolist())),
-                                       dtype=np.int64, count=len(sel))
-                    mv.release()
-                    ok[sel] = (crcs & 0x7FFFFFFF) == hdr["crc"][sel]
-                del hdr
-                bad = np.flatnonzero(~ok)
-                if len(bad):
-                    # from the first record the columns reject to the end of the run, the exact check: it
-                    # raises with the reason, or finds a blank, or passes other variants (v2 magic, IPv6)
-                    run_end, pos = pos, int(P[bad[0]])
-                    while pos < run_end:
-                        kind, size = check_record(buf, pos, limit, check_crc)
-                        if kind != KIND_MESSAGE:
-                            return pos, kind, size
-                        pos += size
-                    continue
-            if pos >= limit:
-                return pos, KIND_END, 0
-            if n == 0 or (pos <= stop and n < WALK_BATCH):
-                # the run ended on something else than a plain record: the exact check says what it is
-                kind, size = check_record(buf, pos, limit, check_crc)
-                if kind != KIND_MESSAGE:
-                    return pos, kind, size
-                pos += size
-            if pos == start:        # pragma: no cover - every step advances; never spin
-                return pos, KIND_END, 0
-    finally:
-        del raw
 
 
 def encode_blank(size: int) -> bytes:
@@ -526,10 +374,6 @@ def dispatch_request_at(buf, pos: int, base_offset: int, delay_levels: list[int]
                            props.get(PROPERTY_KEYS), props.get(PROPERTY_UNIQ_KEY), sys_flag, prep, props)
 
 
-_STORE_PROPS_RE = re.compile(rb"(?:^|(?<=\x02))(TAGS|KEYS|UNIQ_KEY|DELAY)\x01([^\x01\x02]*)(?=\x02|$)")
-_topic_cache: dict[bytes, str] = {}
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def _cached_tags_code(tags: str) -> int:
     return java_string_hash(tags)
@@ -547,101 +391,6 @@ def tags_codes(tags, n: int):
     return np.fromiter([_cached_tags_code(t) if t else 0 for t in tags], np.int64, n)
 
 
-# Outcomes of parse_dispatch_batch.
-PARSE_MORE, PARSE_BLANK, PARSE_END, PARSE_ERROR = "more", "blank", "end", "error"
-
-
-def _parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool,
-                           delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
-    """Validate and parse every whole record of buf (commitlog bytes from base_offset) in one pass.
-
-    Returns (requests, position reached, outcome, error reason): outcome PARSE_MORE when buf ends inside
-    a record (or exactly at a record boundary), PARSE_BLANK at an END_OF_FILE record, PARSE_END at zero
-    bytes, PARSE_ERROR at bytes that are no record (the position is the bad record's). Requests carry
-    only the properties the store reads (TAGS, KEYS, UNIQ_KEY, DELAY).
-    """
-    length = len(buf)
-    out: list[DispatchRequest] = []
-    add = out.append
-    pos = 0
-    v4 = HEADER_V4
-    v4_size = v4.size
-    unpack_v4 = v4.unpack_from
-    unpack_h = _H.unpack_from
-    find_props = _STORE_PROPS_RE.findall
-    topics = _topic_cache
-    tags_hash = _cached_tags_code
-    while True:
-        if pos + 8 > length:
-            return out, pos, PARSE_MORE, None
-        total, magic = _II.unpack_from(buf, pos)
-        if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
-            if magic == BLANK_MAGIC_CODE:
-                return out, pos, PARSE_BLANK, None
-            if total == 0 and magic == 0:
-                return out, pos, PARSE_END, None
-            return out, pos, PARSE_ERROR, f"bad magic code {magic:#010x}"
-        if pos + total > length:
-            if not at_read_end and total > 0:
-                return out, pos, PARSE_MORE, None
-            return out, pos, PARSE_ERROR, f"total size {total} past the readable end ({length - pos} bytes)"
-        if pos + v4_size > length:
-            return out, pos, PARSE_ERROR, f"total size {total} too small for a header"
-        f = unpack_v4(buf, pos)
-        sys_flag = f[7]
-        if sys_flag & 0x30:
-            hs = header_struct(sys_flag)
-            if pos + hs.size > length:
-                return out, pos, PARSE_ERROR, f"total size {total} too small for a header"
-            f = hs.unpack_from(buf, pos)
-            hsize = hs.size
-        else:
-            hsize = v4_size
-        body_len = f[-1]
-        p = pos + hsize + body_len
-        end = pos + total
-        if body_len < 0 or p + 3 > end:
-            return out, pos, PARSE_ERROR, f"body length {body_len} does not fit total size {total}"
-        if magic == MESSAGE_MAGIC_CODE:
-            tl = buf[p]
-            p += 1
-        else:
-            tl = struct.unpack_from(">H", buf, p)[0]
-            p += 2
-        tb = bytes(buf[p:p + tl])
-        p += tl
-        if p + 2 > end:
-            return out, pos, PARSE_ERROR, "topic does not fit total size"
-        pl = unpack_h(buf, p)[0]
-        if pl < 0 or p + 2 + pl != end:
-            return out, pos, PARSE_ERROR, f"lengths add up to {p + 2 + pl - pos}, total size says {total}"
-        topic = topics.get(tb)
-        if topic is None:
-            topic = tb.decode("utf-8", "replace")
-            if len(topics) < 100_000:
-                topics[tb] = topic
-        store_ts = f[11]
-        code = 0
-        keys = uniq = None
-        props = {}
-        if pl:
-            raw = dict(find_props(buf[p + 2:end]))
-            if raw:
-                props = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
-                tags = props.get("TAGS")
-                if tags:
-                    code = tags_hash(tags)
-                keys = props.get("KEYS")
-                uniq = props.get("UNIQ_KEY")
-                if topic == SCHEDULE_TOPIC and "DELAY" in props:
-                    t = delivery_time_for_schedule(props, store_ts, delay_levels)
-                    if t is not None:
-                        code = t
-        add(DispatchRequest(topic, f[3], base_offset + pos, total, code, store_ts, f[5], keys, uniq, sys_flag,
-                            f[15], props))
-        pos = end
-
-
 # HEADER_V4 as numpy fields; the first seven (TOTALSIZE .. PHYSICALOFFSET) are where every variant has them
 HEADER_V4_FIELDS = [
     ("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
@@ -650,7 +399,6 @@ HEADER_V4_FIELDS = [
     ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4")]
 RECORD_PREFIX_FIELDS = HEADER_V4_FIELDS[:7]
 _HEADER_V4_NP = None   # numpy dtype of HEADER_V4, built on first use (numpy is imported lazily here)
-_VECTOR_MIN_RECORDS = 64
 
 
 def header_v4_dtype():
@@ -729,133 +477,6 @@ class DispatchBatch:
                         self.prepared.tolist(), [{}] * n))
 
 
-def _props_column(name: str):
-    # One match per record: the record separator \x03, then (lazily) the property if the record has it.
-    return re.compile("\x03(?:(?:[^\x02\x03]*\x02)*?" + name + "\x01([^\x01\x02\x03]*)(?=\x02))?").findall
-
-
-_FIND_TAGS, _FIND_KEYS, _FIND_UNIQ = _props_column("TAGS"), _props_column("KEYS"), _props_column("UNIQ_KEY")
-
-
-def _v4_columns(raw, P, limit: int):
-    """Header columns of the records at byte positions P of raw (a uint8 array of the buffer's first limit
-    bytes) and which of them are whole plain records: v1 magic, IPv4 hosts, lengths adding up to the total
-    size (check_record's rules, CRC aside). Returns (header rows, total, topic length position, properties
-    position, properties length, ok); positions past the data are clipped, their rows never ok."""
-    import numpy as np
-    n = len(P)
-    hsize = HEADER_V4.size
-    hdr = raw[P[:, None] + np.arange(hsize)].view(header_v4_dtype()).reshape(n)
-    total = hdr["total"].astype(np.int64)
-    body_len = hdr["body_len"].astype(np.int64)
-    tpos = P + hsize + body_len
-    ok = ((hdr["magic"] == MESSAGE_MAGIC_CODE) & ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0)
-          & (tpos + 3 <= P + total))
-    last = limit - 1
-    tl = raw[np.clip(tpos, 0, last)].astype(np.int64)
-    ppos = tpos + 1 + tl
-    pl = (raw[np.clip(ppos, 0, last)].astype(np.int64) << 8) | raw[np.clip(ppos + 1, 0, last)]
-    ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
-    return hdr, total, tpos, ppos, pl, ok
-
-
-def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
-    """Vectorised parse of the leading run of plain records (v1 magic, IPv4 hosts, not the schedule
-    topic) whose lengths all add up; returns the batch and where the run ends (the scalar parser takes
-    over there, and reports whatever stopped the run)."""
-    import numpy as np
-    length = len(buf)
-    positions = []
-    add = positions.append
-    unpack = _II.unpack_from
-    pos = 0
-    hsize = HEADER_V4.size
-    while pos + 8 <= length:
-        total, magic = unpack(buf, pos)
-        if magic != MESSAGE_MAGIC_CODE or total < hsize + 3 or pos + total > length:
-            break
-        add(pos)
-        pos += total
-    n = len(positions)
-    if n < _VECTOR_MIN_RECORDS:
-        return None, 0
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    P = np.asarray(positions, dtype=np.int64)
-    hdr, total, tpos, ppos, pl, ok = _v4_columns(raw, P, length)
-    tl = ppos - tpos - 1
-    last = length - 1
-    bad = np.flatnonzero(~ok)
-    if len(bad):
-        n = int(bad[0])
-        if n < _VECTOR_MIN_RECORDS:
-            return None, 0
-    # topics: distinct byte strings decoded once
-    width = int(tl[:n].max())
-    if width:
-        cols = np.arange(width)
-        tb = raw[np.minimum(tpos[:n, None] + 1 + cols, last)] * (cols < tl[:n, None])
-        uniq, inverse = np.unique(tb.view(f"S{width}").reshape(n), return_inverse=True)
-        names = [bytes(u).decode("utf-8", "replace") for u in uniq]
-        inverse = inverse.reshape(n).astype(np.int64)
-    else:
-        names, inverse = [""], np.zeros(n, dtype=np.int64)
-    if SCHEDULE_TOPIC in names:   # delivery times need DELAY: the scalar path handles those records
-        first = int(np.flatnonzero(inverse == names.index(SCHEDULE_TOPIC))[0])
-        if first < _VECTOR_MIN_RECORDS:
-            return None, 0
-        n = first
-        inverse = inverse[:n]
-    # properties the store reads, each column from one regex pass over all records
-    starts = (ppos[:n] + 2).tolist()
-    ends = (P[:n] + total[:n]).tolist()
-    joined = ("\x03" + "\x03".join([bytes(buf[a:b]).decode("utf-8", "replace") for a, b in zip(starts, ends)])
-              if n else "")
-    tags = _FIND_TAGS(joined)
-    keys = [k or None for k in _FIND_KEYS(joined)]
-    uniqs = [u or None for u in _FIND_UNIQ(joined)]
-    if not (len(tags) == len(keys) == len(uniqs) == n):   # a \x03 inside a property: be exact instead
-        return None, 0
-    codes = np.array([_cached_tags_code(t) if t else 0 for t in tags], dtype=np.int64)
-    h = hdr[:n]
-    batch = DispatchBatch(names, inverse, h["queue_id"].astype(np.int64), P[:n] + base_offset, total[:n], codes,
-                          h["store_ts"].astype(np.int64), h["queue_offset"].astype(np.int64),
-                          h["sys_flag"].astype(np.int64), h["prepared"].astype(np.int64), keys, uniqs)
-    return batch, int(ends[-1])
-
-
-def parse_dispatch(buf, base_offset: int, at_read_end: bool, delay_levels: list[int] | None = None
-                   ) -> tuple[DispatchBatch | list[DispatchRequest], int, str, str | None]:
-    """Validate and parse every whole record of buf (commitlog bytes from base_offset), column-wise.
-
-    Returns (batch, position reached, outcome, error reason): outcome PARSE_MORE when buf ends inside
-    a record (or exactly at a record boundary), PARSE_BLANK at an END_OF_FILE record, PARSE_END at zero
-    bytes, PARSE_ERROR at bytes that are no record (the position is the bad record's). Plain records are
-    parsed with numpy, the rest (IPv6 hosts, RocketMQ 5 records, delayed messages) one by one; when
-    there are few records the result is a plain list of DispatchRequest.
-    """
-    batch, pos = _parse_v4_prefix(buf, base_offset)
-    rest = memoryview(buf)[pos:] if pos else buf
-    reqs, end, outcome, reason = _parse_dispatch_scalar(rest, base_offset + pos, at_read_end, delay_levels)
-    if batch is None:
-        return reqs, pos + end, outcome, reason   # a few records: numpy would cost more than it saves
-    return batch.concat(DispatchBatch.from_requests(reqs)), pos + end, outcome, reason
-
-
-def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool,
-                         delay_levels: list[int] | None = None) -> tuple[list[DispatchRequest], int, str, str | None]:
-    """parse_dispatch_columns, as a list of DispatchRequest (their `properties` hold only what the store
-    reads, and may be empty)."""
-    batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
-    return (batch if isinstance(batch, list) else batch.requests()), pos, outcome, reason
-
-
-def parse_dispatch_columns(buf, base_offset: int, at_read_end: bool,
-                           delay_levels: list[int] | None = None) -> tuple[DispatchBatch, int, str, str | None]:
-    """parse_dispatch, always as a DispatchBatch."""
-    batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
-    return (DispatchBatch.from_requests(batch) if isinstance(batch, list) else batch), pos, outcome, reason
-
-
 # --- consume queue --------------------------------------------------------------------------------
 CQ_STORE_UNIT_SIZE = 20
 CQ_UNIT = struct.Struct(">qiq")
@@ -924,3 +545,30 @@ def message_id_prefix(addr: bytes, port: int) -> str:
     """The part of create_message_id that depends on the store host: create_message_id(a, p, o) ==
     message_id_prefix(a, p) + f"{o:016X}" for every offset 0 <= o < 2**63."""
     return (addr + _I.pack(port)).hex().upper()
+
+
+# --- old names of what moved to scanner.py (the record rule and the walks) ---------------------------
+# Thin aliases, resolved on first use (scanner imports this module): kept until every caller uses the
+# scanner. KIND_* are scanner.Outcome members with the old int values; PARSE_* the Outcome members
+# parse_dispatch answers.
+_MOVED = {"check_record": "check_record", "iter_records": "iter_records", "walk_records": "walk_records",
+          "decode_record": "decode_record", "is_dispatched": "is_dispatched", "WALK_BATCH": "WALK_BATCH",
+          "parse_dispatch": "parse_dispatch", "parse_dispatch_batch": "parse_dispatch_batch",
+          "parse_dispatch_columns": "parse_dispatch_columns", "_parse_dispatch_scalar": "parse_dispatch_scalar",
+          "_v4_columns": "_v4_columns", "_parse_v4_prefix": "_parse_v4_prefix"}
+_MOVED_OUTCOMES = {"KIND_MESSAGE": "MESSAGE", "KIND_BLANK": "END_OF_FILE", "KIND_END": "END_OF_DATA",
+                   "PARSE_MORE": "MORE", "PARSE_BLANK": "END_OF_FILE", "PARSE_END": "END_OF_DATA",
+                   "PARSE_ERROR": "INVALID"}
+
+
+def __getattr__(name: str):
+    from . import scanner
+    if name in _MOVED:
+        value = getattr(scanner, _MOVED[name])
+    elif name in _MOVED_OUTCOMES:
+        value = scanner.Outcome[_MOVED_OUTCOMES[name]]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name != "WALK_BATCH":
+        globals()[name] = value     # later uses are plain attribute reads
+    return value

@@ -14,7 +14,7 @@ recovery) is parsed, up to the next hinted batch.
 
 Damage never stops it silently (rmqstore issue 15). A missing commitlog file (a gap between two files) is
 skipped to the next file; a record that fails its checks, or zero bytes inside the written data, is
-skipped by resynchronising on the next record that checks and chains (scanner.next_valid_record); ranges
+skipped by resynchronising on the next record that checks and chains (resync.next_valid_record); ranges
 recovery skipped (`skip_ranges`) are skipped the same way. Each skip is a warning naming the file and
 offsets and a Failure on the failure channel. Later records go to their queues at the queue offsets they
 carry: queue offsets the lost records held are filled with filler units (offset 0, size CQ_BLANK_SIZE,
@@ -31,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import codec, scanner
+from . import codec, resync, scanner
+from .scanner import Outcome
 from .commit_log import CommitLog
 from .config import StoreConfig
 from .consume_queue import UNIT, ConsumeQueueTable
@@ -45,10 +46,6 @@ FILL_SLACK = 64        # queue offsets a jump may skip beyond what lost ranges h
                        # a damaged topic or queue id byte (a larger jump is a damaged QUEUEOFFSET)
 MIN_RECORD_SIZE = codec.HEADER_V4.size + 4   # the smallest record: a 1-byte topic, no body, no properties
 SMALL_ROUND = 32        # messages: after a round of fewer, the dispatcher rests 1 ms
-_II = codec._II
-_TRAN_MASK = codec.TRANSACTION_TYPE_MASK
-_PREPARED = codec.TRANSACTION_PREPARED_TYPE
-_ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 
 ArrivalListener = Callable[[str, int, int, int], None]  # topic, queue id, next logical offset, store time
 FILLER_UNIT = codec.CQ_UNIT.pack(0, codec.CQ_BLANK_SIZE, 0)
@@ -119,9 +116,13 @@ class Dispatcher:
         past that is a damaged record header, reported on the failure channel."""
         lost = sum(b - a for a, b in self.skip_ranges) + sum(b - a for a, b in self.commit_log.queue.gaps)
         if not fill_queue(cq, upto, lost // MIN_RECORD_SIZE + FILL_SLACK):
+            mf = self.commit_log.file_of(offset)
             self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {upto} of "
-                                 f"{cq.topic}/{cq.queue_id}, far past the queue's end: damaged header",
-                                 path=str(self.commit_log.queue.store_path), offset=offset)
+                                 f"{cq.topic}/{cq.queue_id}, {upto - cq.get_max_offset_in_queue()} past the "
+                                 "queue's end, more than the lost commitlog ranges can hold: a damaged "
+                                 "QUEUEOFFSET field; not filled",
+                                 path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
+                                 offset=offset)
 
     def is_skipped(self, offset: int) -> bool:
         """offset lies in a damaged range that was skipped (its bytes are not a trustworthy message)."""
@@ -245,15 +246,16 @@ class Dispatcher:
     def _parse_and_dispatch(self, data: bytes, start: int, at_read_end: bool) -> tuple[int, int, str | None]:
         """Parse the records of one chunk; returns (messages dispatched, next offset, error). A damaged
         record (or zeros inside the written data) is skipped up to where valid records resume."""
-        batch, pos, outcome, reason = codec.parse_dispatch(data, start, at_read_end, self.delay_levels)
+        batch, pos, outcome, reason = scanner.parse_dispatch(data, start, at_read_end, self.delay_levels)
         if len(batch):
             self.dispatch(batch)
         err = None
         next_offset = start + pos
-        if outcome == codec.PARSE_BLANK:
+        if outcome is Outcome.END_OF_FILE:
             next_offset = self.commit_log.roll_next_file(start + pos)
-        elif outcome == codec.PARSE_ERROR or (outcome == codec.PARSE_END and (at_read_end or pos + 8 <= len(data))):
-            why = reason if outcome == codec.PARSE_ERROR else "zero bytes inside the written part of the commitlog"
+        elif outcome is Outcome.INVALID or (outcome is Outcome.END_OF_DATA
+                                             and (at_read_end or pos + 8 <= len(data))):
+            why = reason if outcome is Outcome.INVALID else "zero bytes inside the written part of the commitlog"
             nxt = self._resync(start + pos, why)
             if nxt is None:
                 err = str(self.commit_log.corrupt(start + pos, why))
@@ -297,7 +299,7 @@ class Dispatcher:
         base = mf.file_from_offset
         limit = mf.read_position
         try:
-            nxt = scanner.next_valid_record(mf.mm, offset - base, limit, check_crc=True, base=base)
+            nxt = resync.next_valid_record(mf.mm, offset - base, limit, check_crc=True, base=base)
         except ValueError:      # unmapped under us (cleanup)
             return None
         if nxt is not None:
@@ -319,70 +321,26 @@ class Dispatcher:
                             if not known else Failure(kind, why, path, start, end))
 
     def dispatch(self, batch: codec.DispatchBatch | list[codec.DispatchRequest]) -> None:
-        """Feed parsed records to the consume queues (grouped per queue, in order) and the index, then
-        tell listeners which queues grew."""
+        """Feed parsed records to the consume queues (grouped per queue, in order: put_columns /
+        put_requests) and the index, then tell listeners which queues grew."""
         if isinstance(batch, list):
-            if len(batch) < 64:
-                self._dispatch_requests(batch)
+            if not batch:
+                return
+            if len(batch) < 64:         # a few records: without numpy's fixed costs
+                grown = put_requests(self.consume_queues.find_or_create, batch, self._fill)
+                if self.index_service is not None:
+                    self.index_service.build_index_batch(batch)
+                self._arrived(grown, batch[-1].store_timestamp, len(batch))
                 return
             batch = codec.DispatchBatch.from_requests(batch)
         n = len(batch)
         if not n:
             return
-        tran = batch.sys_flags & _TRAN_MASK
-        idx = np.flatnonzero((tran != _PREPARED) & (tran != _ROLLBACK))
-        grown: list[tuple[str, int, int]] = []
-        if len(idx):
-            group = batch.topic_ids[idx] * (1 << 32) + (batch.queue_ids[idx] & 0xFFFFFFFF)
-            order = np.argsort(group, kind="stable")
-            sidx = idx[order]
-            cuts = np.flatnonzero(np.diff(group[order])) + 1
-            names = batch.topic_names
-            find = self.consume_queues.find_or_create
-            for part in np.split(sidx, cuts):
-                i0 = int(part[0])
-                topic, qid = names[int(batch.topic_ids[i0])], int(batch.queue_ids[i0])
-                qoffs = batch.queue_offsets[part]
-                cq = find(topic, qid)
-                # each record keeps the queue offset it carries: where the queue's offsets jump ahead (a
-                # record lost or misattributed by a damaged topic / queue id byte), the gap is filled first
-                runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
-                for a, b in zip([0, *runs.tolist()], [*runs.tolist(), len(part)]):
-                    if int(qoffs[a]) > cq.get_max_offset_in_queue():
-                        self._fill(cq, int(qoffs[a]), int(batch.offsets[part[a]]))
-                    sel = part[a:b]
-                    cq.put_arrays(batch.offsets[sel], batch.sizes[sel], batch.tags_codes[sel], qoffs[a:b])
-                grown.append((topic, qid, int(qoffs[-1]) + 1))
+        grown = put_columns(self.consume_queues.find_or_create, batch, self._fill)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)
         self._arrived(grown, int(batch.store_timestamps[-1]), n)
-
-    def _dispatch_requests(self, reqs: list[codec.DispatchRequest]) -> None:
-        """The same for a few records, without numpy's fixed costs."""
-        if not reqs:
-            return
-        by_queue: dict[tuple[str, int], list] = {}
-        for r in reqs:
-            tran = r.sys_flag & _TRAN_MASK
-            if tran != _PREPARED and tran != _ROLLBACK:
-                by_queue.setdefault((r.topic, r.queue_id), []).append(
-                    (r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
-        find = self.consume_queues.find_or_create
-        grown = []
-        for (topic, qid), units in by_queue.items():
-            cq = find(topic, qid)
-            start = 0
-            for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see dispatch)
-                if i == len(units) or units[i][3] > units[i - 1][3] + 1:
-                    if units[start][3] > cq.get_max_offset_in_queue():
-                        self._fill(cq, units[start][3], units[start][0])
-                    cq.put_units(units[start:i])
-                    start = i
-            grown.append((topic, qid, units[-1][3] + 1))
-        if self.index_service is not None:
-            self.index_service.build_index_batch(reqs)
-        self._arrived(grown, reqs[-1].store_timestamp, len(reqs))
 
     def _arrived(self, grown: list[tuple[str, int, int]], last_ts: int, n: int) -> None:
         self.last_dispatched_timestamp = last_ts
@@ -466,6 +424,61 @@ class Dispatcher:
             self._thread = None
         self.commit_log.dispatch_hints = None
         return drained and self.reput_from_offset >= self.commit_log.get_max_offset()
+
+
+Filler = Callable[[object, int, int], None]    # (consume queue, queue offset reached, commitlog offset)
+
+
+def put_columns(find, batch: codec.DispatchBatch, fill: Filler) -> list[tuple[str, int, int]]:
+    """Write the units of a batch's dispatched records (scanner.is_dispatched) to their consume queues
+    (find(topic, queue id) gives one), grouped per queue, in order. Each record keeps the queue offset it
+    carries: where a queue's offsets jump ahead (records lost, or misattributed by a damaged topic / queue
+    id byte), fill(cq, offset, commitlog offset) fills the gap first. Returns (topic, queue id, next
+    queue offset) per queue that grew."""
+    idx = np.flatnonzero(scanner.is_dispatched(batch.sys_flags))
+    grown: list[tuple[str, int, int]] = []
+    if not len(idx):
+        return grown
+    group = batch.topic_ids[idx] * (1 << 32) + (batch.queue_ids[idx] & 0xFFFFFFFF)
+    order = np.argsort(group, kind="stable")
+    sidx = idx[order]
+    cuts = np.flatnonzero(np.diff(group[order])) + 1
+    names = batch.topic_names
+    for part in np.split(sidx, cuts):
+        i0 = int(part[0])
+        topic, qid = names[int(batch.topic_ids[i0])], int(batch.queue_ids[i0])
+        qoffs = batch.queue_offsets[part]
+        cq = find(topic, qid)
+        runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
+        for a, b in zip([0, *runs.tolist()], [*runs.tolist(), len(part)]):
+            if int(qoffs[a]) > cq.get_max_offset_in_queue():
+                fill(cq, int(qoffs[a]), int(batch.offsets[part[a]]))
+            sel = part[a:b]
+            cq.put_arrays(batch.offsets[sel], batch.sizes[sel], batch.tags_codes[sel], qoffs[a:b])
+        grown.append((topic, qid, int(qoffs[-1]) + 1))
+    return grown
+
+
+def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler) -> list[tuple[str, int, int]]:
+    """put_columns for a few records as DispatchRequests."""
+    by_queue: dict[tuple[str, int], list] = {}
+    dispatched = scanner.is_dispatched
+    for r in reqs:
+        if dispatched(r.sys_flag):
+            by_queue.setdefault((r.topic, r.queue_id), []).append(
+                (r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
+    grown = []
+    for (topic, qid), units in by_queue.items():
+        cq = find(topic, qid)
+        start = 0
+        for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see put_columns)
+            if i == len(units) or units[i][3] > units[i - 1][3] + 1:
+                if units[start][3] > cq.get_max_offset_in_queue():
+                    fill(cq, units[start][3], units[start][0])
+                cq.put_units(units[start:i])
+                start = i
+        grown.append((topic, qid, units[-1][3] + 1))
+    return grown
 
 
 def fill_queue(cq, upto: int, bound: int | None = None) -> bool:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import codec
+from . import codec, scanner
+from .scanner import Outcome
 from .config import StoreConfig
 from ..errors import CorruptStoreError
 from .message import MessageExt
@@ -35,10 +36,12 @@ from .message import MessageExt
 __all__ = ["CommitLogFile", "CommitLogReader", "RecordInfo", "ScanSummary", "find_commitlog_dir",
            "list_commitlog_files", "KIND_MESSAGE", "KIND_BLANK"]
 
-KIND_MESSAGE = codec.KIND_MESSAGE
-KIND_BLANK = codec.KIND_BLANK
+KIND_MESSAGE = Outcome.MESSAGE         # the record kinds a scan yields (old names, kept for callers)
+KIND_BLANK = Outcome.END_OF_FILE
 _FILE_NAME_DIGITS = 20
 _Q = codec.struct.Struct(">q")
+_I = codec.struct.Struct(">i")
+_II = codec.struct.Struct(">iI")
 
 
 def _is_segment_name(name: str) -> bool:
@@ -173,13 +176,13 @@ class CommitLogReader:
                 pos = self._start_in(f, mm, from_offset, limit)
                 while pos < limit:
                     try:
-                        kind, size = codec.check_record(mm, pos, limit, check_crc)
-                    except codec.RecordError as e:
+                        kind, size = scanner.check_record(mm, pos, limit, check_crc)
+                    except scanner.RecordError as e:
                         if self._truncated_blank(mm, pos, limit):
-                            yield f, mm, pos, KIND_BLANK, codec._II.unpack_from(mm, pos)[0]
+                            yield f, mm, pos, KIND_BLANK, _I.unpack_from(mm, pos)[0]
                             break
                         raise self._corrupt(f, e.pos, e.reason) from None
-                    if kind == codec.KIND_END:
+                    if kind is Outcome.END_OF_DATA:
                         return                # zeros: the data ends here
                     yield f, mm, pos, kind, size
                     if kind == KIND_BLANK:
@@ -197,16 +200,16 @@ class CommitLogReader:
             return limit
         # A record boundary is recognised by its own PHYSICALOFFSET field; otherwise walk from 0.
         try:
-            kind, _ = codec.check_record(mm, target, limit)
-            if kind == KIND_MESSAGE and _Q.unpack_from(mm, target + codec.POS_PHYSICALOFFSET)[0] == from_offset:
+            kind, _ = scanner.check_record(mm, target, limit)
+            if kind is Outcome.MESSAGE and _Q.unpack_from(mm, target + codec.POS_PHYSICALOFFSET)[0] == from_offset:
                 return target
-        except codec.RecordError:
+        except scanner.RecordError:
             pass
         pos = 0
         while pos < target:
             try:
-                kind, size = codec.check_record(mm, pos, limit)
-            except codec.RecordError as e:
+                kind, size = scanner.check_record(mm, pos, limit)
+            except scanner.RecordError as e:
                 raise self._corrupt(f, e.pos, e.reason) from None
             if kind != KIND_MESSAGE:
                 return limit if kind == KIND_BLANK else pos
@@ -218,7 +221,7 @@ class CommitLogReader:
         configured file size."""
         if pos + 8 > limit or self.file_size is None or limit >= self.file_size:
             return False
-        total, magic = codec._II.unpack_from(mm, pos)
+        total, magic = _II.unpack_from(mm, pos)
         return magic == codec.BLANK_MAGIC_CODE and total >= codec.END_FILE_MIN_BLANK_LENGTH \
             and pos + total <= self.file_size
 
@@ -258,8 +261,8 @@ class CommitLogReader:
             if kind != KIND_MESSAGE:
                 continue
             try:
-                rec = codec.decode_record(mm, pos, pos + size, read_body=read_body)
-            except codec.RecordError as e:    # check_record passed, so this cannot happen; be safe
+                rec = scanner.decode_record(mm, pos, pos + size, read_body=read_body)
+            except scanner.RecordError as e:    # check_record passed, so this cannot happen; be safe
                 raise self._corrupt(f, e.pos, e.reason) from None
             yield rec
             n += 1
@@ -277,17 +280,15 @@ class CommitLogReader:
         end = self.min_offset if self.files else 0
         msgs = blanks = 0
         table: dict[str, int] = {}
-        mask = codec.TRANSACTION_TYPE_MASK
         for f, mm, pos, kind, size in self._scan(0, check_crc):
             end = f.base_offset + pos + size
             if kind == KIND_BLANK:
                 blanks += 1
                 continue
             msgs += 1
-            tran = codec._I.unpack_from(mm, pos + codec.POS_SYSFLAG)[0] & mask
-            if tran in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+            if not scanner.is_dispatched(_I.unpack_from(mm, pos + codec.POS_SYSFLAG)[0]):
                 continue
-            rec = codec.decode_record(mm, pos, pos + size, read_body=False)
+            rec = codec.decode_fields(mm, pos, read_body=False)     # the scan checked it
             key = f"{rec.topic}-{rec.queue_id}"
             if rec.queue_offset + 1 > table.get(key, 0):
                 table[key] = rec.queue_offset + 1

@@ -1,135 +1,718 @@
-"""Record resynchronisation: where the next trustworthy commitlog record starts after a damaged one.
+"""The record scanner: the one place that says what a commitlog record is and walks records.
 
-RocketMQ's recovery stops at the first record that fails its checks and cuts everything after it, so one
-flipped bit in one body loses every later message. This module finds where valid records resume, so that
-recovery and the dispatcher can skip exactly the damaged byte range (and report it) instead.
+codec.py holds the byte layout (structs, field positions, encode/decode of fields); this module holds
+the *rule* and the walks built on it. Every reader of records (the dispatcher, recovery, the read-only
+view and Spark, `cat`, `check`, batch reads) goes through it.
 
-Pure functions over a buffer (bytes, mmap, memoryview); no I/O. Records are validated by codec.check_record
-(the one record rule); candidates are found by searching for the 4-byte magic codes with bytes.find (C
-speed), never byte by byte in Python.
+A commitlog file is a run of records (layout in codec's docstring; big-endian):
+
+    TOTALSIZE(4) MAGICCODE(4) BODYCRC(4) QUEUEID(4) FLAG(4) QUEUEOFFSET(8) PHYSICALOFFSET(8) SYSFLAG(4)
+    BORNTIMESTAMP(8) BORNHOST(8|20) STORETIMESTAMP(8) STOREHOST(8|20) RECONSUMETIMES(4)
+    PREPAREDTRANSACTIONOFFSET(8) BODYLENGTH(4) BODY TOPICLENGTH(1|2) TOPIC PROPERTIESLENGTH(2) PROPERTIES
+
+(hosts are 20 bytes when SYSFLAG has 0x10 / 0x20, IPv6; TOPICLENGTH is 2 bytes under the v2 magic code).
+
+What the scanner finds at a position, `Outcome` (RocketMQ's vocabulary):
+
+    MESSAGE      a whole message record (MESSAGE_MAGIC_CODE 0xdaa320a7, or v2 0xdaa320ab)
+    END_OF_FILE  the blank record (BLANK_MAGIC_CODE 0xcbd43194) that fills the end of a file: the walk
+                 goes on at the next file (RocketMQ's AppendMessageStatus.END_OF_FILE)
+    END_OF_DATA  zero bytes (a zero TOTALSIZE and magic code) or nothing left: the written data ends here
+    INVALID      bytes that are no record; always comes with a reason (RecordError.reason)
+    MORE         only from incremental parses (parse_dispatch): the buffer ends inside a record, read on
+
+The validity rule (check_record; every back-end applies exactly this, the tests hold them equal):
+a message has a known magic code; TOTALSIZE is at least the v4 header plus 3 bytes and fits the bytes left
+in the file; the header for its host kinds fits TOTALSIZE; BODYLENGTH >= 0 and the body, TOPICLENGTH
+(<= 127 under v1), the topic, PROPERTIESLENGTH (0..32767) and the properties add up to exactly
+TOTALSIZE; optionally crc32(body) & 0x7fffffff equals BODYCRC. A blank is at least 8 bytes and fits the
+file.
+
+Back-ends: the scalar one (check_record, iter_records, the scalar dispatch parse) and the numpy one
+(walk_records, record_columns, the vectorised dispatch parse) for batches of records.
+
+Rules on SYSFLAG: is_dispatched (goes to a consume queue) and is_indexed (goes to the index). The store
+timestamp of a record: store_timestamp. Resynchronisation after damage (next_valid_record, chains_from)
+is in resync.py (importable from here too).
 """
 from __future__ import annotations
 
+import enum
+import re
 import struct
+from typing import Iterator
 
 from . import codec
+from .codec import (BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, HEADER_V4, MAX_PROPERTIES_LENGTH,
+                    MAX_TOPIC_LENGTH, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, POS_BODYCRC, POS_SYSFLAG,
+                    SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK,
+                    DispatchBatch, DispatchRequest, RecordError, crc32, delivery_time_for_schedule, header_struct)
 
+__all__ = ["Outcome", "RecordError", "check_record", "scan_record", "iter_records", "walk_records",
+           "walk_positions", "decode_record", "is_dispatched", "is_indexed", "store_timestamp", "record_columns",
+           "RecordColumns", "parse_dispatch", "parse_dispatch_batch", "parse_dispatch_columns",
+           "parse_dispatch_scalar", "DispatchBatch", "DispatchRequest"]
+
+
+class Outcome(enum.IntEnum):
+    """What is at a position of a commitlog file (module docstring). The values are the old codec.KIND_*."""
+    MESSAGE = 0
+    END_OF_FILE = 1
+    END_OF_DATA = 2
+    INVALID = 3
+    MORE = 4
+
+
+_I = struct.Struct(">i")
+_II = struct.Struct(">iI")
+_H = struct.Struct(">h")
+_Hu = struct.Struct(">H")
 _Q = struct.Struct(">q")
-
-_MAGICS = tuple(m.to_bytes(4, "big") for m in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2,
-                                                codec.BLANK_MAGIC_CODE))
-_SEARCH_CHUNK = 1 << 20
-_ZERO_CHUNK = 8 << 20
-DEFAULT_CHAIN = 3
+MIN_RECORD = HEADER_V4.size + 3        # the v4 header, a 1-byte topic length, a 2-byte properties length
+_MESSAGE, _END_OF_FILE, _END_OF_DATA, _MORE, _INVALID = (Outcome.MESSAGE, Outcome.END_OF_FILE, Outcome.END_OF_DATA,
+                                                         Outcome.MORE, Outcome.INVALID)
 
 
-def _record_ok(buf, pos: int, end: int, check_crc: bool, base: int | None) -> tuple[int, int] | None:
-    """(kind, size) of a valid record at pos, or None. With base, a message must also carry its own
-    commitlog offset (base + pos) in its PHYSICALOFFSET field, as every record RocketMQ writes does."""
+# --- rules on SYSFLAG and the store timestamp -------------------------------------------------------
+def is_dispatched(sys_flag):
+    """A record goes to a consume queue unless it is a prepared (half) or rolled-back transaction message
+    (RocketMQ's CommitLogDispatcherBuildConsumeQueue). One sysFlag -> bool, a numpy array -> bool array."""
+    tran = sys_flag & TRANSACTION_TYPE_MASK
+    return (tran != TRANSACTION_PREPARED_TYPE) & (tran != TRANSACTION_ROLLBACK_TYPE)
+
+
+def is_indexed(sys_flag):
+    """A record goes to the index unless it is a rolled-back transaction message (RocketMQ's
+    IndexService.buildIndex: prepared records are indexed). One sysFlag -> bool, an array -> bool array."""
+    return (sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK_TYPE
+
+
+def store_timestamp(buf, pos: int = 0) -> int:
+    """STORETIMESTAMP (ms) of the message record at pos (its place depends on the born host's kind)."""
+    sys_flag = _I.unpack_from(buf, pos + POS_SYSFLAG)[0]
+    return _Q.unpack_from(buf, pos + codec.store_timestamp_pos(sys_flag))[0]
+
+
+# --- the rule, one record at a time (the scalar back-end) -------------------------------------------
+def check_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[Outcome, int]:
+    """The validity rule (module docstring) at pos, for a file whose data may run to limit: returns
+    (MESSAGE, size), (END_OF_FILE, the blank's size) or (END_OF_DATA, 0); raises RecordError (INVALID)
+    with the reason for anything else."""
+    if pos + 8 > limit:
+        if pos >= limit or not any(buf[pos:limit]):
+            return _END_OF_DATA, 0
+        raise RecordError(pos, f"{limit - pos} trailing bytes, too short for a record header")
+    total, magic = _II.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        if total < END_FILE_MIN_BLANK_LENGTH or pos + total > limit:
+            raise RecordError(pos, f"blank record of size {total} does not fit the file")
+        return _END_OF_FILE, total
+    if total == 0 and magic == 0:
+        return _END_OF_DATA, 0
+    if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
+        raise RecordError(pos, f"bad magic code {magic:#010x}")
+    if total < MIN_RECORD or pos + total > limit:
+        raise RecordError(pos, f"total size {total} out of range (file has {limit - pos} bytes left)")
+    hs = header_struct(_I.unpack_from(buf, pos + POS_SYSFLAG)[0])
+    if hs.size + 3 > total:
+        raise RecordError(pos, f"total size {total} too small for the header")
+    body_len = _I.unpack_from(buf, pos + hs.size - 4)[0]
+    p = pos + hs.size + body_len
+    end = pos + total
+    if body_len < 0 or p + 3 > end:
+        raise RecordError(pos, f"body length {body_len} does not fit total size {total}")
+    if magic == MESSAGE_MAGIC_CODE:
+        topic_len = buf[p]
+        if topic_len > MAX_TOPIC_LENGTH:
+            raise RecordError(pos, f"topic length {topic_len} over {MAX_TOPIC_LENGTH}")
+        p += 1 + topic_len
+    else:
+        p += 2 + _Hu.unpack_from(buf, p)[0]
+    if p + 2 > end:
+        raise RecordError(pos, "topic does not fit total size")
+    props_len = _H.unpack_from(buf, p)[0]
+    if props_len < 0 or p + 2 + props_len != end:
+        raise RecordError(pos, f"lengths add up to {p + 2 + props_len - pos}, total size says {total}")
+    if check_crc:
+        crc = _I.unpack_from(buf, pos + POS_BODYCRC)[0]
+        b0 = pos + hs.size
+        if crc32(buf[b0:b0 + body_len]) & 0x7FFFFFFF != crc:
+            raise RecordError(pos, f"body CRC mismatch (stored {crc})")
+    return _MESSAGE, total
+
+
+def scan_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[Outcome, int, str | None]:
+    """check_record without the exception: (outcome, size, reason); INVALID comes with its reason."""
     try:
-        kind, size = codec.check_record(buf, pos, end, check_crc)
-    except codec.RecordError:
-        return None
-    if kind == codec.KIND_MESSAGE and base is not None:
-        phys = _Q.unpack_from(buf, pos + codec.POS_PHYSICALOFFSET)[0]
-        if phys != base + pos:
+        kind, size = check_record(buf, pos, limit, check_crc)
+    except RecordError as e:
+        return _INVALID, 0, e.reason
+    return kind, size, None
+
+
+def iter_records(buf, start: int, limit: int, check_crc: bool = False) -> Iterator[tuple[int, Outcome, int]]:
+    """Walk records from start one at a time: yields (pos, MESSAGE or END_OF_FILE, size); stops after a
+    blank or at END_OF_DATA. A RecordError propagates with the position of the bad record."""
+    pos = start
+    while pos < limit:
+        kind, size = check_record(buf, pos, limit, check_crc)
+        if kind is _END_OF_DATA:
+            return
+        yield pos, kind, size
+        if kind is _END_OF_FILE:
+            return
+        pos += size
+
+
+def decode_record(buf, pos: int, limit: int | None = None, read_body: bool = True,
+                  check_crc: bool = False) -> codec.DecodedRecord:
+    """Every field of the message record at pos, after the rule has passed it (raises RecordError if
+    there is no message record at pos)."""
+    if limit is None:
+        limit = len(buf)
+    kind, _ = check_record(buf, pos, limit, check_crc)
+    if kind is not _MESSAGE:
+        raise RecordError(pos, "no message record here" if kind is _END_OF_DATA else "END_OF_FILE blank record")
+    return codec.decode_fields(buf, pos, read_body)
+
+
+# --- the numpy back-end ---------------------------------------------------------------------------------
+WALK_BATCH = 1 << 16     # records checked per vectorised step of walk_records
+
+
+def _v4_columns(raw, P, limit: int):
+    """The rule (CRC aside) for plain records only (v1 magic, IPv4 hosts), column-wise: header rows of the
+    records at byte positions P of raw (a uint8 array of the buffer's first limit bytes) and which of
+    them pass. Returns (header rows, total, topic length position, properties position, properties
+    length, ok); positions past the data are clipped, their rows never ok. Any other variant is not ok
+    here: callers hand those rows to check_record."""
+    import numpy as np
+    n = len(P)
+    hsize = HEADER_V4.size
+    hdr = raw[P[:, None] + np.arange(hsize)].view(codec.header_v4_dtype()).reshape(n)
+    total = hdr["total"].astype(np.int64)
+    body_len = hdr["body_len"].astype(np.int64)
+    tpos = P + hsize + body_len
+    ok = ((hdr["magic"] == MESSAGE_MAGIC_CODE) & ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0)
+          & (tpos + 3 <= P + total))
+    last = limit - 1
+    tl = raw[np.clip(tpos, 0, last)].astype(np.int64)
+    ppos = tpos + 1 + tl
+    pl = (raw[np.clip(ppos, 0, last)].astype(np.int64) << 8) | raw[np.clip(ppos + 1, 0, last)]
+    ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
+    return hdr, total, tpos, ppos, pl, ok
+
+
+def _follow_totals(buf, pos: int, stop: int, limit: int, smallest: int) -> tuple[list[int], int]:
+    """Record positions from pos by their TOTALSIZE fields alone, up to stop; a record that does not fit
+    the file ends the run. Returns (positions, where the run ends)."""
+    unpack = _I.unpack_from
+    positions = []
+    add = positions.append
+    while pos <= stop:
+        total = unpack(buf, pos)[0]
+        if total < smallest:
+            break
+        add(pos)
+        pos += total
+    if positions and pos > limit:
+        pos = positions.pop()
+    return positions, pos
+
+
+def _crc_ok(buf, hdr, P, tpos, ok) -> None:
+    """ok &= the body CRCs of the records at P match (one crc32 call per record)."""
+    import numpy as np
+    sel = np.flatnonzero(ok)
+    mv = memoryview(buf)
+    try:
+        hsize = HEADER_V4.size
+        crcs = np.fromiter((crc32(mv[a:b]) for a, b in zip((P[sel] + hsize).tolist(), tpos[sel].tolist())),
+                           dtype=np.int64, count=len(sel))
+    finally:
+        mv.release()
+    ok[sel] = (crcs & 0x7FFFFFFF) == hdr["crc"][sel]
+
+
+def walk_records(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[int, Outcome, int]:
+    """check_record over the run of records from pos, many at a time: returns (where the walk stopped,
+    END_OF_DATA or END_OF_FILE, the blank's size or 0). Raises RecordError at the first invalid record,
+    exactly as check_record would. Runs of plain records are checked column-wise (_v4_columns); any other
+    record, and the first one the columns reject, goes through check_record."""
+    import numpy as np
+    raw = np.frombuffer(buf, dtype=np.uint8, count=limit)
+    try:
+        while True:
+            start = pos
+            stop = min(limit - MIN_RECORD, pos + WALK_BATCH * MIN_RECORD)
+            positions, pos = _follow_totals(buf, pos, stop, limit, MIN_RECORD)
+            n = len(positions)
+            if n:
+                P = np.asarray(positions, dtype=np.int64)
+                hdr, total, tpos, _, _, ok = _v4_columns(raw, P, limit)
+                if check_crc:
+                    _crc_ok(buf, hdr, P, tpos, ok)
+                del hdr
+                bad = np.flatnonzero(~ok)
+                if len(bad):
+                    # from the first record the columns reject to the end of the run, the exact check: it
+                    # raises with the reason, or finds a blank, or passes other variants (v2 magic, IPv6)
+                    run_end, pos = pos, int(P[bad[0]])
+                    while pos < run_end:
+                        kind, size = check_record(buf, pos, limit, check_crc)
+                        if kind is not _MESSAGE:
+                            return pos, kind, size
+                        pos += size
+                    continue
+            if pos >= limit:
+                return pos, _END_OF_DATA, 0
+            if n == 0 or (pos <= stop and n < WALK_BATCH):
+                # the run ended on something else than a plain record: the exact check says what it is
+                kind, size = check_record(buf, pos, limit, check_crc)
+                if kind is not _MESSAGE:
+                    return pos, kind, size
+                pos += size
+            if pos == start:        # pragma: no cover - every step advances; never spin
+                return pos, _END_OF_DATA, 0
+    finally:
+        del raw
+
+
+def walk_positions(buf, start: int, limit: int):
+    """Record positions from `start` (a record boundary) by their TOTALSIZE fields alone (the rest of each
+    record is checked afterwards, column-wise: record_columns). Returns (positions as an int64 array, stop
+    position, outcome at the stop by check_record's rule): END_OF_FILE (a blank), END_OF_DATA (zeros or
+    the limit) or INVALID (a record that cannot be one: bad magic, a size that does not fit, ...)."""
+    import numpy as np
+    out = []
+    append = out.append
+    unpack = _II.unpack_from
+    pos = start
+    while pos + 8 <= limit:
+        total, magic = unpack(buf, pos)
+        if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2 or total < MIN_RECORD \
+                or pos + total > limit:
+            break
+        append(pos)
+        pos += total
+    # what stopped the run, by the rule (a blank that does not fit, trailing bytes: INVALID)
+    return np.array(out, dtype=np.int64), pos, scan_record(buf, pos, limit)[0]
+
+
+class RecordColumns:
+    """The fixed fields and layout of the records at positions `pos` of `buf` (a commitlog file's bytes as
+    a uint8 array, whose first byte is commitlog offset `base`), for all records at once: every variant
+    (v1/v2 magic, IPv4/IPv6 hosts). `valid` is the rule (check_record's, CRC aside) per record; with
+    `unit_size` (consume queue units), also RocketMQ getMessage's: the unit's bytes are readable and hold
+    the whole record. Fields of invalid records are garbage. `select(mask)` keeps some records."""
+
+    def __init__(self, buf, base: int, pos, limit: int | None = None, unit_size=None):
+        import numpy as np
+        self.buf = buf
+        self.base = base
+        limit = len(buf) if limit is None else min(limit, len(buf))
+        pos = np.asarray(pos, dtype=np.int64)
+        self.pos = pos
+        n = len(pos)
+        ok = (pos >= 0) & (pos + HEADER_V4.size <= limit)
+        if unit_size is not None:
+            ok &= (unit_size > 0) & (pos + unit_size <= limit)
+        # Clamped positions keep every gather in bounds; the rows they stand for are marked invalid.
+        if len(buf) < HEADER_V4.size:
+            ok[:] = False
+            buf = self.buf = np.zeros(HEADER_V4.size + 64, dtype=np.uint8)
+            limit = 0
+            p = np.zeros(n, dtype=np.int64)
+        else:
+            p = np.clip(pos, 0, max(limit - HEADER_V4.size, 0))
+        self.limit = limit
+        self._fixed_fields(p)
+        ok &= (self.magic == MESSAGE_MAGIC_CODE) | (self.magic == MESSAGE_MAGIC_CODE_V2)
+        if unit_size is not None:
+            ok &= self.total <= unit_size
+        self.valid = self._layout(p, ok)
+
+    def _at(self, q, width: int):
+        """Positions clamped so that `width` bytes from each are in bounds."""
+        import numpy as np
+        return np.clip(q, 0, max(self.limit - width, 0))
+
+    def _fixed_fields(self, p) -> None:
+        """The header fields, from one gather of the v4 header's bytes per record (a memcpy each); the
+        fields after the born host are put right below (_layout) for records with IPv6 hosts."""
+        import numpy as np
+        h = _rows(self.buf, p, codec.header_v4_dtype())
+        i64 = np.int64
+        self.total = h["total"].astype(i64)
+        self.magic = h["magic"].astype(i64)
+        self.body_crc = h["crc"].astype(i64)
+        self.queue_id = h["queue_id"].astype(i64)
+        self.flag = h["flag"].astype(i64)
+        self.queue_offset = h["queue_offset"].astype(i64)
+        self.phys = h["phys"].astype(i64)
+        self.sys_flag = h["sys_flag"].astype(i64)
+        self.born_ts = h["born_ts"].astype(i64)
+        self.store_ts = h["store_ts"].astype(i64)
+        self.reconsume = h["reconsume"].astype(i64)
+        self.prepared = h["prepared"].astype(i64)
+        self.body_len = h["body_len"].astype(i64)
+        self.born_alen = np.where(self.sys_flag & codec.SYSFLAG_BORNHOST_V6, 16, 4)
+        self.store_alen = np.where(self.sys_flag & codec.SYSFLAG_STOREHOST_V6, 16, 4)
+        self.born_host_pos = p + codec.POS_BORNHOST
+
+    def _v6_fields(self, p, w) -> None:
+        """Rows w have an IPv6 host: the fields after the born host are elsewhere than the v4 header says."""
+        buf, at = self.buf, self._at
+        sts = p[w] + codec.POS_BORNHOST + self.born_alen[w] + 4
+        self.store_ts[w] = _be(buf, at(sts, 8), 8)
+        rc = sts + 8 + self.store_alen[w] + 4
+        self.reconsume[w] = _be(buf, at(rc, 4), 4)
+        self.prepared[w] = _be(buf, at(rc + 4, 8), 8)
+        self.body_len[w] = _be(buf, at(rc + 12, 4), 4)
+
+    def _layout(self, p, ok):
+        """The places of the variable parts (they depend on the host kinds and lengths); returns ok
+        narrowed by the rule's size checks."""
+        import numpy as np
+        buf, pos, at = self.buf, self.pos, self._at
+        hs = HEADER_V4.size + (self.born_alen - 4) + (self.store_alen - 4)
+        ok &= (pos + hs <= self.limit) & (self.total >= hs + 3) & (pos + self.total <= self.limit)
+        v6 = np.flatnonzero(self.sys_flag & 0x30)
+        if len(v6):
+            self._v6_fields(p, v6)
+        self.store_host_pos = p + codec.POS_BORNHOST + self.born_alen + 12
+        self.body_pos = p + hs
+        tl_pos = self.body_pos + self.body_len
+        end = pos + self.total
+        ok &= (self.body_len >= 0) & (tl_pos + 3 <= end)
+        topic_len = _be(buf, at(tl_pos, 1), 1)
+        v2 = self.magic == MESSAGE_MAGIC_CODE_V2
+        w = np.flatnonzero(v2)
+        if len(w):
+            topic_len[w] = _be(buf, at(tl_pos[w], 2), 2, signed=False)
+        ok &= v2 | (topic_len <= MAX_TOPIC_LENGTH)
+        self.topic_pos = tl_pos + 1 + v2
+        self.topic_len = topic_len
+        pl_pos = self.topic_pos + topic_len
+        ok &= pl_pos + 2 <= end
+        self.props_len = _be(buf, at(pl_pos, 2), 2)
+        self.props_pos = pl_pos + 2
+        return ok & (self.props_len >= 0) & (self.props_pos + self.props_len == end)
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    @property
+    def offsets(self):
+        """Commitlog offset of each record (where it is, not what its PHYSICALOFFSET field says)."""
+        return self.pos + self.base
+
+    def dispatched(self):
+        """is_dispatched per record."""
+        return is_dispatched(self.sys_flag)
+
+    def indexed(self):
+        """is_indexed per record."""
+        return is_indexed(self.sys_flag)
+
+    def crc_ok(self):
+        """Per record: crc32(body) & 0x7fffffff == BODYCRC (False for invalid records)."""
+        import numpy as np
+        out = np.zeros(len(self.pos), dtype=bool)
+        sel = np.flatnonzero(self.valid)
+        mv = memoryview(self.buf)
+        try:
+            got = np.fromiter((crc32(mv[a:a + n]) & 0x7FFFFFFF for a, n in
+                               zip(self.body_pos[sel].tolist(), self.body_len[sel].tolist())), np.int64, len(sel))
+        finally:
+            mv.release()
+        out[sel] = got == self.body_crc[sel]
+        return out
+
+    def select(self, mask) -> "RecordColumns":
+        """A view on the records where mask is true (an index array or a slice works too)."""
+        import numpy as np
+        out = object.__new__(type(self))
+        for k, v in self.__dict__.items():
+            out.__dict__[k] = v[mask] if isinstance(v, np.ndarray) and v.ndim == 1 and k != "buf" else v
+        return out
+
+    def slice(self, a: int, b: int) -> "RecordColumns":
+        return self.select(slice(a, b))
+
+
+_AR = {}
+
+
+def _rows(buf, pos, dtype):
+    """The dtype items starting at each byte position pos of the uint8 array buf (one gather of raw void
+    items, a memcpy each, then viewed as dtype). Callers keep pos + itemsize <= len(buf)."""
+    import numpy as np
+    dt = np.dtype(dtype)
+    if not len(pos):
+        return np.empty(0, dtype=dt)
+    view = np.ndarray((len(buf) - dt.itemsize + 1,), dtype=np.dtype(f"V{dt.itemsize}"), buffer=buf, strides=(1,))
+    return view[pos].view(dt)
+
+
+def _be(buf, pos, n: int, signed: bool = True):
+    """Big-endian integers of n bytes at each position of buf (a uint8 array; positions in bounds), int64."""
+    import numpy as np
+    if len(pos) == 0:
+        return np.empty(0, dtype=np.int64)
+    if n == 1:
+        return buf[pos].astype(np.int64)
+    ar = _AR.get(n)
+    if ar is None:
+        ar = _AR[n] = np.arange(n, dtype=np.int64)
+    m = buf[pos[:, None] + ar]
+    return m.view((">i" if signed else ">u") + str(n)).reshape(-1).astype(np.int64)
+
+
+def record_columns(buf, base: int, pos, limit: int | None = None, unit_size=None) -> RecordColumns:
+    """RecordColumns of the records at positions pos of buf (a uint8 array)."""
+    return RecordColumns(buf, base, pos, limit, unit_size)
+
+
+# --- the batched dispatch parse ---------------------------------------------------------------------------
+_STORE_PROPS_RE = re.compile(rb"(?:^|(?<=\x02))(TAGS|KEYS|UNIQ_KEY|DELAY)\x01([^\x01\x02]*)(?=\x02|$)")
+_topic_cache: dict[bytes, str] = {}
+_VECTOR_MIN_RECORDS = 64
+
+
+def _reason(buf, pos: int, limit: int) -> str:
+    """Why the record at pos fails the rule (the dispatch parse's quick checks found it does)."""
+    kind, _, reason = scan_record(buf, pos, limit)
+    return reason if reason is not None else f"not a message record ({kind.name})"
+
+
+def _no_message(buf, pos: int, total: int, magic: int, length: int) -> tuple[Outcome, str | None]:
+    """What stops a parse at a record whose magic code is no message's: (outcome, reason)."""
+    if magic == BLANK_MAGIC_CODE:
+        return _END_OF_FILE, None
+    if total == 0 and magic == 0:
+        return _END_OF_DATA, None
+    return _INVALID, _reason(buf, pos, length)
+
+
+def _topic_name(raw: bytes) -> str:
+    """A topic's bytes decoded (cached: a store has few topics)."""
+    topic = raw.decode("utf-8", "replace")
+    if len(_topic_cache) < 100_000:
+        _topic_cache[raw] = topic
+    return topic
+
+
+def _store_properties(raw: bytes, topic: str, store_ts: int, delay_levels: list[int] | None
+                      ) -> tuple[int, str | None, str | None, dict[str, str]]:
+    """(tags code, KEYS, UNIQ_KEY, the properties the store reads) from a record's PROPERTIES bytes. The tags
+    code of a delayed message (SCHEDULE_TOPIC_XXXX with DELAY) is its delivery time, as RocketMQ's."""
+    found = dict(_STORE_PROPS_RE.findall(raw))
+    if not found:
+        return 0, None, None, {}
+    props = {k.decode(): v.decode("utf-8", "replace") for k, v in found.items()}
+    tags = props.get("TAGS")
+    code = codec._cached_tags_code(tags) if tags else 0
+    if topic == SCHEDULE_TOPIC and "DELAY" in props:
+        t = delivery_time_for_schedule(props, store_ts, delay_levels)
+        if t is not None:
+            code = t
+    return code, props.get("KEYS") or None, props.get("UNIQ_KEY") or None, props
+
+
+def parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool, delay_levels: list[int] | None = None
+                          ) -> tuple[list[DispatchRequest], int, Outcome, str | None]:
+    """Validate and parse every whole record of buf (commitlog bytes from base_offset), one at a time:
+    (requests, position reached, outcome, reason). MORE when buf ends inside a record (or at a record
+    boundary), END_OF_FILE at a blank, END_OF_DATA at zero bytes, INVALID (with check_record's reason) at
+    bytes the rule rejects, the position being the bad record's. Requests carry only the properties the
+    store reads (TAGS, KEYS, UNIQ_KEY, DELAY)."""
+    length = len(buf)
+    out: list[DispatchRequest] = []
+    add = out.append
+    pos = 0
+    v4_size = HEADER_V4.size
+    unpack_v4 = HEADER_V4.unpack_from
+    unpack_h = _H.unpack_from
+    topics = _topic_cache
+    while True:     # the dispatcher's per-record loop
+        if pos + 8 > length:
+            return out, pos, _MORE, None
+        total, magic = _II.unpack_from(buf, pos)
+        if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
+            return (out, pos, *_no_message(buf, pos, total, magic, length))
+        end = pos + total
+        if end > length and not at_read_end and total > 0:
+            return out, pos, _MORE, None
+        if total < MIN_RECORD or end > length:
+            return out, pos, _INVALID, _reason(buf, pos, length)
+        f = unpack_v4(buf, pos)
+        sys_flag = f[7]
+        hsize = v4_size
+        if sys_flag & 0x30:     # IPv6 hosts: another header layout
+            hsize = header_struct(sys_flag).size
+            f = header_struct(sys_flag).unpack_from(buf, pos) if hsize + 3 <= total else (-1,)
+        body_len = f[-1]
+        p = pos + hsize + body_len
+        if body_len < 0 or p + 3 > end:
+            return out, pos, _INVALID, _reason(buf, pos, length)
+        if magic == MESSAGE_MAGIC_CODE:
+            tl = buf[p]
+            p += 1
+            if tl > MAX_TOPIC_LENGTH:
+                return out, pos, _INVALID, _reason(buf, pos, length)
+        else:
+            tl = _Hu.unpack_from(buf, p)[0]
+            p += 2
+        tb = bytes(buf[p:p + tl])
+        p += tl
+        if p + 2 > end:
+            return out, pos, _INVALID, _reason(buf, pos, length)
+        pl = unpack_h(buf, p)[0]
+        if pl < 0 or p + 2 + pl != end:
+            return out, pos, _INVALID, _reason(buf, pos, length)
+        topic = topics.get(tb) or _topic_name(tb)
+        store_ts = f[11]
+        if pl:
+            code, keys, uniq, props = _store_properties(buf[p + 2:end], topic, store_ts, delay_levels)
+        else:
+            code, keys, uniq, props = 0, None, None, {}
+        add(DispatchRequest(topic, f[3], base_offset + pos, total, code, store_ts, f[5], keys, uniq, sys_flag,
+                            f[15], props))
+        pos = end
+
+
+def _props_column(name: str):
+    # One match per record: the record separator \x03, then (lazily) the property's first pair if the record
+    # has it, ended by \x02 or the record's end (_props_columns makes sure no record has a second pair)
+    return re.compile("\x03(?:(?:[^\x02\x03]*\x02)*?" + name + "\x01([^\x01\x02\x03]*)(?=\x02|\x03|\\Z))?").findall
+
+
+_FIND_TAGS, _FIND_KEYS, _FIND_UNIQ = _props_column("TAGS"), _props_column("KEYS"), _props_column("UNIQ_KEY")
+
+
+def _plain_run(buf) -> list[int]:
+    """Positions of the leading run of records with the v1 magic code whose sizes fit the buffer."""
+    length = len(buf)
+    positions = []
+    add = positions.append
+    unpack = _II.unpack_from
+    pos = 0
+    while pos + 8 <= length:
+        total, magic = unpack(buf, pos)
+        if magic != MESSAGE_MAGIC_CODE or total < MIN_RECORD or pos + total > length:
+            break
+        add(pos)
+        pos += total
+    return positions
+
+
+def _topic_column(raw, tpos, tl, n: int, last: int):
+    """(topic names, index of each record's topic): distinct topic byte strings decoded once."""
+    import numpy as np
+    width = int(tl[:n].max())
+    if not width:
+        return [""], np.zeros(n, dtype=np.int64)
+    cols = np.arange(width)
+    # each row: the topic's bytes, zero padded, then its length (never 0 for a non-empty topic), so that the
+    # S view (which drops trailing NULs) keeps topics that end with NUL bytes apart
+    tb = np.empty((n, width + 1), dtype=np.uint8)
+    tb[:, :width] = raw[np.minimum(tpos[:n, None] + 1 + cols, last)] * (cols < tl[:n, None])
+    tb[:, width] = tl[:n]
+    uniq, inverse = np.unique(tb.view(f"S{width + 1}").reshape(n), return_inverse=True)
+    names = [bytes(u) for u in uniq]
+    return ([b[:b[-1]].decode("utf-8", "replace") if b else "" for b in names],
+            inverse.reshape(n).astype(np.int64))
+
+
+def _props_columns(buf, starts: list[int], ends: list[int], n: int):
+    """(tags codes, keys, uniq keys) of n records from their properties, each column from one regex pass
+    over all records; None when that could differ from the scalar parse (a \\x03 inside a property, a name
+    written twice, an empty value): the caller is exact instead."""
+    import numpy as np
+    joined = ("\x03" + "\x03".join([bytes(buf[a:b]).decode("utf-8", "replace") for a, b in zip(starts, ends)])
+              if n else "")
+    cols = []
+    for find, name in ((_FIND_TAGS, "TAGS\x01"), (_FIND_KEYS, "KEYS\x01"), (_FIND_UNIQ, "UNIQ_KEY\x01")):
+        col = find(joined)
+        # every pair of the name must be the one found: a second pair (the scalar parse, like RocketMQ's
+        # string2messageProperties, keeps the last), an empty value or one ended by \x01: be exact instead
+        if len(col) != n or joined.count("\x02" + name) + joined.count("\x03" + name) != n - col.count(""):
             return None
-    return kind, size
+        cols.append(col)
+    tags, keys, uniqs = cols
+    tags_hash = codec._cached_tags_code
+    return (np.array([tags_hash(t) if t else 0 for t in tags], dtype=np.int64), [k or None for k in keys],
+            [u or None for u in uniqs])
 
 
-def chains_from(buf, pos: int, end: int, *, check_crc: bool = True, chain: int = DEFAULT_CHAIN,
-                base: int | None = None) -> bool:
-    """True when a valid message record starts at pos and its successors chain correctly: `chain` records
-    in a row check (pos's included), or fewer followed by the end of the written data (a zero header or
-    `end` itself) or by a valid END_OF_FILE blank record that reaches `end`."""
-    first = _record_ok(buf, pos, end, check_crc, base)
-    if first is None or first[0] != codec.KIND_MESSAGE:
-        return False
-    p, n = pos + first[1], 1
-    while n < chain:
-        if p >= end:
-            return True
-        got = _record_ok(buf, p, end, check_crc, base)
-        if got is None:
-            return False
-        kind, size = got
-        if kind == codec.KIND_END:
-            return True
-        if kind == codec.KIND_BLANK:
-            return p + size == end
-        p, n = p + size, n + 1
-    return True
-
-
-def _magic_candidates(buf, start: int, end: int):
-    """Yield, in increasing order, every position >= start whose bytes 4..8 are a record magic code
-    (found column-wise with numpy, a chunk at a time)."""
+def _parse_v4_prefix(buf, base_offset: int) -> tuple[DispatchBatch | None, int]:
+    """Vectorised parse of the leading run of plain records (v1 magic, IPv4 hosts, not the schedule
+    topic) that pass the rule; returns the batch and where the run ends (the scalar parser takes over
+    there, and reports whatever stopped the run). None when the run is too short to be worth it."""
     import numpy as np
+    positions = _plain_run(buf)
+    n = len(positions)
+    if n < _VECTOR_MIN_RECORDS:
+        return None, 0
     raw = np.frombuffer(buf, dtype=np.uint8)
-    try:
-        lo = start + 4
-        while lo + 4 <= end:
-            hi = min(end, lo + _SEARCH_CHUNK + 3)
-            a = raw[lo:hi]
-            head = a[:len(a) - 3]
-            hits = []
-            for magic in _MAGICS:
-                c = np.flatnonzero(head == magic[0])
-                for k in (1, 2, 3):
-                    c = c[a[c + k] == magic[k]]
-                hits.append(c)
-            for i in np.sort(np.concatenate(hits)).tolist():
-                yield lo + i - 4
-            lo = hi - 3
-    finally:
-        del raw
+    P = np.asarray(positions, dtype=np.int64)
+    hdr, total, tpos, ppos, pl, ok = _v4_columns(raw, P, len(buf))
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        n = int(bad[0])
+        if n < _VECTOR_MIN_RECORDS:
+            return None, 0
+    names, inverse = _topic_column(raw, tpos, ppos - tpos - 1, n, len(buf) - 1)
+    if SCHEDULE_TOPIC in names:   # delivery times need DELAY: the scalar path handles those records
+        first = int(np.flatnonzero(inverse == names.index(SCHEDULE_TOPIC))[0])
+        if first < _VECTOR_MIN_RECORDS:
+            return None, 0
+        n = first
+        inverse = inverse[:n]
+    ends = (P[:n] + total[:n]).tolist()
+    cols = _props_columns(buf, (ppos[:n] + 2).tolist(), ends, n)
+    if cols is None:        # be exact instead
+        return None, 0
+    codes, keys, uniqs = cols
+    h = hdr[:n]
+    batch = DispatchBatch(names, inverse, h["queue_id"].astype(np.int64), P[:n] + base_offset, total[:n], codes,
+                          h["store_ts"].astype(np.int64), h["queue_offset"].astype(np.int64),
+                          h["sys_flag"].astype(np.int64), h["prepared"].astype(np.int64), keys, uniqs)
+    return batch, int(ends[-1])
 
 
-def _first_nonzero(buf, start: int, end: int) -> int | None:
-    """The first position in [start, end) holding a non-zero byte, or None: zero runs (never written or
-    zeroed ranges, up to a whole preallocated file) are crossed at memory speed."""
-    import numpy as np
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    try:
-        pos = start
-        while pos < end:
-            stop = min(end, pos + _ZERO_CHUNK)
-            part = raw[pos:stop]
-            n8 = len(part) // 8 * 8         # eight bytes at a time: np.any over uint8 is slow
-            if part[:n8].view(np.uint64).any() or part[n8:].any():
-                return pos + int(np.argmax(part != 0))
-            pos = stop
-        return None
-    finally:
-        del raw
+def parse_dispatch(buf, base_offset: int, at_read_end: bool, delay_levels: list[int] | None = None
+                   ) -> tuple[DispatchBatch | list[DispatchRequest], int, Outcome, str | None]:
+    """parse_dispatch_scalar's answer, with the leading run of plain records (v1 magic, IPv4 hosts, not
+    the schedule topic) parsed with numpy; the rest (IPv6 hosts, v2 records, delayed messages, and what
+    stopped the run) one by one. With few records the result is a plain list of DispatchRequest."""
+    batch, pos = _parse_v4_prefix(buf, base_offset)
+    rest = memoryview(buf)[pos:] if pos else buf
+    reqs, end, outcome, reason = parse_dispatch_scalar(rest, base_offset + pos, at_read_end, delay_levels)
+    if batch is None:
+        return reqs, pos + end, outcome, reason   # a few records: numpy would cost more than it saves
+    return batch.concat(DispatchBatch.from_requests(reqs)), pos + end, outcome, reason
 
 
-def next_valid_record(buf, pos: int, end: int, *, check_crc: bool = True, chain: int = DEFAULT_CHAIN,
-                      base: int | None = None) -> int | None:
-    """The position of the first record after pos (pos excluded) that checks and chains (see chains_from),
-    or a valid END_OF_FILE blank record that reaches exactly `end`; None when there is none before `end`.
+def parse_dispatch_batch(buf, base_offset: int, at_read_end: bool, delay_levels: list[int] | None = None
+                         ) -> tuple[list[DispatchRequest], int, Outcome, str | None]:
+    """parse_dispatch, as a list of DispatchRequest (their `properties` hold only what the store reads, and
+    may be empty)."""
+    batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
+    return (batch if isinstance(batch, list) else batch.requests()), pos, outcome, reason
 
-    buf: the bytes of one commitlog file (or a part of it), end: where its data ends (a file's size).
-    check_crc: require good body CRCs (recommended: it is what makes a resumed chain trustworthy).
-    base: the commitlog offset of buf[0]; when given, a message must also carry its own offset in its
-    PHYSICALOFFSET field, which rules out records copied into message bodies.
-    A None answer means "no valid chain resumes": the damage is a torn tail, to be cut as RocketMQ cuts.
-    """
-    nz = _first_nonzero(buf, pos + 1, end)
-    if nz is None:
-        return None
-    # a record's magic code is non-zero: no record starts more than 4 bytes before the first non-zero byte
-    for c in _magic_candidates(buf, max(pos + 1, nz - 4), end):
-        if c <= pos:
-            continue
-        got = _record_ok(buf, c, end, check_crc, base)
-        if got is None:
-            continue
-        kind, size = got
-        if kind == codec.KIND_BLANK:
-            if c + size == end:
-                return c
-            continue
-        if chains_from(buf, c, end, check_crc=check_crc, chain=chain, base=base):
-            return c
-    return None
+
+def parse_dispatch_columns(buf, base_offset: int, at_read_end: bool, delay_levels: list[int] | None = None
+                           ) -> tuple[DispatchBatch, int, Outcome, str | None]:
+    """parse_dispatch, always as a DispatchBatch."""
+    batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
+    return (DispatchBatch.from_requests(batch) if isinstance(batch, list) else batch), pos, outcome, reason
+
+
+def __getattr__(name: str):
+    # the resync functions live in resync.py (which imports this module); importable from here as before
+    if name in ("next_valid_record", "chains_from", "DEFAULT_CHAIN"):
+        from . import resync
+        return getattr(resync, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,257 @@
+"""The record scanner (store/scanner.py): one rule, one outcome vocabulary, and its back-ends held equal.
+
+Random commitlog buffers (v1 and v2 records, IPv4 and IPv6 hosts, every transaction type, a blank, zeros,
+a torn tail or garbage after them, bytes flipped and lengths rewritten anywhere) go through every back-end:
+the scalar walk (check_record / iter_records), the batched walk (walk_records), the column-wise rule
+(walk_positions + record_columns) and the dispatch parse (numpy and scalar). They must agree on where
+the records are, what stops the walk (and why) and every field.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmqstore.store import codec, scanner
+from rmqstore.store.scanner import Outcome, RecordError
+
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+SETTINGS = settings(max_examples=250, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
+
+v4_hosts = st.builds(lambda ip, port: f"{ip}:{port}", st.ip_addresses(v=4), st.integers(0, 65535))
+v6_hosts = st.builds(lambda ip, port: f"[{ip}]:{port}", st.ip_addresses(v=6), st.integers(0, 65535))
+topics = st.one_of(st.sampled_from(["T", "TopicA", "订单Topic", codec.SCHEDULE_TOPIC]),
+                   st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 127))
+prop_text = st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                    max_size=12)
+properties = st.one_of(
+    st.dictionaries(st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "a", "b"]), prop_text, max_size=5),
+    st.dictionaries(prop_text.filter(bool), prop_text, max_size=4))
+
+
+@st.composite
+def record(draw, v6: bool = False, v2: bool = False) -> bytes:
+    hosts = st.one_of(v4_hosts, v6_hosts) if v6 else v4_hosts
+    tran = draw(st.sampled_from([codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_PREPARED_TYPE,
+                                 codec.TRANSACTION_COMMIT_TYPE, codec.TRANSACTION_ROLLBACK_TYPE]))
+    f = dict(queue_id=draw(st.integers(0, 7)), flag=draw(INT32), queue_offset=draw(st.integers(0, 1 << 40)),
+             physical_offset=draw(INT64), sys_flag=tran | draw(st.sampled_from([0, 1, 2])),
+             born_timestamp=draw(INT64), born_host=draw(hosts), store_timestamp=draw(INT64),
+             store_host=draw(hosts), reconsume_times=draw(INT32), prepared_transaction_offset=draw(INT64),
+             body=draw(st.binary(max_size=80)), topic=draw(topics), properties=draw(properties))
+    if not v2:
+        return codec.encode_record(**f)
+    born_addr, born_port, born_v6 = codec.parse_host(f["born_host"])
+    store_addr, store_port, store_v6 = codec.parse_host(f["store_host"])
+    sys_flag = f["sys_flag"] | (0x10 if born_v6 else 0) | (0x20 if store_v6 else 0)
+    hs = codec.header_struct(sys_flag)
+    tail = codec.encode_tail(f["topic"].encode(), codec.properties_to_string(f["properties"]).encode(), v2=True)
+    return hs.pack(hs.size + len(f["body"]) + len(tail), codec.MESSAGE_MAGIC_CODE_V2, codec.body_crc(f["body"]),
+                   f["queue_id"], f["flag"], f["queue_offset"], f["physical_offset"], sys_flag, f["born_timestamp"],
+                   born_addr, born_port, f["store_timestamp"], store_addr, store_port, f["reconsume_times"],
+                   f["prepared_transaction_offset"], len(f["body"])) + f["body"] + tail
+
+
+@st.composite
+def commitlog(draw) -> tuple[bytes, int]:
+    """(buffer, limit): records, then a tail (zeros, a blank, a torn record, garbage or nothing), then a
+    few mutations."""
+    mixed = draw(st.booleans())
+    recs = draw(st.lists(record(v6=mixed, v2=mixed and draw(st.booleans())) if mixed else record(),
+                         min_size=0, max_size=10))
+    buf = bytearray(b"".join(recs))
+    tail = draw(st.sampled_from(["zeros", "blank", "torn", "garbage", "none"]))
+    if tail == "zeros":
+        buf += bytes(draw(st.integers(1, 120)))
+    elif tail == "blank":
+        n = draw(st.integers(8, 120))
+        buf += codec.encode_blank(n) + bytes(n - 8)
+    elif tail == "torn":
+        more = draw(record())
+        buf += more[:draw(st.integers(1, len(more) - 1))]
+    elif tail == "garbage":
+        buf += draw(st.binary(min_size=1, max_size=60))
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2])) if buf else 0):
+        i = draw(st.integers(0, len(buf) - 1))
+        if draw(st.booleans()):
+            buf[i] = draw(st.integers(0, 255))
+        elif i + 4 <= len(buf):
+            struct.pack_into(">i", buf, i, draw(INT32))
+    return bytes(buf), draw(st.one_of(st.just(len(buf)), st.integers(0, len(buf))))
+
+
+def scalar_walk(buf, limit, check_crc=False):
+    """(message positions and sizes, stop position, outcome, reason) from iter_records."""
+    msgs = []
+    try:
+        for pos, kind, size in scanner.iter_records(buf, 0, limit, check_crc):
+            if kind is Outcome.END_OF_FILE:
+                return msgs, pos, kind, None
+            msgs.append((pos, size))
+    except RecordError as e:
+        return msgs, e.pos, Outcome.INVALID, e.reason
+    stop = msgs[-1][0] + msgs[-1][1] if msgs else 0
+    return msgs, stop, Outcome.END_OF_DATA, None
+
+
+@pytest.fixture
+def small_batches():
+    """The numpy back-ends on every run of records, however short (they normally start at 64)."""
+    saved = scanner._VECTOR_MIN_RECORDS, scanner.WALK_BATCH
+    scanner._VECTOR_MIN_RECORDS, scanner.WALK_BATCH = 1, 3
+    yield
+    scanner._VECTOR_MIN_RECORDS, scanner.WALK_BATCH = saved
+
+
+# --- the walks ----------------------------------------------------------------------------------------
+@SETTINGS
+@given(commitlog(), st.booleans())
+def test_batched_walk_agrees_with_scalar_walk(small_batches, cl, check_crc):
+    buf, limit = cl
+    msgs, stop, outcome, reason = scalar_walk(buf, limit, check_crc)
+    try:
+        got = scanner.walk_records(buf, 0, limit, check_crc)
+    except RecordError as e:
+        got = (e.pos, Outcome.INVALID, e.reason)
+    want_size = limit - stop if outcome is Outcome.END_OF_FILE else 0
+    assert got == ((stop, outcome, reason) if outcome is Outcome.INVALID else (stop, outcome, want_size))
+
+
+@SETTINGS
+@given(commitlog())
+def test_columns_agree_with_scalar_walk(cl):
+    """walk_positions + record_columns: the same messages, the same stop and outcome, the same fields."""
+    buf, limit = cl
+    msgs, stop, outcome, reason = scalar_walk(buf, limit)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    positions, pstop, why = scanner.walk_positions(buf, 0, limit)
+    recs = scanner.record_columns(arr, 1000, positions, limit)
+    bad = np.flatnonzero(~recs.valid)
+    if len(bad):
+        pstop, why = int(positions[bad[0]]), Outcome.INVALID
+        recs = recs.slice(0, int(bad[0]))
+    assert [(p, s) for p, s in zip(recs.pos.tolist(), recs.total.tolist())] == msgs
+    assert (pstop, why) == (stop, outcome)
+    for i, (pos, _) in enumerate(msgs):
+        r = codec.decode_fields(buf, pos)
+        assert (recs.queue_id[i], recs.queue_offset[i], recs.sys_flag[i], recs.store_ts[i], recs.born_ts[i],
+                recs.prepared[i], recs.body_crc[i], recs.flag[i], recs.reconsume[i]) == \
+            (r.queue_id, r.queue_offset, r.sys_flag, r.store_timestamp, r.born_timestamp,
+             r.prepared_transaction_offset, r.body_crc, r.flag, r.reconsume_times)
+        assert buf[recs.body_pos[i]:recs.body_pos[i] + recs.body_len[i]] == r.body
+        assert scanner.store_timestamp(buf, pos) == r.store_timestamp
+    assert recs.dispatched().tolist() == [bool(scanner.is_dispatched(int(f))) for f in recs.sys_flag]
+    assert recs.crc_ok().tolist() == [scanner.scan_record(buf, p, limit, True)[0] is Outcome.MESSAGE
+                                      for p, _ in msgs]
+
+
+# --- the dispatch parse ---------------------------------------------------------------------------------
+def _fields(reqs):
+    return [(r.topic, r.queue_id, r.commit_log_offset, r.msg_size, r.tags_code, r.store_timestamp,
+             r.consume_queue_offset, r.keys, r.uniq_key, r.sys_flag, r.prepared_transaction_offset) for r in reqs]
+
+
+@SETTINGS
+@given(commitlog(), st.booleans())
+def test_dispatch_parse_backends_agree(small_batches, cl, at_read_end):
+    """The numpy dispatch parse and the scalar one give identical outcomes and columns; both agree with the
+    walk on which records are messages and why the parse stops."""
+    buf, limit = cl
+    data = buf[:limit]
+    delay = [1000, 5000]
+    batch, pos, outcome, reason = scanner.parse_dispatch(data, 7 << 20, at_read_end, delay)
+    reqs = batch if isinstance(batch, list) else batch.requests()
+    sreqs, spos, soutcome, sreason = scanner.parse_dispatch_scalar(data, 7 << 20, at_read_end, delay)
+    assert (pos, outcome, reason) == (spos, soutcome, sreason)
+    assert _fields(reqs) == _fields(sreqs)
+    # against the walk: the same messages up to where the parse stops, the same reason when it is INVALID
+    msgs, stop, woutcome, wreason = scalar_walk(data, len(data))
+    assert [(r.commit_log_offset - (7 << 20), r.msg_size) for r in sreqs] == [m for m in msgs if m[0] < pos]
+    if outcome is Outcome.INVALID:
+        assert (stop, woutcome, wreason) == (pos, Outcome.INVALID, reason)
+    elif outcome is Outcome.END_OF_DATA:
+        assert (stop, woutcome) == (pos, Outcome.END_OF_DATA)
+    for r in sreqs:
+        want = codec.decode_fields(data, r.commit_log_offset - (7 << 20))
+        assert (r.topic, r.queue_id, r.consume_queue_offset, r.store_timestamp) == \
+            (want.topic, want.queue_id, want.queue_offset, want.store_timestamp)
+        assert r.keys == (want.properties.get("KEYS") or None)
+        tags = want.properties.get("TAGS")
+        if r.topic != codec.SCHEDULE_TOPIC or "DELAY" not in want.properties:
+            assert r.tags_code == (codec.java_string_hash(tags) if tags else 0)
+
+
+def test_dispatch_parse_stops_inside_a_record_for_more():
+    one = codec.encode_record(queue_id=0, flag=0, queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=1,
+                              born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5", reconsume_times=0,
+                              prepared_transaction_offset=0, body=b"x", topic="T", properties={"TAGS": "a"})
+    data = one * 3 + one[:20]
+    reqs, pos, outcome, reason = scanner.parse_dispatch_scalar(data, 0, False)
+    assert (len(reqs), pos, outcome, reason) == (3, 3 * len(one), Outcome.MORE, None)
+    _, pos, outcome, reason = scanner.parse_dispatch_scalar(data, 0, True)
+    assert outcome is Outcome.INVALID and pos == 3 * len(one) and "total size" in reason
+
+
+# --- the rules ---------------------------------------------------------------------------------------------
+def test_transaction_rules():
+    kinds = [codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_COMMIT_TYPE,
+             codec.TRANSACTION_ROLLBACK_TYPE]
+    flags = [k | extra for k in kinds for extra in (0, 0x1, 0x30)]
+    assert [bool(scanner.is_dispatched(f)) for f in flags] == [True] * 3 + [False] * 3 + [True] * 3 + [False] * 3
+    assert [bool(scanner.is_indexed(f)) for f in flags] == [True] * 9 + [False] * 3
+    arr = np.array(flags, dtype=np.int64)
+    assert scanner.is_dispatched(arr).tolist() == [bool(scanner.is_dispatched(f)) for f in flags]
+    assert scanner.is_indexed(arr).tolist() == [bool(scanner.is_indexed(f)) for f in flags]
+
+
+@given(record(v6=True))
+def test_store_timestamp_v4_and_v6(raw):
+    assert scanner.store_timestamp(raw) == codec.decode_fields(raw, 0).store_timestamp
+
+
+def test_outcome_vocabulary_and_old_names():
+    """Outcome carries the old codec names' values; the old names are thin aliases of the scanner's."""
+    assert (codec.KIND_MESSAGE, codec.KIND_BLANK, codec.KIND_END) == (0, 1, 2)
+    assert codec.KIND_BLANK is Outcome.END_OF_FILE and codec.PARSE_ERROR is Outcome.INVALID
+    assert codec.PARSE_MORE is Outcome.MORE and codec.PARSE_END is Outcome.END_OF_DATA
+    assert codec.check_record is scanner.check_record and codec.walk_records is scanner.walk_records
+    assert codec.is_dispatched is scanner.is_dispatched and codec.parse_dispatch is scanner.parse_dispatch
+    assert scanner.check_record(bytes(16), 0, 16) == (Outcome.END_OF_DATA, 0)
+    assert scanner.check_record(codec.encode_blank(16) + bytes(8), 0, 16) == (Outcome.END_OF_FILE, 16)
+    assert scanner.scan_record(b"\x00\x00\x00\x10abcdefgh", 0, 12)[::2] == (Outcome.INVALID, "bad magic code "
+                                                                             "0x61626364")
+    with pytest.raises(RecordError, match="blank record of size 16 does not fit"):
+        scanner.check_record(codec.encode_blank(16), 0, 15)
+
+
+def test_v1_topic_length_over_127_is_invalid_in_every_backend():
+    raw = bytearray(codec.encode_record(queue_id=0, flag=0, queue_offset=0, physical_offset=0, sys_flag=0,
+                                        born_timestamp=1, born_host="1.2.3.4:5", store_timestamp=2,
+                                        store_host="1.2.3.4:5", reconsume_times=0, prepared_transaction_offset=0,
+                                        body=b"", topic="T", properties={}))
+    # a 200-byte topic under the v1 magic: rewrite the length fields so that the sizes still add up
+    body_end = codec.HEADER_V4.size
+    raw = raw[:body_end] + bytes([200]) + b"T" * 200 + b"\x00\x00"
+    struct.pack_into(">i", raw, 0, len(raw))
+    with pytest.raises(RecordError, match="topic length 200 over 127"):
+        scanner.check_record(bytes(raw), 0, len(raw))
+    assert scanner.parse_dispatch_scalar(bytes(raw), 0, True)[2:] == (Outcome.INVALID, "topic length 200 over 127")
+    assert not scanner.record_columns(np.frombuffer(bytes(raw), np.uint8), 0, [0]).valid[0]
+
+
+def test_topic_ending_with_nul_bytes_keeps_its_name_in_the_numpy_parse(small_batches):
+    """Found by the back-end test: the numpy parse grouped topics through a NUL-stripping bytes view, so
+    a topic "a\\x00" (the store refuses it now, older files may hold it) came out as "a"."""
+    recs = [codec.encode_record(queue_id=0, flag=0, queue_offset=i, physical_offset=0, sys_flag=0,
+                                born_timestamp=1, born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5",
+                                reconsume_times=0, prepared_transaction_offset=0, body=b"x", topic=t, properties={})
+            for i, t in enumerate(["a\x00", "a", "\x00", "b"])]
+    batch, _, outcome, _ = scanner.parse_dispatch(b"".join(recs), 0, True)
+    assert not isinstance(batch, list) and outcome is Outcome.END_OF_DATA or outcome is Outcome.MORE
+    assert batch.topics == ["a\x00", "a", "\x00", "b"]
