@@ -141,7 +141,7 @@ def test_failed_flush_answers_every_waiting_put_and_later_ones_at_once():
         _settle(puts, puts)
         assert all(p.result is False for p in puts)
         assert q.flushed_where == 300 and svc.failed and svc.failures == 1
-        assert not svc.store.running_flags.writeable
+        assert not svc.parts.running_flags.writeable
         q.fail, q.limit = None, 1000      # the next msync would "succeed": it must not be used
         calls = q.flush_calls
         late = Put(svc, q, 1000)
@@ -290,3 +290,33 @@ def test_put_message_when_the_flusher_is_stuck_keeps_the_message_and_answers_flu
         assert store.commit_log.queue.flushed_where >= a.wrote_offset + a.wrote_bytes
         assert store.wait_dispatched()
         assert store.get_max_offset_in_queue("T", 0) == 3
+
+
+def test_one_producer_thread_flushes_inline_without_a_hand_off(tmp_path):
+    """Issue 20: with no round running, a SYNC_FLUSH put leads one in its own thread (appends, fdatasyncs,
+    answers) instead of handing its message to the flusher thread and sleeping until that thread's round;
+    answers stay true (PUT_OK only once flushed)."""
+    cfg = StoreConfig(flush_disk_type=SYNC_FLUSH, mapped_file_size_commit_log=1 << 20)
+    with MessageStore.open(tmp_path / "s", cfg) as store:
+        q = store.commit_log.queue
+        flushed_by: list[str] = []
+        real_flush = q.flush
+
+        def recording_flush(least_pages: int = 0):
+            flushed_by.append(threading.current_thread().name)
+            return real_flush(least_pages)
+
+        q.flush = recording_flush
+        time.sleep(0.05)                   # let the flusher thread settle into its wait
+        flushed_by.clear()
+        me = threading.current_thread().name
+        for i in range(20):
+            r = store.put_message(Message("T", f"m{i}".encode(), queue_id=0))
+            assert r.status is PutMessageStatus.PUT_OK
+            assert q.flushed_where >= r.append_result.wrote_offset + r.append_result.wrote_bytes
+        # the putting thread flushed (the flusher's 10 ms timer round may hold the round's lock at a put's
+        # moment: that put then queues for it, as before; without the inline round, none is flushed here)
+        assert flushed_by.count(me) >= 10, flushed_by
+        assert store.group_commit.combined == 20
+        assert store.wait_dispatched()
+        assert store.get_max_offset_in_queue("T", 0) == 20

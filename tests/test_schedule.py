@@ -153,8 +153,7 @@ def test_fastjson_delay_offset_file_is_read(tmp_path):
     with MessageStore.open(path, cfg()) as store:
         store.put_message(Message("D", b"old", properties={"DELAY": "1"}))
         store.wait_dispatched()
-        store.schedule_service.shutdown()        # stop it before it delivers
-        store.schedule_service = None
+        store.unregister_service("schedule")        # stop it before it delivers
     (path / "config").mkdir(exist_ok=True)
     (path / "config" / "delayOffset.json").write_text('{\n\t"offsetTable":{1:1\n\t}\n}')
     with MessageStore.open(path, cfg()) as store:

@@ -255,3 +255,23 @@ def test_validation_unit_rules():
     assert validation.queue_id_or_problem(np.int64(3)) == 3
     assert validation.encode_properties({"a": "b", "c": "d"}) == b"a\x01b\x02c\x01d\x02"
     assert isinstance(validation.encode_properties({"a": "b\x02c\x01d"}), str)
+
+
+def test_refused_messages_of_a_batch_are_logged_once(tmp_path, caplog):
+    """Issue 15 leftover: a batch with many refused messages logs ONE warning (how many, the first's index
+    and reason), not one per message; each message still gets its own answer."""
+    msgs = [Message("Good", b"x", queue_id=0) for _ in range(5)]
+    msgs += [Message("bad\x00topic", b"x") for _ in range(300)] + [Message("Good", b"y", properties={"A": None})]
+    with MessageStore.open(tmp_path / "s", small_config()) as store:
+        with caplog.at_level(logging.WARNING, logger="rmqstore"):
+            rs = store.put_messages(msgs)
+        assert [r.status for r in rs[:5]] == [OK] * 5
+        assert all(r.status is ILLEGAL and r.reason for r in rs[5:])
+        lines = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert len(lines) == 1, [r.getMessage() for r in lines]
+        text = lines[0].getMessage()
+        assert "301 of 306" in text and "message 5" in text and "\\x00" in text
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rmqstore"):     # a single put: its own line, as before
+            assert store.put_message(Message("bad\x00topic", b"x")).status is ILLEGAL
+        assert sum("refused" in r.getMessage() for r in caplog.records) == 1

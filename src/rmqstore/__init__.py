@@ -43,6 +43,28 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
+def _install_schedule(store) -> None:
+    """The default store extension: delayed messages (DELAY rewrite hook + ScheduleMessageService), as
+    RocketMQ 4.4.0's store did itself; the engine never imports the messaging layer (store/hooks.py)."""
+    from .messaging.schedule import install
+    install(store)
+
+
+def _install_timer(store) -> None:
+    """Timer messages (RIP-43): TIMER_DELIVER_MS / __STARTDELIVERTIME parked until due (store/timer.py)."""
+    from .store.timer import install
+    install(store)
+
+
+def _register_default_extensions() -> None:
+    from .store.hooks import register_default_extension
+    register_default_extension("schedule", _install_schedule)
+    register_default_extension("timer", _install_timer)
+
+
+_register_default_extensions()
+
+
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:

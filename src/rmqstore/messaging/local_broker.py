@@ -31,11 +31,12 @@ from ..store.message import Message, MessageExt, PutMessageResult, PutMessageSta
 from .offset_store import DEFAULT_FLUSH_INTERVAL_MS, ConsumerOffsetManager
 from .rebalance import ConsumerRegistry
 from .schedule import _java_int
+from .settings import broker_setting
 from .topic_config import PERM_READ, PERM_WRITE, MessageQueue, TopicConfig, TopicConfigManager, dlq_topic, retry_topic
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.store import MessageStore
-    from .transaction import TransactionCheckService
+    from .transaction_check import TransactionCheckService
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +50,7 @@ _brokers: "weakref.WeakKeyDictionary[MessageStore, LocalBroker]" = weakref.WeakK
 _brokers_lock = threading.Lock()
 
 
-def broker_setting(config, name: str, default: int) -> int:
-    """An integer broker setting from the config's extra (broker.conf) keys, else the default."""
-    raw = getattr(config, "extra", {}).get(name)
-    if raw is None:
-        return default
-    try:
-        return int(str(raw).strip())
-    except ValueError:
-        log.warning("%s=%r is not an integer; using %d", name, raw, default)
-        return default
+__all__ = ["LocalBroker", "broker_setting"]
 
 
 class LocalBroker:
@@ -141,8 +133,8 @@ class LocalBroker:
     def transactions(self) -> "TransactionCheckService":
         with self._lock:
             if self._transactions is None:
-                from .transaction import TransactionCheckService
-                self._transactions = TransactionCheckService(self)
+                from .transaction_check import TransactionCheckService
+                self._transactions = TransactionCheckService(self.store)
             return self._transactions
 
     # --- consumerSendMsgBack --------------------------------------------------------------------

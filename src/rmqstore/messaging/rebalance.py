@@ -18,7 +18,6 @@ import threading
 from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .local_broker import LocalBroker
     from .topic_config import MessageQueue
 
 log = logging.getLogger(__name__)
@@ -63,8 +62,14 @@ class RebalanceMember(Protocol):
     def _rebalance_acquire(self, wanted: set["MessageQueue"]) -> None: ...
 
 
+class QueueSource(Protocol):
+    """Where the registry learns a topic's queues (the LocalBroker)."""
+
+    def read_queues(self, topic: str) -> Sequence["MessageQueue"]: ...
+
+
 class ConsumerRegistry:
-    def __init__(self, broker: "LocalBroker"):
+    def __init__(self, broker: "QueueSource"):
         self.broker = broker
         self._groups: dict[str, list[RebalanceMember]] = {}
         self._lock = threading.RLock()

@@ -15,9 +15,12 @@ reports new schedule messages and when the next message is due; a failed put is 
 Progress per level is kept in `{store}/config/delayOffset.json` ({"offsetTable": {"1": 12, ...}}),
 written every flushDelayOffsetInterval ms when changed and at shutdown; a restart resumes from it.
 
-The service starts and stops with the store (MessageStore.start/close), as RocketMQ's
-DefaultMessageStore starts its ScheduleMessageService: delayed messages are delivered whether or not a
-consumer runs in this process.
+Both are installed into a store by `install(store)` (a store extension, store/hooks.py): the rewrite as a
+put-message hook (ScheduleMessageHook, RocketMQ 5's HookUtils.handleScheduleMessage), the service as a
+store service started and stopped with the store's services. The top-level package registers `install`
+as a default extension, so every MessageStore delays DELAY messages and delivers them whether or not a
+consumer runs in this process, as RocketMQ 4.4.0's DefaultMessageStore did; the store never imports
+this module.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from typing import TYPE_CHECKING
 from ..store import codec
 from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from ..store.java_map import as_broker_map
-from ..store.message import Message, MessageExt
+from ..store import validation
+from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.store import MessageStore
@@ -93,6 +97,32 @@ def rewrite_delayed(msgs: list[Message], max_level: int) -> list[Message]:
         out[i] = dataclasses.replace(m, topic=SCHEDULE_TOPIC, queue_id=delay_level2queue_id(level),
                                      properties=hm.to_dict())
     return out
+
+
+class ScheduleMessageHook:
+    """The delay rewrite as a put-message hook (store/hooks.py): a message with a DELAY property goes to
+    SCHEDULE_TOPIC_XXXX (rewrite_delayed). Its real topic and queue id are checked first: a message the
+    store would refuse at delivery is refused now (MESSAGE_ILLEGAL), not answered PUT_OK and lost later."""
+    hook_name = "schedule"
+    trigger_properties = frozenset((PROPERTY_DELAY,))
+
+    def __init__(self, max_level: int):
+        self.max_level = max_level
+
+    def execute_before_put_message(self, msg: Message) -> Message | PutMessageResult:
+        out = rewrite_delayed([msg], self.max_level)[0]
+        if out is msg:
+            return msg
+        why = validation.topic_problem(msg.topic) or validation.queue_id_problem(msg.queue_id)
+        if why is not None:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, None, f"delayed message: {why}")
+        return out
+
+
+def install(store: "MessageStore") -> None:
+    """The store extension: the delay rewrite hook and the ScheduleMessageService ("schedule")."""
+    store.register_put_message_hook(ScheduleMessageHook(len(store.config.delay_levels_ms())))
+    store.register_service("schedule", ScheduleMessageService(store))
 
 
 def message_timeup(msg: MessageExt) -> Message:
@@ -290,7 +320,7 @@ class ScheduleMessageService:
         if not batch:
             return True
         msgs = [m for m, _ in batch if m is not None]
-        results = self.store.put_messages(msgs, delay_rewrite=False) if msgs else []
+        results = self.store.put_messages(msgs, run_hooks=False) if msgs else []
         it = iter(results)
         for m, next_offset in batch:
             if m is not None:

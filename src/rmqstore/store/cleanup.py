@@ -22,7 +22,7 @@ deletion delayed the disk-full flag); a directory that does not exist yet is mea
 existing parent (RocketMQ answered -1 and reported a full disk, #1493 / #2067); a commitlog file the
 dispatcher has not read yet is never deleted (its messages would never reach their consume queues).
 
-clean_store(store, force=False) is the manual `rmqstore clean STORE [--force]`.
+clean_store(parts, force=False) is the manual `rmqstore clean STORE [--force]`.
 """
 from __future__ import annotations
 
@@ -32,12 +32,8 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from .flush import ServiceThread
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import MessageStore
+from .parts import StoreParts
 
 log = logging.getLogger(__name__)
 
@@ -114,22 +110,22 @@ class DiskState:
 class CleanCommitLogService:
     """Deletes old commitlog files and keeps the store's disk-full flag (RunningFlags.disk_full) current."""
 
-    def __init__(self, store: "MessageStore"):
-        self.store = store
+    def __init__(self, parts: StoreParts):
+        self.parts = parts
         self.manual_delete_times = 0          # RocketMQ's manualDeleteFileSeveralTimes
         self.deleted_files: list[str] = []    # every file this service deleted, for reports and tests
 
     # --- the disk ------------------------------------------------------------------------------------
     def check_disk(self) -> DiskState:
-        store, cfg = self.store, self.store.config
+        parts, cfg = self.parts, self.parts.config
         limit = min(max(cfg.disk_max_used_space_ratio, 10), 95) / 100.0     # RocketMQ clamps to [10, 95]
         warning = _ratio(cfg, "diskSpaceWarningLevelRatio", DEFAULT_WARNING_LEVEL_RATIO)
         forcibly = _ratio(cfg, "diskSpaceCleanForciblyRatio", DEFAULT_CLEAN_FORCIBLY_RATIO)
-        used = max(disk_used_ratio(store.path / "commitlog"), disk_used_ratio(store.path / "consumequeue"))
+        used = max(disk_used_ratio(parts.path / "commitlog"), disk_used_ratio(parts.path / "consumequeue"))
         state = DiskState(used, limit, forcibly, warning)
-        flags = store.running_flags
+        flags = parts.running_flags
         if state.disk_full:
-            reason = (f"disk of {store.path} is {used:.1%} used, over diskSpaceWarningLevelRatio {warning:.0%}: "
+            reason = (f"disk of {parts.path} is {used:.1%} used, over diskSpaceWarningLevelRatio {warning:.0%}: "
                       f"puts are refused until cleanup frees space")
             was = flags.disk_full
             flags.disk_full_reason = reason
@@ -141,23 +137,23 @@ class CleanCommitLogService:
             flags.disk_full_reason = None
             still = f", but puts stay refused: {flags.write_error}" if flags.write_error else ": puts accepted"
             log.warning("%s: disk %.1f%% used, under diskSpaceWarningLevelRatio %.0f%% again%s",
-                        store.path, used * 100, warning * 100, still)
+                        parts.path, used * 100, warning * 100, still)
         return state
 
     # --- deleting ------------------------------------------------------------------------------------
     def is_time_to_delete(self, now: float | None = None) -> bool:
         hour = _dt.datetime.fromtimestamp(time.time() if now is None else now).hour
-        return hour in parse_delete_when(self.store.config.delete_when)
+        return hour in parse_delete_when(self.parts.config.delete_when)
 
     def delete_files(self, force: bool, max_files: int = DELETE_FILES_BATCH_MAX, now_ms: float | None = None,
                      pause: float = 0.0) -> list[str]:
         """Delete the oldest commitlog files that are expired (or any, with force), at most max_files, never
         the last one nor one the dispatcher has not finished reading. Returns the deleted paths."""
-        store = self.store
-        q = store.commit_log.queue
+        parts = self.parts
+        q = parts.commit_log.queue
         now_ms = time.time() * 1000 if now_ms is None else now_ms
-        expired_ms = store.config.file_reserved_time * 3600 * 1000
-        reput = store.dispatcher.reput_from_offset
+        expired_ms = parts.config.file_reserved_time * 3600 * 1000
+        reput = parts.dispatcher.reput_from_offset
         deleted: list[str] = []
         with _DELETE_LOCK:
             for mf in list(q.files)[:-1]:
@@ -174,8 +170,8 @@ class CleanCommitLogService:
                     time.sleep(pause)
         if deleted:
             self.deleted_files += deleted
-            log.info("%s: %d commitlog files deleted (%s), min offset now %d", store.path, len(deleted),
-                     "forcibly" if force else "expired", store.commit_log.get_min_offset())
+            log.info("%s: %d commitlog files deleted (%s), min offset now %d", parts.path, len(deleted),
+                     "forcibly" if force else "expired", parts.commit_log.get_min_offset())
         return deleted
 
     def run_once(self, now: float | None = None, pause: float = 0.0) -> list[str]:
@@ -187,35 +183,35 @@ class CleanCommitLogService:
             return []
         if manual:
             self.manual_delete_times -= 1
-        force = self.store.config.clean_file_forcibly_enable and state.clean_immediately
+        force = self.parts.config.clean_file_forcibly_enable and state.clean_immediately
         if state.space_full:
             log.warning("%s: disk %.1f%% used (diskMaxUsedSpaceRatio %.0f%%): deleting %s commitlog files",
-                        self.store.path, state.used * 100, state.limit * 100, "the oldest" if force else "expired")
+                        self.parts.path, state.used * 100, state.limit * 100, "the oldest" if force else "expired")
         return self.delete_files(force, now_ms=None if now is None else now * 1000, pause=pause)
 
 
 class CleanConsumeQueueService:
     """After commitlog files went: consume queue and index files below the new min offset, and min offsets."""
 
-    def __init__(self, store: "MessageStore"):
-        self.store = store
+    def __init__(self, parts: StoreParts):
+        self.parts = parts
         self.last_physical_min_offset = 0
 
     def run_once(self, always: bool = False) -> tuple[int, int]:
         """Returns (consume queue files deleted, index files deleted)."""
-        store = self.store
-        min_off = store.commit_log.get_min_offset()
+        parts = self.parts
+        min_off = parts.commit_log.get_min_offset()
         with _DELETE_LOCK:
             if min_off <= 0 or (min_off <= self.last_physical_min_offset and not always):
                 return 0, 0
             self.last_physical_min_offset = min_off
             cq_files = 0
-            for cq in list(store.consume_queues):
+            for cq in list(parts.consume_queues):
                 cq_files += cq.delete_expired_files(min_off)      # also moves the queue's min offset (#8753)
-            idx_files = store.index_service.delete_expired_file(min_off) if store.config.message_index_enable else 0
+            idx_files = parts.index_service.delete_expired_file(min_off) if parts.config.message_index_enable else 0
         if cq_files or idx_files:
             log.info("%s: %d consume queue files and %d index files below commitlog offset %d deleted",
-                     store.path, cq_files, idx_files, min_off)
+                     parts.path, cq_files, idx_files, min_off)
         return cq_files, idx_files
 
 
@@ -223,12 +219,12 @@ class CleanupService(ServiceThread):
     """The background thread: a disk check every second, a cleanup pass every cleanResourceInterval ms."""
     name = "StoreCleanupService"
 
-    def __init__(self, store: "MessageStore"):
-        interval = store.config.clean_resource_interval
+    def __init__(self, parts: StoreParts):
+        interval = parts.config.clean_resource_interval
         super().__init__(min(interval, int(DISK_CHECK_INTERVAL * 1000)))
-        self.store = store
-        self.commit_log_service = CleanCommitLogService(store)
-        self.consume_queue_service = CleanConsumeQueueService(store)
+        self.parts = parts
+        self.commit_log_service = CleanCommitLogService(parts)
+        self.consume_queue_service = CleanConsumeQueueService(parts)
         self._pass_interval = interval / 1000.0
         self._next_pass = time.monotonic() + self._pass_interval
 
@@ -242,24 +238,21 @@ class CleanupService(ServiceThread):
             self.commit_log_service.check_disk()
             return
         self._next_pass = now + self._pass_interval
-        pause = self.store.config.delete_commit_log_files_interval / 1000.0
+        pause = self.parts.config.delete_commit_log_files_interval / 1000.0
         self.commit_log_service.run_once(pause=pause)
         self.consume_queue_service.run_once()
 
 
-def install_cleanup_services(store: "MessageStore") -> CleanupService:
-    svc = CleanupService(store)
-    store.services.append(svc)
-    return svc
-
-
-def clean_store(store: "MessageStore", force: bool = False) -> dict:
+def clean_store(parts, force: bool = False) -> dict:
     """The manual cleanup (`rmqstore clean STORE [--force]`), now, whatever the hour and the disk:
     delete every expired commitlog file (force: every file but the current one), then the consume queue and
-    index files below the commitlog's new min offset. Returns what happened."""
-    cl = CleanCommitLogService(store)
-    cq = CleanConsumeQueueService(store)
-    before = store.commit_log.get_min_offset()
+    index files below the commitlog's new min offset. Returns what happened. parts: a StoreParts, or an
+    open MessageStore (its parts() are taken)."""
+    if not isinstance(parts, StoreParts):
+        parts = parts.parts()
+    cl = CleanCommitLogService(parts)
+    cq = CleanConsumeQueueService(parts)
+    before = parts.commit_log.get_min_offset()
     state = cl.check_disk()
     deleted: list[str] = []
     while True:
@@ -269,9 +262,9 @@ def clean_store(store: "MessageStore", force: bool = False) -> dict:
             break
     cq_files, idx_files = cq.run_once(always=True)
     after_state = cl.check_disk()
-    return {"store": str(store.path), "force": force, "commitlog_files_deleted": len(deleted),
-            "deleted_bytes": len(deleted) * store.config.mapped_file_size_commit_log,
+    return {"store": str(parts.path), "force": force, "commitlog_files_deleted": len(deleted),
+            "deleted_bytes": len(deleted) * parts.config.mapped_file_size_commit_log,
             "consume_queue_files_deleted": cq_files, "index_files_deleted": idx_files,
-            "min_offset_before": before, "min_offset_after": store.commit_log.get_min_offset(),
+            "min_offset_before": before, "min_offset_after": parts.commit_log.get_min_offset(),
             "disk_used_ratio_before": round(state.used, 4), "disk_used_ratio": round(after_state.used, 4),
-            "disk_full": store.running_flags.disk_full}
+            "disk_full": parts.running_flags.disk_full}

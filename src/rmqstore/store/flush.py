@@ -4,6 +4,9 @@
   flushCommitLogLeastPages dirty pages, everything every flushCommitLogThoroughInterval ms.
 - SYNC_FLUSH (GroupCommitService): a put waits until its bytes are flushed; one msync serves every put
   waiting at that moment; past syncFlushTimeout the put answers FLUSH_DISK_TIMEOUT (the message stays).
+  A put that finds no round running leads one in its own thread (append what is queued, its own message
+  included, fdatasync, answer them all): one producer thread pays write + fdatasync without a hand-off to
+  the flusher thread; with many, puts arriving during that fdatasync queue for the next round.
   A failed msync is never reported as flushed: the waiting puts answer FLUSH_DISK_TIMEOUT.
 - transientStorePoolEnable (CommitRealTimeService): appends go to an off-file buffer; this service copies
   them into the mapped file every commitIntervalCommitLog ms; readers see committed bytes only.
@@ -25,15 +28,11 @@ import threading
 import time
 from collections import deque
 from _thread import allocate_lock as _allocate_lock
-from typing import TYPE_CHECKING
-
-from .commit_log import AppendFailed
+from .commit_log import AppendFailed, log_refused
 from .config import SYNC_FLUSH
 from .message import PutMessageResult, PutMessageStatus
 from .message_batch import COLUMNAR_MIN
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import MessageStore
+from .parts import StoreParts
 
 log = logging.getLogger(__name__)
 
@@ -90,30 +89,30 @@ class ServiceThread:
             self._thread = None
 
 
-def flush_commit_log(store: "MessageStore", least_pages: int) -> None:
+def flush_commit_log(parts: StoreParts, least_pages: int) -> None:
     """Flush the commitlog; advance the checkpoint's physic timestamp only over what was flushed."""
-    q = store.commit_log.queue
+    q = parts.commit_log.queue
     ts, wrote = q.store_timestamp, q.get_max_offset()
     q.flush(least_pages)
     if ts and q.flushed_where >= wrote:
-        store.checkpoint.physic_msg_timestamp = ts
+        parts.checkpoint.physic_msg_timestamp = ts
 
 
-def flush_failed(store: "MessageStore", what: str, e: OSError) -> str:
+def flush_failed(parts: StoreParts, what: str, e: OSError) -> str:
     """Record a failed flush: the store refuses puts from now on; returns the reason."""
     why = f"{what} flush failed ({e.strerror or e}): nothing written since the last good flush is claimed durable"
-    store.running_flags.write_failed(why, "FLUSH")     # also on the failure channel
-    store.abort_file.distrust()
-    log.error("%s: %s; puts are refused and the abort file is kept", store.path, why)
+    parts.running_flags.write_failed(why, "FLUSH")     # also on the failure channel
+    parts.abort_file.distrust()
+    log.error("%s: %s; puts are refused and the abort file is kept", parts.path, why)
     return why
 
 
 class FlushRealTimeService(ServiceThread):
     name = "FlushRealTimeService"
 
-    def __init__(self, store: "MessageStore"):
-        super().__init__(store.config.flush_interval_commit_log)
-        self.store = store
+    def __init__(self, parts: StoreParts):
+        super().__init__(parts.config.flush_interval_commit_log)
+        self.parts = parts
         self._last_thorough = time.monotonic()
 
     failed: str | None = None
@@ -121,7 +120,7 @@ class FlushRealTimeService(ServiceThread):
     def run_once(self, least: int | None = None) -> None:
         if self.failed:
             return
-        cfg = self.store.config
+        cfg = self.parts.config
         if least is None:
             least = cfg.flush_commit_log_least_pages
             now = time.monotonic()
@@ -129,12 +128,12 @@ class FlushRealTimeService(ServiceThread):
                 self._last_thorough = now
                 least = 0
         try:
-            flush_commit_log(self.store, least)
+            flush_commit_log(self.parts, least)
         except OSError as e:
-            self.failed = flush_failed(self.store, "commitlog", e)
+            self.failed = flush_failed(self.parts, "commitlog", e)
 
     def on_appended(self, next_offset: int) -> bool:
-        if not self.store.config.flush_commit_log_timed:
+        if not self.parts.config.flush_commit_log_timed:
             self.wakeup()
         return True
 
@@ -186,9 +185,9 @@ class GroupCommitService(ServiceThread):
     did not store SERVICE_NOT_AVAILABLE."""
     name = "GroupCommitService"
 
-    def __init__(self, store: "MessageStore"):
+    def __init__(self, parts: StoreParts):
         super().__init__(10)
-        self.store = store
+        self.parts = parts
         self._requests: deque = deque()     # (next_offset, locked one-shot lock) of puts waiting; any thread
         self._pending: list = []            # requests taken by run_once, not yet covered by a flush
         self._run_lock = threading.Lock()   # one run_once at a time (tests call it beside the thread)
@@ -218,7 +217,7 @@ class GroupCommitService(ServiceThread):
     def on_appended(self, next_offset: int) -> bool:
         """Called by the put path after appending (outside the put lock): block until flushed past next_offset.
         False (the put answers FLUSH_DISK_TIMEOUT) on timeout, at shutdown and, at once, after a failed flush."""
-        q = self.store.commit_log.queue
+        q = self.parts.commit_log.queue
         if q.flushed_where >= next_offset:
             return True
         if not self.failed and not self._closing:
@@ -229,7 +228,7 @@ class GroupCommitService(ServiceThread):
             # _closing is set before the last round takes the requests: if it is still clear here, that
             # round (or an earlier one) takes ours and releases it
             if not self._closing:
-                done.acquire(True, self.store.config.sync_flush_timeout / 1000.0)
+                done.acquire(True, self.parts.config.sync_flush_timeout / 1000.0)
         if q.flushed_where >= next_offset:
             return True
         if self.failed:
@@ -247,10 +246,21 @@ class GroupCommitService(ServiceThread):
         taking messages (not running, closing, failed): the caller puts it the plain way."""
         if self.failed or self._closing or self._thread is None:
             return None
-        encoded = self.store.commit_log.encode(msg)
-        if type(encoded) is not tuple:
-            return encoded                  # refused (a PutMessageResult naming the reason), in this thread
+        encoded = self.parts.commit_log.encode(msg)
+        if type(encoded) is not tuple:      # refused (a PutMessageResult naming the reason), in this thread
+            log_refused((encoded,))
+            return encoded
         p = _CombinedPut(msg, encoded)
+        # no other put waits and no round runs: lead one here, no hand-off (_lead); else join the group
+        if not (self._puts or self._appended or self._pending) and self._run_lock.acquire(False):
+            try:
+                led = self._lead(p)
+            finally:
+                self._run_lock.release()
+            if led:
+                if self._puts or self._appended or self._requests:
+                    self.wakeup()           # puts that came during the flush: the flusher's next round
+                return p.result
         with self._puts_lock:
             self._puts.append(p)
         self.wakeup()
@@ -259,16 +269,16 @@ class GroupCommitService(ServiceThread):
                 if not p.taken:
                     self._puts.remove(p)
                     return None
-        timeout = self.store.config.sync_flush_timeout / 1000.0
+        timeout = self.parts.config.sync_flush_timeout / 1000.0
         if p.done.acquire(True, timeout):
             return p.result
         with self._puts_lock:
             if not p.taken:                 # the flusher is stuck (a hung fsync): append it here, unflushed
                 self._puts.remove(p)
                 try:
-                    r = self.store.commit_log.put_message(msg, wait=False)
+                    r = self.parts.commit_log.put_message(msg, wait=False)
                 except OSError as e:
-                    self.store.record_write_failure(e)
+                    self.parts.record_write_failure(e)
                     return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
                 log.warning("sync flush: no flush round within %.1f s", timeout)
                 return _not_flushed(r)
@@ -284,6 +294,24 @@ class GroupCommitService(ServiceThread):
         log.warning("sync flush of offset %d timed out", r.append_result.wrote_offset)
         return _not_flushed(r)
 
+    def _lead(self, p: _CombinedPut) -> bool:
+        """Under _run_lock, in the putting thread, when no other put waits: append p (with any put queued
+        meanwhile), flush, answer them. One producer thread then pays write + fdatasync and no hand-off to
+        the flusher thread it would wait for; puts that arrive during the flush queue for the flusher's
+        round (several producers keep the flusher's rounds, which batch them). False (nothing done) when
+        closing or after a failed flush: p then queues as usual."""
+        if self.failed or self._closing:
+            return False
+        with self._puts_lock:
+            self._puts.append(p)
+        for x in self._append_combined():
+            if x.result.status is PutMessageStatus.PUT_OK:
+                self._appended.append(x)    # answered by the flush below
+            else:
+                x.done.release()            # refused: answered now
+        self._round()
+        return True
+
     def _append_combined(self) -> list:
         """Take the queued put() messages and append them in one put_messages (not flushed yet)."""
         with self._puts_lock:
@@ -293,23 +321,25 @@ class GroupCommitService(ServiceThread):
                 p.taken = True
         if not puts:
             return puts
-        store = self.store
+        parts = self.parts
         results = None
-        why = "puts are refused: " + (self.failed or store.running_flags.why())
-        if not self.failed and store.running_flags.writeable:
+        why = "puts are refused: " + (self.failed or parts.running_flags.why())
+        if not self.failed and parts.running_flags.writeable:
             try:
-                if len(puts) >= COLUMNAR_MIN:   # validated messages: the columnar path may take them at once
-                    results = store.commit_log.put_messages([p.msg for p in puts], wait=False)
+                if len(puts) == 1:              # one message: the single-put path (commit_log._write_single)
+                    results = [parts.commit_log.put_encoded(puts[0].encoded, wait=False)]
+                elif len(puts) >= COLUMNAR_MIN:   # validated messages: the columnar path may take them at once
+                    results = parts.commit_log.put_messages([p.msg for p in puts], wait=False)
                 else:
-                    results = store.commit_log.append_encoded([p.encoded for p in puts], wait=False)
+                    results = parts.commit_log.append_encoded([p.encoded for p in puts], wait=False)
             except AppendFailed as e:       # the records written before the failure are stored
-                store.record_write_failure(e.error)
+                parts.record_write_failure(e.error)
                 results = e.results
             except OSError as e:
-                store.record_write_failure(e)
+                parts.record_write_failure(e)
                 why = f"write failed: {e}"
             except Exception as e:          # a bug: answered as such, never as a flush timeout
-                log.exception("%s: appending %d messages failed", store.path, len(puts))
+                log.exception("%s: appending %d messages failed", parts.path, len(puts))
                 results = [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR, None, f"append failed: {e!r}")
                            for _ in puts]
         if results is None:                 # refused (as the store refuses puts) or nothing was written
@@ -317,7 +347,7 @@ class GroupCommitService(ServiceThread):
         for p, r in zip(puts, results):
             p.result = r
         self.combined += len(puts)
-        store.dispatcher.wakeup()
+        parts.dispatcher.wakeup()
         return puts
 
     def _loop(self) -> None:
@@ -352,82 +382,86 @@ class GroupCommitService(ServiceThread):
         The queued messages are appended after the flush and before the release, so the flusher does its
         Python work while the producers it is about to wake are still blocked, and they run during the
         next round's fdatasync (which releases the GIL) instead of competing with the flusher for it."""
-        store = self.store
-        q = store.commit_log.queue
         with self._run_lock:
-            before = q.flushed_where
-            if not self.failed:
-                try:
-                    if store.config.transient_store_pool_enable:
-                        q.commit(0)
-                    flush_commit_log(store, 0)
-                except OSError as e:
-                    self.failures += 1
-                    self.failed = flush_failed(store, "commitlog", e)
-            where = q.flushed_where
-            moved = where != before
-            if moved:
-                self.flushes += 1
-            puts, self._appended = self._appended, []
-            if self._puts:
-                for p in self._append_combined():
-                    if p.result.status is PutMessageStatus.PUT_OK:
-                        self._appended.append(p)        # answered after the next round's flush
-                    else:
-                        p.done.release()                # refused: answered now
-            pending, requests = self._pending, self._requests
-            while requests:
-                pending.append(requests.popleft())
-            release_all = self.failed or self._closing
-            keep = []
-            for r in pending:
-                if release_all or r[0] <= where:
-                    r[1].release()
+            return self._round()
+
+    def _round(self) -> bool:
+        """run_once's round, _run_lock held (by the flusher thread, or a leading put: _lead)."""
+        parts = self.parts
+        q = parts.commit_log.queue
+        before = q.flushed_where
+        if not self.failed:
+            try:
+                if parts.config.transient_store_pool_enable:
+                    q.commit(0)
+                flush_commit_log(parts, 0)
+            except OSError as e:
+                self.failures += 1
+                self.failed = flush_failed(parts, "commitlog", e)
+        where = q.flushed_where
+        moved = where != before
+        if moved:
+            self.flushes += 1
+        puts, self._appended = self._appended, []
+        if self._puts:
+            for p in self._append_combined():
+                if p.result.status is PutMessageStatus.PUT_OK:
+                    self._appended.append(p)        # answered after the next round's flush
                 else:
-                    keep.append(r)
-            self._pending = keep
-            for p in puts:
-                a = p.result.append_result
-                if a is not None and a.wrote_offset + a.wrote_bytes > where:
-                    p.result = _not_flushed(p.result)
-                p.done.release()
-            return moved or bool(self._appended)
+                    p.done.release()                # refused: answered now
+        pending, requests = self._pending, self._requests
+        while requests:
+            pending.append(requests.popleft())
+        release_all = self.failed or self._closing
+        keep = []
+        for r in pending:
+            if release_all or r[0] <= where:
+                r[1].release()
+            else:
+                keep.append(r)
+        self._pending = keep
+        for p in puts:
+            end = p.result.wrote_end
+            if end is not None and end > where:
+                p.result = _not_flushed(p.result)
+            p.done.release()
+        return moved or bool(self._appended)
 
 
 class CommitRealTimeService(ServiceThread):
     """Transient write buffer: copy appended bytes into the mapped file, then wake the flusher."""
     name = "CommitRealTimeService"
 
-    def __init__(self, store: "MessageStore", flusher: ServiceThread):
-        super().__init__(store.config.commit_interval_commit_log)
-        self.store = store
+    def __init__(self, parts: StoreParts, flusher: ServiceThread):
+        super().__init__(parts.config.commit_interval_commit_log)
+        self.parts = parts
         self.flusher = flusher
         self._last_thorough = time.monotonic()
 
     def run_once(self) -> None:
-        cfg = self.store.config
+        cfg = self.parts.config
         least = cfg.commit_commit_log_least_pages
         now = time.monotonic()
         if (now - self._last_thorough) * 1000 >= cfg.commit_commit_log_thorough_interval:
             self._last_thorough = now
             least = 0
-        q = self.store.commit_log.queue
+        q = self.parts.commit_log.queue
         before = q.committed_where
         q.commit(least)
         if q.committed_where != before:
             self.flusher.wakeup()
-            self.store.dispatcher.wakeup()
+            self.parts.dispatcher.wakeup()
 
     def on_stop(self) -> None:
-        self.store.commit_log.queue.commit(0)
+        self.parts.commit_log.queue.commit(0)
 
 
 class FlushConsumeQueueService(ServiceThread):
     name = "FlushConsumeQueueService"
 
-    def __init__(self, store: "MessageStore"):
-        super().__init__(store.config.flush_interval_consume_queue)
-        self.store = store
+    def __init__(self, parts: StoreParts):
+        super().__init__(parts.config.flush_interval_consume_queue)
+        self.parts = parts
         self._last_thorough = time.monotonic()
 
     failed: str | None = None
@@ -437,41 +471,40 @@ class FlushConsumeQueueService(ServiceThread):
         (RocketMQ #678), its index timestamp only when the index flush did, and neither after a failure."""
         if self.failed:
             return
-        store, cfg = self.store, self.store.config
+        parts, cfg = self.parts, self.parts.config
         least = cfg.flush_consume_queue_least_pages
         now = time.monotonic()
         if force or (now - self._last_thorough) * 1000 >= cfg.flush_consume_queue_thorough_interval:
             self._last_thorough = now
             least = 0
-        logics_ts = store.dispatcher.last_dispatched_timestamp   # taken before the flush it vouches for
+        logics_ts = parts.dispatcher.last_dispatched_timestamp   # taken before the flush it vouches for
         try:
-            store.consume_queues.flush(least)
+            parts.consume_queues.flush(least)
             if least == 0:
-                ck = store.checkpoint
-                index_ts = store.index_service.flush()
+                ck = parts.checkpoint
+                index_ts = parts.index_service.flush()
                 if logics_ts:
                     ck.logics_msg_timestamp = logics_ts
                 if index_ts:
                     ck.index_msg_timestamp = index_ts
                 ck.flush()
         except OSError as e:
-            self.failed = flush_failed(store, "consume queue / index / checkpoint", e)
+            self.failed = flush_failed(parts, "consume queue / index / checkpoint", e)
 
     def on_stop(self) -> None:
         self.run_once(force=True)
 
 
-def install_flush_services(store: "MessageStore") -> None:
-    """Create the services the config asks for and hook the commitlog's put path to them."""
-    cfg = store.config
+def install_flush_services(parts: StoreParts, services: list) -> "GroupCommitService | None":
+    """Create the services the config asks for (appended to services) and hook the commitlog's put path to
+    them; the GroupCommitService under SYNC_FLUSH, else None."""
+    cfg = parts.config
     if cfg.flush_disk_type == SYNC_FLUSH:
-        flusher: ServiceThread = GroupCommitService(store)
+        flusher: ServiceThread = GroupCommitService(parts)
     else:
-        flusher = FlushRealTimeService(store)
-    services: list[ServiceThread] = [flusher]
+        flusher = FlushRealTimeService(parts)
     if cfg.transient_store_pool_enable:
-        services.insert(0, CommitRealTimeService(store, flusher))
-    services.append(FlushConsumeQueueService(store))
-    store.commit_log.on_appended = flusher.on_appended  # type: ignore[attr-defined]
-    store.group_commit = flusher if isinstance(flusher, GroupCommitService) else None
-    store.services.extend(services)
+        services.append(CommitRealTimeService(parts, flusher))
+    services += [flusher, FlushConsumeQueueService(parts)]
+    parts.commit_log.on_appended = flusher.on_appended  # type: ignore[attr-defined]
+    return flusher if isinstance(flusher, GroupCommitService) else None

@@ -247,7 +247,12 @@ def encode_columns(n: int, topic: str, ti: tuple, born: tuple, store: tuple, que
 
     ti: the commitlog's (TOPICLENGTH + TOPIC, {queueId: "topic-queueId"}) of the topic; born, store: its
     (address, port, ..., msgId prefix) of the IPv4 hosts; the int fields: an int for all or an int64 array
-    (int_column); props: what props_of_dicts answers."""
+    (int_column); props: what props_of_dicts answers.
+
+    One function on purpose (issue 16 item 6's exception): it is the columnar path's whole byte layout, a
+    field at a time, in the order of the record; its pieces share the batch's arrays, and split up they
+    would be read apart from the layout they write. Hot: ~1 us per call amortised over the batch (the
+    put_columns row of BENCHMARKS.md, ~2 us a message in all)."""
     props, pad, plens, pieces = props
     blens = np.fromiter(map(len, bodies), np.int64, n)
     crcs = np.fromiter(map(_crc32, bodies), np.int64, n)

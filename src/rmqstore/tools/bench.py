@@ -425,6 +425,8 @@ def run(args: argparse.Namespace) -> dict:
                  "generated before, then gc.collect() and gc.freeze() so the collector does not walk them; "
                  "MB = 10**6 commitlog bytes",
     }
+    from .progress import ProgressBar
+    bar = ProgressBar("bench", unit=" run", total=len(names) * args.repeat)     # drawn on a terminal only
     try:
         t0 = time.perf_counter()
         ctx.messages()
@@ -434,6 +436,7 @@ def run(args: argparse.Namespace) -> dict:
             for r in range(args.repeat):
                 ctx.run = r
                 runs.append(WORKLOADS[name].fn(ctx))
+                bar.update(names.index(name) * args.repeat + r + 1)
                 if tmp is not None:         # free the page cache of a temporary store before the next run
                     for d in ctx._dirs:
                         shutil.rmtree(d, ignore_errors=True)
@@ -445,6 +448,7 @@ def run(args: argparse.Namespace) -> dict:
                 ranked = sorted(runs, key=lambda x: x.get("msgs_per_s") or 0)
                 result["workloads"][name] = {**ranked[(len(ranked) - 1) // 2], "runs": runs}
     finally:
+        bar.close()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     json.dump(result, sys.stdout, indent=2)
