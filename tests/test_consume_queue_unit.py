@@ -64,3 +64,66 @@ def test_cut_removes_zero_units_and_trailing_fillers(tmp_path):
     assert cq.get_max_offset_in_queue() == 23
     assert cq.max_physic_offset == 1000 + 100 * 23
     cq.shutdown()
+
+
+def _digest(d):
+    import hashlib
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(d.iterdir())}
+
+
+def test_cut_applies_a_planned_end(tmp_path):
+    """ConsumeQueue.cut (recovery.apply_plan's part for a queue): later files go, the kept file is zeroed
+    after the cut, positions and the planned offsets are taken; the next put lands right after."""
+    cq = _queue(tmp_path, 25)                       # files of 10 units: 0..9, 10..19, 20..24
+    cq.cut(2, 13 * UNIT, 1000 + 100 * 13, 2 * UNIT)
+    assert len(cq.queue.files) == 2 and not (cq.queue.store_path / f"{20 * UNIT:020d}").exists()
+    assert cq.get_max_offset_in_queue() == 13 and cq.get_min_offset_in_queue() == 2
+    assert cq.max_physic_offset == 1000 + 100 * 13
+    assert cq.queue.files[1].mm[3 * UNIT:10 * UNIT] == bytes(7 * UNIT)      # zeroed after the cut
+    cq.put_units([(1000 + 100 * 13, 100, 0, 13)])
+    assert cq.get_unit(13) == (1000 + 100 * 13, 100, 0)
+    cq.shutdown()
+
+
+def test_read_only_queue_cuts_and_appends_in_memory_only(tmp_path):
+    """A read-only ConsumeQueue (what recovery plans with and the read-only view serves from) runs the same
+    cut and put code, and its files do not change: bytes, sizes, mtimes, names."""
+    cq = _queue(tmp_path, 25)
+    cq.shutdown()
+    d = cq.queue.store_path
+    before = _digest(d)
+    ro = ConsumeQueue("T", 0, tmp_path / "consumequeue", 10 * UNIT, read_only=True)
+    ro.load()
+    ro.recover(10 ** 9)
+    assert ro.get_max_offset_in_queue() == 25
+    ro.cut(2, 13 * UNIT, 1000 + 100 * 13, 0)
+    assert ro.get_max_offset_in_queue() == 13 and ro.get_unit(12) == (1000 + 100 * 12, 100, 0)
+    ro.put_units([(5000 + 10 * i, 10, 0, 13 + i) for i in range(20)])     # a new file, in memory
+    assert ro.get_max_offset_in_queue() == 33 and ro.get_unit(32) == (5000 + 190, 10, 0)
+    ro.shutdown()
+    assert _digest(d) == before
+
+
+def test_read_only_table_reads_a_short_only_file_as_extended(tmp_path):
+    """A queue whose only file was cut mid-unit (#7355): the read-write table extends it, the read-only one
+    reads it as extended and records the same repair, without touching it."""
+    from rmqstore.store.consume_queue import ConsumeQueueTable
+    root = tmp_path / "store"
+    for q, n in ((0, 25), (1, 7)):
+        cq = ConsumeQueue("T", q, root / "consumequeue", 10 * UNIT)
+        cq.load()
+        cq.put_units([(1000 + 100 * i, 100, 0, i) for i in range(n)])
+        cq.shutdown()
+    short = root / "consumequeue" / "T" / "1" / f"{0:020d}"
+    with open(short, "r+b") as f:
+        f.truncate(3 * UNIT + 7)
+    before = _digest(short.parent)
+    ro = ConsumeQueueTable(root, 10 * UNIT, read_only=True)
+    ro.load()
+    cq = ro.find("T", 1)
+    assert cq.queue.repaired == [(str(short), 3 * UNIT + 7)]
+    assert cq.recover(10 ** 9) == 1                 # the torn unit's bytes are dropped
+    assert cq.get_max_offset_in_queue() == 3
+    ro.shutdown()
+    assert _digest(short.parent) == before

@@ -370,10 +370,13 @@ def test_second_process_is_refused_at_once_and_changes_nothing(templates, tmp_pa
         seconds, msg = r.stdout.split(" ", 1)
         assert float(seconds) < 1.0                        # at once, no waiting for the lock
         assert str(path) in msg and "locked by another process" in msg and f"pid {holder.pid}" in msg
-        # the CLI shows the same message and fails
-        cli = subprocess.run([sys.executable, "-m", "rmqstore", "dump", str(path)], capture_output=True, text=True,
-                             timeout=60)
-        assert cli.returncode != 0 and "locked by another process" in cli.stderr and str(path) in cli.stderr
+        # a CLI command that writes shows the same message and fails (read commands read a live store)
+        conf = tmp_path / "small.conf"
+        conf.write_text("mappedFileSizeCommitLog=65536\nmappedFileSizeConsumeQueue=600\nmaxHashSlotNum=64\n"
+                        "maxIndexNum=256\n")
+        cli = subprocess.run([sys.executable, "-m", "rmqstore", "clean", "-c", str(conf), str(path)],
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 2 and "locked by another process" in cli.stderr and str(path) in cli.stderr
         assert file_bytes(path) == before, "a refused open changed files of the store"
     finally:
         holder.kill()

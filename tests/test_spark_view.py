@@ -1,5 +1,5 @@
-"""The rocketmq data source's read path without Spark: the batch parser, the read-only store view (recovery
-emulated without writing), planning and reading partitions, key lookups. Fast: no SparkSession."""
+"""The rocketmq data source's read path without Spark: the batch parser, the read-only store view (the recovery
+plan applied in memory), planning and reading partitions, key lookups. Fast: no SparkSession."""
 from __future__ import annotations
 
 import hashlib

@@ -102,3 +102,21 @@ class StoreCheckpoint:
             finally:
                 os.close(self._fd)
                 self._fd = None
+
+
+def read_checkpoint(path: str | Path) -> tuple[int, int, int] | None:
+    """The checkpoint's (physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp), read with pread and
+    changing nothing (recovery's plan, the read-only view); None when there is no checkpoint file. A
+    short file reads as zeros after its bytes; a directory there is a CorruptStoreError naming it."""
+    path = Path(path)
+    if not check_file_or_missing(path, "checkpoint file"):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise CorruptStoreError(str(path), 0, f"cannot open the checkpoint: {e.strerror}") from e
+    try:
+        raw = os.pread(fd, codec.CHECKPOINT.size, 0)
+    finally:
+        os.close(fd)
+    return codec.CHECKPOINT.unpack_from(raw.ljust(codec.CHECKPOINT.size, b"\0"), 0)

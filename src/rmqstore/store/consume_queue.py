@@ -25,6 +25,22 @@ _pack = codec.CQ_UNIT.pack
 _CQ_NP = np.dtype(codec.CQ_DTYPE)
 
 
+def _file_by_time(ranges: list[tuple[int, int]], min_index: int, timestamp: int,
+                  unit: Callable[[int], tuple[int, int] | None], store_time: Callable[[int, int], int]) \
+        -> tuple[int, int]:
+    """The file (logical range) search_by_time searches: the one before the first whose first message is
+    newer than timestamp (that one when equal), else the last."""
+    for j, (fs, fe) in enumerate(ranges):
+        first = max(min_index, fs)
+        u = unit(first) if first < fe else None
+        if u is None or u[1] <= 0 or u[1] == codec.CQ_BLANK_SIZE:
+            continue
+        t = store_time(u[0], u[1])
+        if t >= timestamp:
+            return ranges[max(0, j - 1)] if t > timestamp else (fs, fe)
+    return ranges[-1]
+
+
 def search_by_time(ranges: list[tuple[int, int]], min_index: int, timestamp: int,
                    unit: Callable[[int], tuple[int, int] | None], store_time: Callable[[int, int], int],
                    min_phy_offset: int) -> int | None:
@@ -37,22 +53,7 @@ def search_by_time(ranges: list[tuple[int, int]], min_index: int, timestamp: int
     Returns the logical offset closest to timestamp, -1 for "the queue's min offset", None when a
     message cannot be read (the caller answers 0, as RocketMQ does).
     """
-    chosen = ranges[-1]
-    for j, (fs, fe) in enumerate(ranges):
-        first = max(min_index, fs)
-        if first >= fe:
-            continue
-        u = unit(first)
-        if u is None:
-            continue
-        o, s = u
-        if s <= 0 or s == codec.CQ_BLANK_SIZE:
-            continue
-        t = store_time(o, s)
-        if t >= timestamp:
-            chosen = ranges[max(0, j - 1)] if t > timestamp else (fs, fe)
-            break
-    fs, fe = chosen
+    fs, fe = _file_by_time(ranges, min_index, timestamp, unit, store_time)
     low, high = max(min_index - fs, 0), fe - fs - 1
     target = left = right = -1
     left_v = right_v = -1
@@ -90,18 +91,33 @@ def search_by_time(ranges: list[tuple[int, int]], min_index: int, timestamp: int
 
 
 class ConsumeQueue:
-    def __init__(self, topic: str, queue_id: int, root: str | Path, mapped_file_size: int):
+    def __init__(self, topic: str, queue_id: int, root: str | Path, mapped_file_size: int, read_only: bool = False):
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = mapped_file_size
-        self.queue = MappedFileQueue(Path(root) / topic / str(queue_id), mapped_file_size)
+        self.queue = MappedFileQueue(Path(root) / topic / str(queue_id), mapped_file_size, read_only=read_only)
         self.max_physic_offset = -1      # end (offset + size) of the last unit's message
         self.min_logic_offset = 0        # byte offset of the first valid unit
         self.lock = threading.Lock()
 
     # --- loading and recovery -------------------------------------------------------------------
-    def load(self) -> None:
-        self.queue.load()
+    def load(self, extend_short_first: bool = False) -> None:
+        self.queue.load(extend_short_first)
+
+    def cut(self, files_kept: int, end: int, max_physic_offset: int, min_logic_offset: int) -> None:
+        """Apply recovery's plan for this queue (recovery.QueuePlan): keep its first files_kept files, cut
+        at byte offset end (the bytes after it zeroed), and take the planned max physic and min offsets."""
+        with self.lock:
+            q = self.queue
+            extra = q.files[files_kept:]
+            if extra:
+                q.files = q.files[:files_kept]
+                for mf in extra:
+                    log.info("recovery: %s removed", mf.path)
+                    mf.destroy()
+            q.truncate_to(end)
+            self.max_physic_offset = max_physic_offset
+            self.min_logic_offset = min_logic_offset
 
     def recover(self, max_commit_log_offset: int | None = None) -> int:
         """Keep units up to the last valid one (RocketMQ's recover, from the third-last file, plus checks:
@@ -455,9 +471,10 @@ def short_only_file(files: list[tuple[Path | str, int]], file_size: int) -> tupl
 class ConsumeQueueTable:
     """All consume queues of a store, by topic and queue id (RocketMQ's consumeQueueTable)."""
 
-    def __init__(self, store_dir: str | Path, mapped_file_size: int):
+    def __init__(self, store_dir: str | Path, mapped_file_size: int, read_only: bool = False):
         self.root = Path(store_dir) / "consumequeue"
         self.file_size = mapped_file_size
+        self.read_only = read_only
         self.table: dict[str, dict[int, ConsumeQueue]] = {}
         self._lock = threading.Lock()
 
@@ -482,14 +499,14 @@ class ConsumeQueueTable:
         confirmed = any(size == self.file_size for fs in sizes.values() for _, size in fs)
         for topic, q, d in dirs:
             cut = short_only_file(sizes[d], self.file_size) if confirmed else None
-            if cut is not None:
+            if cut is not None and not self.read_only:
                 log.warning("%s: %d bytes instead of %d (cut short: other queues' files have the configured size): "
                             "extended with zeros, what it lost is rebuilt from the commitlog", cut[0], cut[1],
                             self.file_size)
                 os.truncate(cut[0], self.file_size)
-            cq = ConsumeQueue(topic, q, self.root, self.file_size)
-            cq.load()
-            if cut is not None:
+            cq = ConsumeQueue(topic, q, self.root, self.file_size, self.read_only)
+            cq.load(extend_short_first=cut is not None)
+            if cut is not None and not cq.queue.repaired:
                 cq.queue.repaired.append((str(cut[0]), cut[1]))
             self.table.setdefault(topic, {})[q] = cq
 
@@ -505,7 +522,7 @@ class ConsumeQueueTable:
                 m = self.table.setdefault(topic, {})
                 cq = m.get(queue_id)
                 if cq is None:
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, self.read_only)
                     m[queue_id] = cq
         return cq
 

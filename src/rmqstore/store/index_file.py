@@ -62,7 +62,7 @@ import numpy as np
 
 from . import codec
 from ..errors import CorruptStoreError
-from .mapped_file import MappedFile
+from .mapped_file import MappedFile, ReadOnlyMappedFile
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +266,29 @@ def _java_abs(sums: np.ndarray) -> np.ndarray:
 
 
 # --- one file -----------------------------------------------------------------------------------------
+def _map_index_file(path: Path, size: int, load: bool, read_only: bool, slots_end: int) -> MappedFile:
+    """An index file's mapping: a new file (it must not exist), or an existing one; read_only: a private
+    mapping (what recovery or a put changes stays in memory; a new file lives in memory only)."""
+    if read_only:
+        if load and os.path.getsize(path) != size:
+            raise CorruptStoreError(str(path), os.path.getsize(path), f"file size does not match the configured "
+                                    f"size {size}")
+        return ReadOnlyMappedFile(path, size, file_from_offset=0, in_memory=not load, holes_unsafe_before=slots_end)
+    if not load and path.exists() and path.stat().st_size > 0:
+        raise FileExistsError(f"{path}: index file exists already (open it with load=True)")
+    return MappedFile(path, size, file_from_offset=0, create=not load)
+
+
+def _corrupt_name(p: Path) -> Path:
+    """Where a damaged index file is set aside: NAME.corrupt, NAME.corrupt1, ... (the first free one)."""
+    aside = p.with_name(p.name + ".corrupt")
+    i = 1
+    while aside.exists():
+        aside = p.with_name(f"{p.name}.corrupt{i}")
+        i += 1
+    return aside
+
+
 class IndexFile:
     """One index file (format in the module docstring), mapped whole.
 
@@ -278,7 +301,7 @@ class IndexFile:
     """
 
     def __init__(self, path: str | os.PathLike, max_hash_slot_num: int, max_index_num: int,
-                 end_phy_offset: int = 0, end_timestamp: int = 0, *, load: bool = False):
+                 end_phy_offset: int = 0, end_timestamp: int = 0, *, load: bool = False, read_only: bool = False):
         if max_hash_slot_num <= 0 or max_index_num <= 1:
             raise ValueError(f"bad index geometry: {max_hash_slot_num} slots, {max_index_num} entries")
         self.path = Path(path)
@@ -287,9 +310,7 @@ class IndexFile:
         self.index_num = max_index_num
         self.file_size = codec.index_file_size(max_hash_slot_num, max_index_num)
         self.entries_base = HEADER_SIZE + max_hash_slot_num * SLOT_SIZE
-        if not load and self.path.exists() and self.path.stat().st_size > 0:
-            raise FileExistsError(f"{self.path}: index file exists already (open it with load=True)")
-        self.mapped_file = MappedFile(self.path, self.file_size, file_from_offset=0, create=not load)
+        self.mapped_file = _map_index_file(self.path, self.file_size, load, read_only, self.entries_base)
         self._mm = self.mapped_file.mm
         # Header and slots are written through the mapping, entries with pwrite (module docstring): the
         # header and slot pages are allocated up front, so a full disk is an OSError, never a SIGBUS.
@@ -699,6 +720,68 @@ class IndexFile:
                 f"phy={self.begin_phy_offset}..{self.end_phy_offset}, ts={self.begin_timestamp}..{self.end_timestamp})")
 
 
+# --- recovery's changes to one file (IndexFile.repair_slots / cut_entries) -----------------------------------
+def repair_slots(f: IndexFile, k: int) -> int:
+    """Point every slot holding an entry number >= k at the first entry < k of its chain (0 if none):
+    entries k.. are being removed, or were written by a process killed before it published them.
+    A slot is only changed when every entry its chain passes through hashes to it: anything else is not a
+    half-finished put but damage, left for recovery.index_file_problems to report. Returns how many slots
+    changed. A file whose slots could not be allocated (a full disk) is left as it is: its slots are read
+    with pread and a read never follows a slot past indexCount (IndexFile.select_by_hash)."""
+    if not f.slots_allocated:
+        log.warning("%s: slots not allocated (disk full): slots pointing past indexCount are not repaired", f.path)
+        return 0
+    mm = f.mapped_file.mm
+    slot_num = f.hash_slot_num
+    slots = np.ndarray((slot_num,), dtype=">i4", buffer=mm, offset=HEADER_SIZE)
+    fix = np.flatnonzero(slots >= k)
+    if not len(fix):
+        del slots
+        return 0
+    top = min(int(slots[fix].max()) + 1, f.index_num)
+    ent = np.frombuffer(mm, dtype=ENTRY_DTYPE, count=top, offset=f.entries_base)
+    prev = ent["prev"].astype(np.int64)
+    home = ent["key_hash"].astype(np.int64) % slot_num
+    del ent
+    changed, new_vals = [], []
+    for s in fix.tolist():
+        cur = int(slots[s])
+        steps = 0
+        while k <= cur < top and steps < top and home[cur] == s:
+            cur = int(prev[cur])
+            steps += 1
+        if cur < k:
+            changed.append(s)
+            new_vals.append(max(cur, 0))
+    if changed:
+        slots[np.array(changed, dtype=np.int64)] = np.array(new_vals, dtype=np.int64)
+    del slots
+    return len(changed)
+
+
+def cut_entries(f: IndexFile, k: int, end_phy_offset: int, end_timestamp: int) -> int:
+    """Remove the entries numbered k and later (recovery: they index messages past the commitlog's end);
+    slots pointing into them are moved down their chains (or emptied), the header takes the given end
+    values and the file is flushed. Returns how many entries went."""
+    count = f.index_count
+    if k >= count:
+        return 0
+    repair_slots(f, k)
+    mm = f.mapped_file.mm
+    slots = np.ndarray((f.hash_slot_num,), dtype=">i4", buffer=mm, offset=HEADER_SIZE)
+    slots[slots >= k] = 0           # chains repair_slots would not follow (damage): empty, not dangling
+    del slots
+    base = f.entries_base
+    mm[base + k * ENTRY_SIZE: base + count * ENTRY_SIZE] = bytes((count - k) * ENTRY_SIZE)
+    f.index_count = k
+    f.end_phy_offset = end_phy_offset
+    f.end_timestamp = end_timestamp
+    f.write_header()
+    f.flush()
+    log.warning("%s: %d index entries for messages at or past offset %d removed", f.path, count - k, end_phy_offset)
+    return count - k
+
+
 # --- the index directory ------------------------------------------------------------------------------
 class IndexService:
     """The index files of `{store_dir}/index`, oldest first (RocketMQ's IndexService).
@@ -710,8 +793,9 @@ class IndexService:
     """
 
     def __init__(self, store_dir: str | os.PathLike, config, *,
-                 on_full_file_flushed: Callable[[int], None] | None = None):
+                 on_full_file_flushed: Callable[[int], None] | None = None, read_only: bool = False):
         self.store_path = Path(store_dir) / "index"
+        self.read_only = read_only      # files mapped privately: loads, cuts and puts stay in memory
         self.config = config
         self.hash_slot_num = config.max_hash_slot_num
         self.index_num = config.max_index_num
@@ -749,8 +833,9 @@ class IndexService:
                     continue
                 size = p.stat().st_size
                 if size == 0:
-                    log.warning("%s: empty index file (created just before a crash?), removed", p)
-                    p.unlink()
+                    if not self.read_only:
+                        log.warning("%s: empty index file (created just before a crash?), removed", p)
+                        p.unlink()
                     continue
                 if size != expected:
                     raise CorruptStoreError(str(p), size, f"index file size {size} is not {expected}, the size "
@@ -759,13 +844,12 @@ class IndexService:
                                             "broker.conf with -c)? If not, the file is damaged: `rmqstore check "
                                             "--repair` moves it aside and indexes its keys again")
                 try:
-                    f = IndexFile(p, self.hash_slot_num, self.index_num, load=True)
+                    f = IndexFile(p, self.hash_slot_num, self.index_num, load=True, read_only=self.read_only)
                 except CorruptStoreError as e:
-                    aside = p.with_name(name + ".corrupt")
-                    i = 1
-                    while aside.exists():
-                        aside = p.with_name(f"{name}.corrupt{i}")
-                        i += 1
+                    if self.read_only:
+                        self.dropped_files.append(p)
+                        continue
+                    aside = _corrupt_name(p)
                     os.replace(p, aside)
                     self.dropped_files.append(aside)
                     log.error("%s; set aside as %s: the messages it indexed are not found by key until they "
@@ -784,12 +868,60 @@ class IndexService:
             self._flushed_full_ts = max([index_checkpoint_ts] + [f.end_timestamp for f in loaded if f.is_full])
         return True
 
+    def set_aside(self, f: IndexFile, why: str) -> str:
+        """Take f out of the index: renamed NAME.corrupt (read-only: forgotten in memory); its keys are
+        indexed again by the re-dispatch. Returns the name it was set aside as."""
+        f.close()
+        with self._lock:
+            self.files = [x for x in self.files if x is not f]
+        if self.read_only:
+            return f.name + ".corrupt"
+        aside = _corrupt_name(f.path)
+        f.path.replace(aside)
+        self.dropped_files.append(aside)
+        log.error("%s: %s; set aside as %s, its keys are indexed again from the commitlog", f.path, why, aside.name)
+        return aside.name
+
+    def apply_recovery(self, plan):
+        """Apply recovery's IndexPlan to the loaded files (recovery.apply_plan): set aside, drop, repair
+        slots, cut. Returns (path, entries) of a file dropped instead of cut because its slots are not
+        allocated (a full disk: cutting would write holes through the mapping); its keys are indexed again."""
+        by_name = {f.name: f for f in self.files}
+        for name, why in plan.set_aside:
+            if name in by_name:
+                self.set_aside(by_name.pop(name), why)
+        with self._lock:
+            for name in plan.dropped:
+                f = by_name.pop(name, None)
+                if f is not None:
+                    self.files = [x for x in self.files if x is not f]
+                    f.destroy()
+        if plan.repair_slots in by_name:
+            f = by_name[plan.repair_slots]
+            repair_slots(f, f.index_count)
+        gone = None
+        cut = plan.cut
+        if cut is not None and cut.name in by_name:
+            f = by_name[cut.name]
+            if f.slots_allocated:
+                cut_entries(f, cut.keep, cut.end_phy_offset, cut.end_timestamp)
+            else:
+                # cutting would write its slots through the mapping, holes on a full disk (SIGBUS on tmpfs)
+                with self._lock:
+                    self.files = [x for x in self.files if x is not f]
+                gone = (str(f.path), f.index_count - 1)
+                f.destroy()
+        self.indexed_through = plan.indexed_through
+        self._last_name = self.files[-1].name if self.files else self._last_name
+        return gone
+
     # --- writing -----------------------------------------------------------------------------------
     def _new_file(self) -> tuple[IndexFile, IndexFile | None]:
         """Under the lock: a new last file carrying the previous last file's end values."""
         files = self.files
         prev = files[-1] if files else None
-        self.store_path.mkdir(parents=True, exist_ok=True)
+        if not self.read_only:
+            self.store_path.mkdir(parents=True, exist_ok=True)
         name = time_millis_to_human_string(int(time.time() * 1000))
         last = self._last_name
         if name <= last:
@@ -801,9 +933,9 @@ class IndexService:
         if prev is not None:
             prev.write_header()
             f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num,
-                          prev.end_phy_offset, prev.end_timestamp)
+                          prev.end_phy_offset, prev.end_timestamp, read_only=self.read_only)
         else:
-            f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num)
+            f = IndexFile(self.store_path / name, self.hash_slot_num, self.index_num, read_only=self.read_only)
         self._last_name = name
         self.files = files + [f]
         log.info("index file %s created (previous %s)", f.path, prev.name if prev else None)

@@ -303,11 +303,129 @@ class MappedFile:
                 f"flushed={self.flushed_position})")
 
 
+def _hole_before(fd: int, end: int) -> bool:
+    """A hole somewhere in the file's first end bytes."""
+    if end <= 0:
+        return False
+    try:
+        return os.lseek(fd, 0, os.SEEK_HOLE) < end
+    except (OSError, AttributeError):
+        return False
+
+
+def _copy_data(fd: int, mm: mmap.mmap, size: int) -> None:
+    """The file's data extents (holes skipped: they stay zero) into mm, with pread."""
+    pos = 0
+    while pos < size:
+        try:
+            pos = os.lseek(fd, pos, os.SEEK_DATA)
+            end = min(os.lseek(fd, pos, os.SEEK_HOLE), size)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return
+            end = size
+        while pos < end:
+            chunk = os.pread(fd, min(1 << 24, end - pos), pos)
+            if not chunk:
+                return
+            mm[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+
+
+class ReadOnlyMappedFile(MappedFile):
+    """A MappedFile that never changes its file: a private copy-on-write mapping (MAP_PRIVATE). Writes
+    (appends, pwrite, zeroing) land in this process's memory only; the file on disk, its size and its
+    mtime stay as they are. Used to plan recovery and to serve a store read-only (recovery.plan_recovery,
+    store.view): the same code runs over it as over a MappedFile, and what it changes is never written.
+
+    A file shorter than file_size (cut short by a crash or a copy: MappedFileQueue.load extends it) reads
+    as if extended with zeros: its bytes are copied into an anonymous mapping of file_size. path=None (or
+    a file that does not exist) makes a new, empty file in memory (a queue file the re-dispatch creates)."""
+
+    def __init__(self, path: str | os.PathLike, file_size: int, *, file_from_offset: int | None = None,
+                 in_memory: bool = False, holes_unsafe_before: int = 0):
+        """holes_unsafe_before: bytes at the file's start that callers read through the mapping regardless
+        of holes (an index file's header and slots): when a hole lies there, the file's data is copied into
+        an anonymous mapping instead (a hole read through a file mapping on a full tmpfs is a SIGBUS)."""
+        self.path = Path(path)
+        self.file_size = file_size
+        self.file_from_offset = int(self.path.name) if file_from_offset is None else file_from_offset
+        self.first_create_in_queue = False
+        self.store_timestamp = 0
+        self._buffer = None
+        self.wrote_position = self.committed_position = self.flushed_position = 0
+        self._closed = False
+        self._fd = None
+        if in_memory:
+            self._size_on_disk = 0
+            self._mm = mmap.mmap(-1, max(file_size, 1))
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise CorruptStoreError(str(self.path), 0, f"cannot open: {e.strerror}") from e
+        try:
+            actual = os.fstat(fd).st_size
+            if actual > file_size:
+                raise CorruptStoreError(str(self.path), actual,
+                                        f"file size {actual} does not match the configured size {file_size}")
+            if actual == file_size and not _hole_before(fd, min(holes_unsafe_before, actual)):
+                self._mm = mmap.mmap(fd, file_size, access=mmap.ACCESS_COPY)
+            else:       # short (the caller decided it may be), or holes where they are read: a copy
+                self._mm = mmap.mmap(-1, max(file_size, 1))
+                _copy_data(fd, self._mm, actual)
+        except OSError as e:
+            os.close(fd)
+            raise CorruptStoreError(str(self.path), 0, f"cannot map {file_size} bytes: {e.strerror}") from e
+        except BaseException:
+            os.close(fd)
+            raise
+        self._size_on_disk = actual
+        self._fd = fd
+
+    def _pwrite(self, pos: int, data) -> None:
+        self._mm[pos:pos + len(data)] = data        # private: never reaches the file
+
+    def data_end(self) -> int:
+        if self._fd is None:
+            return self.file_size
+        return min(super().data_end(), self._size_on_disk)
+
+    def has_data(self, pos: int, end: int) -> bool:
+        if self._fd is None:
+            end = min(end, self.file_size)
+            return pos < end and any(self._mm[pos:end])
+        return super().has_data(pos, end)
+
+    def reserve(self, length: int) -> None:
+        return None
+
+    def flush(self, least_pages: int = 0) -> int:
+        self.flushed_position = self.read_position
+        return self.flushed_position
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+            try:
+                self._mm.close()
+            except BufferError:
+                log.debug("%s: mapping still exported, left to the GC", self.path)
+
+    def destroy(self) -> None:
+        """Forget the file (it stays on disk)."""
+        self.close()
+
+
 class MappedFileQueue:
     """The ordered files of one directory, each of mapped_file_size bytes, named by starting offset."""
 
-    def __init__(self, store_path: str | os.PathLike, mapped_file_size: int, use_write_buffer: bool = False):
+    def __init__(self, store_path: str | os.PathLike, mapped_file_size: int, use_write_buffer: bool = False,
+                 read_only: bool = False):
         self.store_path = Path(store_path)
+        self.read_only = read_only          # ReadOnlyMappedFiles: loads, cuts and appends stay in memory
         self.mapped_file_size = mapped_file_size
         self.use_write_buffer = use_write_buffer
         self.files: list[MappedFile] = []   # replaced, never mutated in place: readers take a snapshot
@@ -319,8 +437,10 @@ class MappedFileQueue:
         self._lock = threading.RLock()
 
     # --- loading --------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Map every file of the directory; all positions at the file's end, recovery sets them."""
+    def load(self, extend_short_first: bool = False) -> None:
+        """Map every file of the directory; all positions at the file's end, recovery sets them.
+        extend_short_first: the first file may be short as well (ConsumeQueueTable.load confirmed the
+        geometry from other queues' files). Read-only: a short file reads as extended, nothing changes."""
         if not self.store_path.is_dir():
             return
         names = sorted(n for n in os.listdir(self.store_path) if n.isdigit() and len(n) == FILE_NAME_DIGITS)
@@ -340,15 +460,16 @@ class MappedFileQueue:
             size = p.stat().st_size
             # A short file is only repaired where the geometry is not in doubt: an empty file, or one after
             # files of the configured size. Otherwise the config is likelier wrong than the file.
-            geometry_known = size == 0 or len(files) > 0
+            geometry_known = size == 0 or len(files) > 0 or extend_short_first
             if size < self.mapped_file_size and geometry_known and \
                     all(_holds_no_data(self.store_path / m) for m in names[i + 1:]):
                 # The last file with data cut short (only empty files after it): killed between creating and
                 # sizing it (RocketMQ then fails to start, #9728 / PR 6903), or truncated by a copy. Its
                 # missing tail is zeros; recovery keeps what is valid.
-                log.warning("%s: %d bytes instead of %d (cut short by a crash or a copy?): extended with zeros, "
-                            "recovery keeps its valid part", p, size, self.mapped_file_size)
-                os.truncate(p, self.mapped_file_size)
+                if not self.read_only:
+                    log.warning("%s: %d bytes instead of %d (cut short by a crash or a copy?): extended with "
+                                "zeros, recovery keeps its valid part", p, size, self.mapped_file_size)
+                    os.truncate(p, self.mapped_file_size)
                 self.repaired.append((str(p), size))
             elif size != self.mapped_file_size:
                 hint = ("; only the last file of a directory may be short" if files else
@@ -356,8 +477,11 @@ class MappedFileQueue:
                         "store.conf with -c)?")
                 raise CorruptStoreError(str(p), size, f"file size {size} does not match the configured size "
                                         f"{self.mapped_file_size}" + hint)
-            mf = MappedFile(self.store_path / n, self.mapped_file_size, create=False,
-                            use_write_buffer=self.use_write_buffer)
+            if self.read_only:
+                mf = ReadOnlyMappedFile(self.store_path / n, self.mapped_file_size)
+            else:
+                mf = MappedFile(self.store_path / n, self.mapped_file_size, create=False,
+                                use_write_buffer=self.use_write_buffer)
             mf.set_positions(self.mapped_file_size)
             files.append(mf)
         self.gaps = []
@@ -397,9 +521,13 @@ class MappedFileQueue:
                 create_offset = start_offset - start_offset % self.mapped_file_size
             else:
                 create_offset = last.file_from_offset + self.mapped_file_size
-            self.store_path.mkdir(parents=True, exist_ok=True)
-            mf = MappedFile(self.store_path / offset_to_file_name(create_offset), self.mapped_file_size,
-                            use_write_buffer=self.use_write_buffer)
+            if self.read_only:
+                mf = ReadOnlyMappedFile(self.store_path / offset_to_file_name(create_offset),
+                                        self.mapped_file_size, in_memory=True)
+            else:
+                self.store_path.mkdir(parents=True, exist_ok=True)
+                mf = MappedFile(self.store_path / offset_to_file_name(create_offset), self.mapped_file_size,
+                                use_write_buffer=self.use_write_buffer)
             if last is None:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]
@@ -486,6 +614,12 @@ class MappedFileQueue:
             self.flushed_where = min(self.flushed_where, offset)
             self.committed_where = min(self.committed_where, offset)
 
+    def truncate_to(self, offset: int) -> None:
+        """Recovery's cut (RecoveryPlan): everything at and after offset goes (later files deleted, the
+        file holding it zeroed from there), every position set there (LogSegment.truncateTo)."""
+        self.truncate_dirty_files(offset)
+        self.set_positions_from(offset)
+
     def set_positions_from(self, offset: int) -> None:
         """After recovery: every file up to offset complete, the one holding offset positioned there."""
         for mf in self.files:
@@ -537,6 +671,8 @@ class MappedFileQueue:
                 mf.destroy()
             self.files = []
             self.flushed_where = self.committed_where = 0
+        if self.read_only:
+            return
         try:
             self.store_path.rmdir()
         except OSError:

@@ -1,6 +1,18 @@
 """Recovery at open: bring the commitlog, consume queues and index back to an agreeing state.
 
-recover_store(store) runs, in order:
+Plan, then apply (the shape of Kafka's LogLoader and LogSegment.recover):
+
+* plan_recovery(read_inputs(root), config) -> RecoveryPlan reads the store and writes nothing: the steps
+  below run over the store's files mapped privately (StoreFiles(read_only=True): MappedFileQueue,
+  ConsumeQueueTable and IndexService over ReadOnlyMappedFiles, whose cuts and writes stay in memory), and
+  the state they end in is the plan: the commitlog's end and skipped ranges, each queue's kept files and
+  end, the index files set aside, dropped and cut, where the re-dispatch starts, the Dropped list.
+* apply_plan(plan, files, dispatcher): each owner applies its part (MappedFileQueue.truncate_to,
+  ConsumeQueue.cut, IndexService.apply_recovery), then the dispatcher re-dispatches from the planned
+  offset. recover_store (MessageStore.open) applies it to the store's files; store.view applies it to
+  private mappings (the read-only view, StoreReader): both serve the same queues by construction.
+
+The steps, in order:
 
 1. load: a short LAST file of a directory (a crash between creating a file and sizing it, a cut copy) is
    extended with zeros (MappedFileQueue.load); a short file elsewhere is a CorruptStoreError naming it.
@@ -32,22 +44,26 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec, scanner
-from .checkpoint import StoreCheckpoint
+from .checkpoint import StoreCheckpoint, read_checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
-from .consume_queue import _CQ_NP as _CQ_UNIT_NP
 from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
 from ..errors import CorruptStoreError
 from .failure import FailureChannel, FailureKind
-from .mapped_file import MappedFile, offset_to_file_name
+from .index_file import cut_entries, repair_slots as repair_index_slots
+from .lock import AbortFile
+from .queue_check import CQ_CHECK_SAMPLE, UNIT_REASONS, _commitlog_sources, check_queue
+from .queue_check import (  # noqa: F401 - older importers (check, Spark) take these from here
+    UNIT_MISSING, _checked_positions, structure_problem, unit_problems)
+from .mapped_file import MappedFile, MappedFileQueue, offset_to_file_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .index_file import IndexFile, IndexService
@@ -60,7 +76,7 @@ log = logging.getLogger(__name__)
 INDEX_DEEP_CHECK_BYTES = 64 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dropped:
     """One piece of data recovery removed or set aside."""
     what: str            # "commitlog", "consume queue", "index", "file"
@@ -138,30 +154,193 @@ class RecoveryReport:
         return "; ".join(parts)
 
 
-# --- the whole sequence ---------------------------------------------------------------------------------
-def recover_store(store: "MessageStore") -> RecoveryReport:
-    """Load every file of the store and recover (module docstring); re-dispatch; return the report."""
-    t0 = time.perf_counter()
-    clean = not store.abort_file.exists()
-    ckpt_path = store.path / "checkpoint"
-    found = ckpt_path.exists()
-    store.checkpoint = StoreCheckpoint(ckpt_path)
-    report = RecoveryReport(clean_shutdown=clean, checkpoint_found=found)
-    note = None if clean else store.abort_file.read_note()
-    report.process_crash = note is not None
-    cl, cqs, idx, cfg = store.commit_log, store.consume_queues, store.index_service, store.config
+# --- inputs and the plan --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RecoveryInputs:
+    """What recovery decides from besides the files: read with read_inputs, changing nothing."""
+    root: Path
+    clean: bool                                   # no abort file: the last run shut down cleanly
+    crash_dispatched: int | None                  # process-only crash: the dispatcher's last note
+    checkpoint: tuple[int, int, int] | None       # physic, logics, index timestamps; None: no file
+
+    @property
+    def process_crash(self) -> bool:
+        return self.crash_dispatched is not None
+
+    def _ts(self, i: int) -> int:
+        return self.checkpoint[i] if self.checkpoint is not None else 0
+
+    def min_timestamp(self) -> int:
+        """What the commitlog is known flushed up to, minus RocketMQ's 3 s margin (StoreCheckpoint's)."""
+        return max(min(self._ts(0), self._ts(1)) - 3000, 0)
+
+    def min_timestamp_index(self) -> int:
+        return min(self.min_timestamp(), self._ts(2))
+
+
+def read_inputs(root: str | Path) -> RecoveryInputs:
+    """The abort file (and its note) and the checkpoint of the store at root, read only."""
+    root = Path(root)
+    abort = AbortFile(root)
+    clean = not abort.exists()
+    note = None if clean else abort.read_note()
+    return RecoveryInputs(root, clean, None if note is None else note.dispatched,
+                          read_checkpoint(root / "checkpoint"))
+
+
+@dataclass(frozen=True)
+class SkippedRange:
+    """A commitlog range recovery skips (damage followed by valid records, or a missing file)."""
+    start: int
+    end: int
+    kind: FailureKind
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CommitLogPlan:
+    checked_from: int                   # the walk started at this file
+    end: int                            # the commitlog is cut here (MappedFileQueue.truncate_to)
+    files_removed: int
+    skipped: tuple[SkippedRange, ...] = ()
+
+
+@dataclass(frozen=True)
+class QueuePlan:
+    """One consume queue after recovery (ConsumeQueue.cut): its first files_kept files, cut at byte end."""
+    topic: str
+    queue_id: int
+    files_kept: int
+    end: int
+    max_physic_offset: int
+    min_logic_offset: int
+
+
+@dataclass(frozen=True)
+class IndexCut:
+    """The last kept index file keeps its first `keep` entries (IndexFile.cut_entries)."""
+    name: str
+    keep: int
+    end_phy_offset: int
+    end_timestamp: int
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    newer_destroyed: tuple[str, ...]        # after a crash: newer than the index checkpoint (RocketMQ's rule)
+    set_aside: tuple[tuple[str, str], ...]  # (name, why): renamed NAME.corrupt, keys indexed again
+    dropped: tuple[str, ...]                # deleted (after a corrupt file, past the commitlog's end)
+    repair_slots: str | None                # process crash: slots of this file moved down their chains
+    cut: IndexCut | None
+    kept: tuple[str, ...]
+    resume_from: int                        # the index needs the messages from this commitlog offset
+    indexed_through: int                    # the message at this offset is indexed already (-1: none)
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What recovery does to a store (plan_recovery): every owner applies its part (apply_plan), the
+    read-only view applies it in memory (store.view). Values only; the Dropped list says what and why."""
+    inputs: RecoveryInputs
+    commitlog: CommitLogPlan
+    queues: tuple[QueuePlan, ...]
+    index: IndexPlan | None
+    reput_from: int
+    dropped: tuple[Dropped, ...]
+    repaired_files: tuple[tuple[str, int], ...]
+    dropped_at: int | None
+    dropped_reason: str | None
+    dropped_path: str | None
+    consume_queue_units_dropped: tuple[tuple[str, int], ...]
+    index_files_dropped: int
+    index_entries_dropped: int
+
+    def report(self) -> RecoveryReport:
+        """The RecoveryReport of this plan (re-dispatch figures are added when it is applied)."""
+        i = self.inputs
+        return RecoveryReport(
+            clean_shutdown=i.clean, checkpoint_found=i.checkpoint is not None,
+            commitlog_checked_from=self.commitlog.checked_from, commitlog_end=self.commitlog.end,
+            dropped_at=self.dropped_at, dropped_reason=self.dropped_reason, dropped_path=self.dropped_path,
+            commitlog_files_removed=self.commitlog.files_removed, repaired_files=list(self.repaired_files),
+            consume_queue_units_dropped=dict(self.consume_queue_units_dropped),
+            index_files_dropped=self.index_files_dropped, index_entries_dropped=self.index_entries_dropped,
+            index_files_rebuilt=len(self.index.newer_destroyed) if self.index is not None else 0,
+            process_crash=i.process_crash, dropped=list(self.dropped), redispatched_from=self.reput_from,
+            skipped_ranges=[(r.start, r.end) for r in self.commitlog.skipped])
+
+
+class StoreFiles:
+    """The commitlog, consume queues and index of a store directory, loaded by recovery: read-write (what
+    MessageStore serves) or read-only (private mappings: what recovery changes stays in memory)."""
+
+    def __init__(self, root: str | Path, config: StoreConfig, *, read_only: bool,
+                 commit_log: CommitLog | None = None, consume_queues: ConsumeQueueTable | None = None,
+                 index_service: "IndexService | None" = None):
+        from .index_file import IndexService
+        self.root = Path(root)
+        self.config = config
+        self.read_only = read_only
+        self.commit_log = commit_log or CommitLog(self.root, config)
+        if read_only:       # the same CommitLog over files mapped privately (MappedFileQueue(read_only))
+            self.commit_log.queue = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log,
+                                                    read_only=True)
+        self.consume_queues = consume_queues or ConsumeQueueTable(
+            self.root, config.mapped_file_size_consume_queue, read_only=read_only)
+        self.index_service = index_service or IndexService(self.root, config, read_only=read_only)
+
+    def close(self) -> None:
+        self.index_service.shutdown()
+        self.consume_queues.shutdown()
+        self.commit_log.shutdown()
+
+
+class _Collect:
+    """A failure channel that only collects what recovery would report (the plan replays it)."""
+
+    def __init__(self):
+        self.items: list[SkippedRange] = []
+
+    def report(self, kind: FailureKind, reason: str, path: str = "", offset: int = 0, end: int = 0, **_) -> None:
+        self.items.append(SkippedRange(offset, end, kind, path, reason))
+
+
+@dataclass
+class _IndexActions:
+    set_aside: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    repair_slots: str | None = None
+    cut: IndexCut | None = None
+
+
+# --- planning: the recovery, run over private mappings ----------------------------------------------------
+def plan_recovery(inputs: RecoveryInputs, config: StoreConfig) -> RecoveryPlan:
+    """Work out what recovery does to the store at inputs.root, changing nothing on disk (files are read
+    through private mappings, MappedFileQueue(read_only=True); module docstring for the steps)."""
+    files = StoreFiles(inputs.root, config, read_only=True)
+    try:
+        return simulate(files, inputs)
+    finally:
+        files.close()
+
+
+def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
+    """Recover the read-only `files` in memory and return the plan that brings the disk to the same state
+    (plan_recovery; store.view keeps the files: the store as it reads after recovery)."""
+    assert files.read_only, "simulate() changes its files: read-only ones only"
+    report = RecoveryReport(clean_shutdown=inputs.clean, checkpoint_found=inputs.checkpoint is not None,
+                            process_crash=inputs.process_crash)
+    cl, cqs, idx, cfg = files.commit_log, files.consume_queues, files.index_service, files.config
     cl.load()
-    if not found and cl.queue.files:
-        log.warning("%s: no checkpoint file: recovering as if it said nothing was flushed", ckpt_path)
     cqs.load()
     report.repaired_files = list(cl.queue.repaired) + [r for cq in cqs for r in cq.queue.repaired]
     for path, size in report.repaired_files:
         report.dropped.append(Dropped("file", path, size, "cut short: extended with zeros"))
-    idx.load(clean or note is not None, store.checkpoint.index_msg_timestamp)
-    report.index_files_rebuilt = len(getattr(idx, "destroyed_files", ()))
-    end = recover_commit_log(cl, store.checkpoint, clean, report, getattr(store, "failures", None))
-    for a, b in report.skipped_ranges:      # damaged ranges stay undispatched (never as other messages)
-        store.dispatcher.add_skip_range(a, b)
+    idx.load(inputs.clean or inputs.process_crash, inputs._ts(2))
+    newer = tuple(p.name for p in idx.destroyed_files)
+    collected = _Collect()
+    end = recover_commit_log(cl, inputs, inputs.clean, report, collected)
     recover_consume_queues(cqs, end, report, cl)
     if report.skipped_ranges:       # units of skipped records: fillers (never answered with damaged bytes)
         from .dispatch import blank_units_in
@@ -169,31 +348,94 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
     cl_min = max(cl.get_min_offset(), 0)
     for cq in cqs:
         cq.correct_min_offset(cl_min)
-    index_end = recover_index(idx, cl, end, report, repair_slots=note is not None) \
+    actions = _IndexActions()
+    index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions) \
         if cfg.message_index_enable else None
-    start = reput_start(cl, cqs, index_end, clean, report, note.dispatched if note is not None else None)
-    report.redispatched_from = start
-    store.dispatcher.reput_from_offset = start
+    start = reput_start(cl, cqs, index_end, inputs.clean, report, inputs.crash_dispatched)
+    queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
+                             cq.max_physic_offset, cq.min_logic_offset) for cq in cqs.sorted_queues())
+    index = None
+    if index_end is not None:
+        index = IndexPlan(newer, tuple(actions.set_aside), tuple(actions.dropped), actions.repair_slots,
+                          actions.cut, tuple(f.name for f in idx.files), index_end, idx.indexed_through)
+    return RecoveryPlan(
+        inputs, CommitLogPlan(report.commitlog_checked_from, end, report.commitlog_files_removed,
+                              tuple(collected.items)),
+        queues, index, start, tuple(report.dropped), tuple(report.repaired_files), report.dropped_at,
+        report.dropped_reason, report.dropped_path, tuple(report.consume_queue_units_dropped.items()),
+        report.index_files_dropped, report.index_entries_dropped)
+
+
+# --- applying: each owner its part ----------------------------------------------------------------------
+def recover_store(store: "MessageStore") -> RecoveryReport:
+    """MessageStore.open's recovery: plan (read only), apply (each file's owner), re-dispatch; the report."""
+    t0 = time.perf_counter()
+    inputs = read_inputs(store.path)
+    if inputs.checkpoint is None and (store.path / "commitlog").is_dir() and any((store.path / "commitlog").iterdir()):
+        log.warning("%s: no checkpoint file: recovering as if it said nothing was flushed", store.path / "checkpoint")
+    plan = plan_recovery(inputs, store.config)
+    store.checkpoint = StoreCheckpoint(store.path / "checkpoint")
+    files = StoreFiles(store.path, store.config, read_only=False, commit_log=store.commit_log,
+                       consume_queues=store.consume_queues, index_service=store.index_service)
+    report = apply_plan(plan, files, store.dispatcher, getattr(store, "failures", None))
+    report.seconds = time.perf_counter() - t0
+    level = logging.INFO if inputs.clean and not report.damaged else logging.WARNING
+    log.log(level, "%s: recovered: %s", store.path, report.summary())
+    for d in report.dropped:
+        log.warning("%s: recovery dropped: %s", store.path, d)
+    return report
+
+
+def apply_plan(plan: RecoveryPlan, files: StoreFiles, dispatcher, failures: FailureChannel | None = None) \
+        -> RecoveryReport:
+    """Bring `files` to the planned state (read-write files: on disk; read-only ones: in memory), then
+    re-dispatch from the planned offset with `dispatcher` (a Dispatcher over the same files)."""
+    report = plan.report()
+    cl, cqs, idx = files.commit_log, files.consume_queues, files.index_service
+    cl.load()
+    cl.queue.truncate_to(plan.commitlog.end)
+    for r in plan.commitlog.skipped:
+        dispatcher.add_skip_range(r.start, r.end)      # damaged ranges stay undispatched
+        if failures is not None:
+            failures.report(r.kind, r.reason, path=r.path, offset=r.start, end=r.end)
+    cqs.load()
+    for qp in plan.queues:
+        cq = cqs.find(qp.topic, qp.queue_id)
+        if cq is None:
+            raise CorruptStoreError(str(cqs.root / qp.topic / str(qp.queue_id)), 0,
+                                    "consume queue changed while the store was being recovered")
+        cq.cut(qp.files_kept, qp.end, qp.max_physic_offset, qp.min_logic_offset)
+    if plan.commitlog.skipped:
+        from .dispatch import blank_units_in
+        blank_units_in(cqs, [(r.start, r.end) for r in plan.commitlog.skipped])
+    i = plan.inputs
+    idx.load(i.clean or i.process_crash, i._ts(2))
+    if plan.index is not None:
+        gone = idx.apply_recovery(plan.index)
+        if gone is not None:
+            report.dropped.append(Dropped("index", gone[0], 0, "entries past the commitlog's end and slots not "
+                                          "allocated (disk full): dropped, its keys are indexed again", gone[1]))
+            report.index_files_dropped += 1
+    dispatcher.reput_from_offset = plan.reput_from
+    _redispatch(cl, cqs, dispatcher, report)
+    return report
+
+
+def _redispatch(cl: CommitLog, cqs: ConsumeQueueTable, dispatcher, report: RecoveryReport) -> None:
     try:
-        report.redispatched_messages = store.dispatcher.do_reput()
+        report.redispatched_messages = dispatcher.do_reput()
     except OSError as e:
         # a consume queue or index write failed (a full disk): the store opens readable, the dispatcher
         # thread tries again from where it stopped; queue offsets go on from the commitlog's records
-        reput = store.dispatcher.reput_from_offset
-        store.dispatcher.write_error = f"dispatch at offset {reput} failed at recovery: {e}"
-        report.redispatch_error = store.dispatcher.write_error
-        log.error("%s: %s; the dispatcher tries again once started", store.path, store.dispatcher.write_error)
+        reput = dispatcher.reput_from_offset
+        dispatcher.write_error = f"dispatch at offset {reput} failed at recovery: {e}"
+        report.redispatch_error = dispatcher.write_error
+        log.error("%s: %s; the dispatcher tries again once started", cl.queue.store_path, dispatcher.write_error)
         table = cqs.topic_queue_offsets()
         table.update(_queue_offsets_after(cl, reput, table))
         cl.topic_queue_table = table
     else:
         cl.topic_queue_table = cqs.topic_queue_offsets()
-    report.seconds = time.perf_counter() - t0
-    level = logging.INFO if clean and not report.damaged else logging.WARNING
-    log.log(level, "%s: recovered: %s", store.path, report.summary())
-    for d in report.dropped:
-        log.warning("%s: recovery dropped: %s", store.path, d)
-    return report
 
 
 def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int]) -> dict[str, int]:
@@ -209,11 +451,10 @@ def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int
         batch, used, outcome, _ = codec.parse_dispatch(data, base, True)
         reqs = batch.requests() if isinstance(batch, codec.DispatchBatch) else batch
         for r in reqs:
-            tran = r.sys_flag & codec.TRANSACTION_TYPE_MASK
-            if tran not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+            if scanner.is_dispatched(r.sys_flag):
                 key = f"{r.topic}-{r.queue_id}"
                 out[key] = max(out.get(key, table.get(key, 0)), r.consume_queue_offset + 1)
-        if outcome == codec.PARSE_BLANK:
+        if outcome == scanner.Outcome.END_OF_FILE:
             pos = commit_log.roll_next_file(base + used)
         elif used == 0:
             break
@@ -239,11 +480,7 @@ def _first_store_timestamp(mf: MappedFile) -> int:
     total, magic = codec._II.unpack_from(head, 0)
     if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2):
         return 0
-    sys_flag = codec._I.unpack_from(head, codec.POS_SYSFLAG)[0]
-    pos = codec.store_timestamp_pos(sys_flag)
-    if pos + 8 > len(head):
-        return 0
-    return codec.struct.unpack_from(">q", head, pos)[0]
+    return scanner.store_timestamp(head, 0)       # 256 bytes hold every header variant
 
 
 def choose_start_file(files: list[MappedFile], clean: bool, checkpoint: StoreCheckpoint, config: StoreConfig) -> int:
@@ -331,11 +568,11 @@ def _walk_file(mf: MappedFile, check_crc: bool, nxt: MappedFile | None, report: 
     pos = 0
     while True:
         try:
-            pos, kind, _ = codec.walk_records(mf.mm, pos, data_end, check_crc)
-            if kind == codec.KIND_BLANK:
+            pos, kind, _ = scanner.walk_records(mf.mm, pos, data_end, check_crc)
+            if kind == scanner.Outcome.END_OF_FILE:
                 return pos, True, None
             why = "zero bytes inside the written data" if pos + 8 <= data_end else None
-        except codec.RecordError as e:
+        except scanner.RecordError as e:
             pos = e.pos
             if data_end < mf.file_size and _blank_to_file_end(mf, pos, data_end):
                 return pos, True, None
@@ -422,207 +659,6 @@ def _last_unit(cq: ConsumeQueue) -> tuple[int, int] | None:
 
 _MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
 
-# Why a consume queue unit does not match the commitlog record it points at (unit_problems' codes).
-UNIT_OK, UNIT_OUTSIDE, UNIT_NOT_A_RECORD, UNIT_SIZE, UNIT_OTHER_QUEUE, UNIT_OTHER_OFFSET, UNIT_INVALID, \
-    UNIT_ORDER, UNIT_MISSING = range(9)
-UNIT_REASONS = {
-    UNIT_OUTSIDE: "points outside the commitlog's files",
-    UNIT_NOT_A_RECORD: "does not point at the start of a record",
-    UNIT_SIZE: "size differs from the record's TOTALSIZE",
-    UNIT_OTHER_QUEUE: "points at a record of another topic or queue",
-    UNIT_OTHER_OFFSET: "points at a record with another queue offset",
-    UNIT_INVALID: "invalid unit (zero or negative offset or size)",
-    UNIT_ORDER: "commitlog offsets not increasing",
-    UNIT_MISSING: "unit missing (its consume queue file is gone)",
-}
-# At open, units whose messages lie before the commitlog range recovery walked are sampled, not all checked:
-# at most this many per queue (each one reads a commitlog page that may not be in the page cache).
-CQ_CHECK_SAMPLE = 256
-
-
-def _gather(raw: np.ndarray, dtype, pos: np.ndarray) -> np.ndarray:
-    """dtype values at each byte position pos of the uint8 array raw (pos + itemsize <= len(raw))."""
-    dt = np.dtype(dtype)
-    if not len(pos):
-        return np.empty(0, dtype=dt)
-    view = np.ndarray((len(raw) - dt.itemsize + 1,), dtype=np.dtype(f"V{dt.itemsize}"), buffer=raw, strides=(1,))
-    return view[pos].view(dt)
-
-
-# what unit_problems reads of a record: TOTALSIZE .. SYSFLAG (every variant has them there)
-_UNIT_HEAD = np.dtype(codec.HEADER_V4_FIELDS[:8])
-
-
-def _topic_matches(raw: np.ndarray, pos: np.ndarray, total: np.ndarray, sys_flag: np.ndarray, magic: np.ndarray,
-                   topic: bytes) -> np.ndarray:
-    """For records at pos (whole inside raw): is their topic exactly `topic`? The length field and the
-    topic's bytes are compared as one fixed-width item per record."""
-    sys_flag = sys_flag.astype(np.int64)
-    hs = codec.HEADER_V4.size + 12 * ((sys_flag & codec.SYSFLAG_BORNHOST_V6) != 0) \
-        + 12 * ((sys_flag & codec.SYSFLAG_STOREHOST_V6) != 0)
-    end = pos + total
-    ok = pos + hs <= end
-    body_len = np.full(len(pos), -1, dtype=np.int64)
-    body_len[ok] = _gather(raw, ">i4", pos[ok] + hs[ok] - 4)
-    tpos = pos + hs + body_len
-    v1 = magic == codec.MESSAGE_MAGIC_CODE
-    ok &= body_len >= 0
-    out = np.zeros(len(pos), dtype=bool)
-    for is_v1, length in ((True, struct.pack(">B", len(topic) & 0xFF)), (False, struct.pack(">H", len(topic) & 0xFFFF))):
-        if is_v1 and len(topic) > 127:
-            continue
-        want = length + topic
-        sel = np.flatnonzero(ok & (v1 == is_v1) & (tpos + len(want) <= end))
-        if len(sel):
-            got = _gather(raw, f"V{len(want)}", tpos[sel])
-            out[sel] = got == np.void(want)
-    return out
-
-
-def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_id: int, topic: bytes | None,
-                  files, cl_min: int) -> np.ndarray:
-    """Check consume queue units against the commitlog records they point at, vectorised: returns one code a
-    unit (UNIT_OK or why not, see UNIT_REASONS). off, size: the units' int64 columns; logical: their logical
-    offsets (the record's QUEUEOFFSET must equal it); topic: the queue's topic as UTF-8 (None: not checked);
-    files: the commitlog files as (first offset, end offset, a function giving the file's readable bytes as
-    a uint8 array). A unit must point at a record start inside a file (magic code, PHYSICALOFFSET = the
-    unit's offset), its size must be the record's TOTALSIZE, and the record's queue id, queue offset and
-    topic must be the queue's. Filler units (offset 0, size 0x7fffffff) and units below cl_min (cleaned)
-    are not checked. Pure: reads only what load() returns."""
-    codes = np.zeros(len(off), dtype=np.uint8)
-    skip = ((size == codec.CQ_BLANK_SIZE) & (off == 0)) | (off < max(cl_min, 0))
-    covered = skip.copy()
-    for lo, hi, load in files:
-        sel = np.flatnonzero((off >= lo) & (off < hi) & ~skip)
-        if not len(sel):
-            continue
-        covered[sel] = True
-        raw = load()
-        pos = off[sel] - lo
-        inside = pos + codec.HEADER_V4.size <= len(raw)
-        codes[sel[~inside]] = UNIT_NOT_A_RECORD
-        sel, pos = sel[inside], pos[inside]
-        h = _gather(raw, _UNIT_HEAD, pos)
-        total = h["total"].astype(np.int64)
-        magic = h["magic"]
-        c = np.zeros(len(sel), dtype=np.uint8)
-        c[h["queue_offset"] != logical[sel]] = UNIT_OTHER_OFFSET
-        c[h["queue_id"] != queue_id] = UNIT_OTHER_QUEUE
-        c[total != size[sel]] = UNIT_SIZE
-        rec = ((magic == _MAGICS[0]) | (magic == _MAGICS[1])) & (h["phys"] == off[sel]) & (pos + total <= len(raw))
-        c[~rec] = UNIT_NOT_A_RECORD
-        if topic is not None:
-            t = np.flatnonzero(c == 0)
-            if len(t):
-                same = _topic_matches(raw, pos[t], total[t], h["sys_flag"][t], magic[t], topic)
-                c[t[~same]] = UNIT_OTHER_QUEUE
-        codes[sel] = c
-        del h, raw
-    codes[~covered] = UNIT_OUTSIDE
-    return codes
-
-
-def _commitlog_sources(commit_log: CommitLog):
-    """The commitlog files as unit_problems wants them: readable parts only (never a hole's page)."""
-    return [(mf.file_from_offset, mf.file_from_offset + mf.file_size,
-             lambda mf=mf: np.frombuffer(mf.mm, np.uint8, count=min(mf.read_position, mf.file_size)))
-            for mf in list(commit_log.queue.files)]
-
-
-@dataclass
-class QueueUnits:
-    """Every unit of a consume queue from its min offset, read from its files (missing files: no units)."""
-    first: int                    # logical offset of off[0]
-    off: np.ndarray               # int64 commitlog offsets
-    size: np.ndarray              # int64 sizes
-    missing: int | None           # first logical offset a missing middle file or a hole should hold
-
-
-def read_queue_units(cq: ConsumeQueue) -> QueueUnits:
-    """The units of cq from its min offset to its max offset, file by file; a file missing between two
-    others (or unwritten bytes inside a non-last file) ends the read and is named by `missing`."""
-    lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
-    offs, sizes = [], []
-    expect = lo
-    missing = None
-    files = list(cq.queue.files)
-    for i, mf in enumerate(files):
-        base = mf.file_from_offset // UNIT
-        end = min(base + mf.file_size // UNIT, hi)
-        if end <= expect:
-            continue
-        if base > expect:
-            missing = expect
-            break
-        readable = min(mf.read_position, mf.data_end()) // UNIT     # data_end: no hole is faulted in
-        last = min(base + readable, end)
-        if last > expect:
-            a = np.frombuffer(mf.mm, dtype=_CQ_UNIT_NP, count=last - base)[expect - base:]
-            offs.append(a["offset"].astype(np.int64))
-            sizes.append(a["size"].astype(np.int64))
-            del a
-        if last < end:
-            missing = max(last, expect)
-            break
-        expect = end
-    cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))
-    return QueueUnits(lo, cat(offs), cat(sizes), missing)
-
-
-def structure_problem(off: np.ndarray, size: np.ndarray) -> tuple[int, int] | None:
-    """(index, UNIT_INVALID or UNIT_ORDER) of the first unit that cannot be right whatever the commitlog says:
-    a zero or negative offset or size, offsets not increasing (filler units are allowed anywhere)."""
-    filler = (size == codec.CQ_BLANK_SIZE) & (off == 0)
-    real = ~filler
-    invalid = (off < 0) | (size <= 0) | (real & (size == codec.CQ_BLANK_SIZE))
-    # a filler after a real unit is kept: it stands for a record lost in a skipped damaged range or a missing
-    # commitlog file (dispatch.fill_queue / blank_units_in), and reads as a removed message
-    bad = np.flatnonzero(invalid)
-    ro = np.flatnonzero(real)
-    order = ro[1:][np.diff(off[ro]) <= 0]
-    cands = []
-    if len(bad):
-        cands.append((int(bad[0]), UNIT_INVALID))
-    if len(order):
-        cands.append((int(order[0]), UNIT_ORDER))
-    return min(cands) if cands else None
-
-
-def _checked_positions(upto: int, deep_from: int, sample: int | None) -> np.ndarray:
-    """Indices of the units [0, upto) to check against their records: all from index deep_from on, and of
-    the older ones `sample` spread evenly (first and last included); sample None: all."""
-    deep_from = min(max(deep_from, 0), upto)
-    if sample is None or deep_from <= sample:
-        return np.arange(upto)
-    old = np.unique(np.linspace(0, deep_from - 1, sample).astype(np.int64))
-    return np.concatenate((old, np.arange(deep_from, upto)))
-
-
-def check_queue(cq: ConsumeQueue, sources, cl_min: int, deep_from: int = 0,
-                sample: int | None = None) -> tuple[int, int] | None:
-    """The first damaged unit of cq as (logical offset, UNIT_* code), or None. Every unit's values are
-    checked (zero units, order, missing files: cheap, the consume queue files only); units are checked
-    against their records (unit_problems) from logical offset deep_from on, older ones by a sample of
-    `sample` units (None: all)."""
-    qu = read_queue_units(cq)
-    upto = len(qu.off)
-    found = []
-    if qu.missing is not None:
-        found.append((qu.missing, UNIT_MISSING))
-    s = structure_problem(qu.off, qu.size)
-    if s is not None:
-        found.append((qu.first + s[0], s[1]))
-        upto = s[0]
-    idx = _checked_positions(upto, deep_from - qu.first, sample)
-    if len(idx):
-        codes = unit_problems(qu.off[idx], qu.size[idx], qu.first + idx, cq.queue_id, cq.topic.encode("utf-8"),
-                              sources, cl_min)
-        bad = np.flatnonzero(codes)
-        if len(bad):
-            found.append((qu.first + int(idx[bad[0]]), int(codes[bad[0]])))
-    return min(found) if found else None
-
-
 def _walks(commit_log: CommitLog, start: int, end: int, skips: list[tuple[int, int]] = ()) -> str | None:
     """None if the dispatcher can parse the commitlog from the record boundary start to end (files in a
     row, whole valid records; the ranges recovery skipped as damaged or missing, `skips`, are passed over
@@ -642,13 +678,13 @@ def _walks(commit_log: CommitLog, start: int, end: int, skips: list[tuple[int, i
             return f"no commitlog file holds offset {pos}"
         limit = min(mf.read_position, end - mf.file_from_offset)
         try:
-            stop, kind, _ = codec.walk_records(mf.mm, pos - mf.file_from_offset, limit)
-        except codec.RecordError as e:
+            stop, kind, _ = scanner.walk_records(mf.mm, pos - mf.file_from_offset, limit)
+        except scanner.RecordError as e:
             if skipped(mf.file_from_offset + e.pos) is not None:
                 pos = mf.file_from_offset + e.pos
                 continue
             return f"invalid record at offset {mf.file_from_offset + e.pos} of {mf.path}: {e.reason}"
-        if kind == codec.KIND_BLANK:
+        if kind == scanner.Outcome.END_OF_FILE:
             pos = mf.file_from_offset + mf.file_size
         elif mf.file_from_offset + stop < end:
             if skipped(mf.file_from_offset + stop) is not None:
@@ -762,93 +798,108 @@ def index_file_problems(f: "IndexFile") -> list[str]:
     return problems
 
 
-def _set_aside(idx: "IndexService", f: "IndexFile", why: str, report: RecoveryReport) -> None:
-    f.close()
-    aside = f.path.with_name(f.path.name + ".corrupt")
-    i = 1
-    while aside.exists():
-        aside = f.path.with_name(f"{f.path.name}.corrupt{i}")
-        i += 1
-    f.path.replace(aside)
-    idx.dropped_files.append(aside)
-    report.dropped.append(Dropped("index", str(f.path), 0, f"{why}; set aside as {aside.name}"))
-    log.error("%s: %s; set aside as %s, its keys are indexed again from the commitlog", f.path, why, aside.name)
-
-
 def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int, report: RecoveryReport,
-                  repair_slots: bool = False) -> int:
+                  repair_slots: bool = False, actions: _IndexActions | None = None) -> int:
     """Set aside corrupt index files (and re-index from before them), cut entries past the commitlog's end.
     repair_slots (after a process crash): slots of the newest file pointing at entries written but not yet
     published by the header are moved down their chains first. Returns the commitlog offset from which the
-    index needs the messages again."""
-    gone = 0
+    index needs the messages again. `actions` collects what was done, by file name (the plan)."""
+    actions = actions if actions is not None else _IndexActions()
     with idx._lock:
         files: list = list(idx.files)
         if repair_slots and files:
-            n = _repair_slots(files[-1], files[-1].index_count)
+            actions.repair_slots = files[-1].name
+            n = repair_index_slots(files[-1], files[-1].index_count)
             if n:
                 log.info("%s: %d hash slots pointed at entries not yet counted in the header: moved down their "
                          "chains", files[-1].path, n)
-        drop_from = None            # files after files[drop_from] go: they follow a corrupt file
-        for p in idx.dropped_files:   # set aside by load for an impossible header
-            gone += 1
-            report.dropped.append(Dropped("index", str(p), 0, "impossible header; set aside"))
-            later = [i for i, f in enumerate(files) if f.name > p.name.split(".")[0]]
-            if later:
-                drop_from = min(drop_from if drop_from is not None else len(files), later[0] - 1)
-        checked = 0
-        for i in range(len(files) - 1, -1, -1):
-            f = files[i]
-            cost = f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + max(f.index_count, 1) * codec.INDEX_ENTRY_SIZE
-            if i < len(files) - 1 and checked + cost > INDEX_DEEP_CHECK_BYTES:
-                log.info("%s: index files up to %s not deep-checked (over %d bytes)", idx.store_path, f.name,
-                         INDEX_DEEP_CHECK_BYTES)
-                break
-            checked += cost
-            problems = index_file_problems(f)
-            if problems:
-                _set_aside(idx, f, "; ".join(problems), report)
-                gone += 1
-                files[i] = None
-                drop_from = i if drop_from is None else min(drop_from, i)
+        drop_from, gone = _set_aside_corrupt(idx, files, report, actions)
         keep = []
         for i, f in enumerate(files):
             if f is None:
                 continue
             if drop_from is not None and i > drop_from:
-                report.dropped.append(Dropped("index", str(f.path), 0, "after a corrupt index file: its keys are "
-                                              "indexed again", f.index_count - 1))
-                f.destroy()
+                _drop(f, "after a corrupt index file: its keys are indexed again", report, actions)
                 gone += 1
                 continue
             keep.append(f)
-        # entries past the commitlog's end (it was cut): whole files go, the last kept file is cut
-        while keep and ((keep[-1].index_count <= 1 and keep[-1].end_phy_offset >= commitlog_end > 0)
-                        or (keep[-1].index_count > 1 and keep[-1].begin_phy_offset >= commitlog_end)):
-            f = keep.pop()
-            report.dropped.append(Dropped("index", str(f.path), 0, "indexes only messages past the commitlog's "
-                                          f"end {commitlog_end}", f.index_count - 1))
-            report.index_entries_dropped += max(f.index_count - 1, 0)
-            f.destroy()
-            gone += 1
-        if keep and keep[-1].end_phy_offset >= commitlog_end and keep[-1].index_count > 1 \
-                and not keep[-1].slots_allocated:
-            # its slots are holes (a full disk): cutting would write them through the mapping (SIGBUS on
-            # tmpfs); set the file aside instead, the re-dispatch indexes its messages again
-            f = keep.pop()
-            report.dropped.append(Dropped("index", str(f.path), 0, "entries past the commitlog's end "
-                                          f"{commitlog_end} and slots not allocated (disk full): set aside, its "
-                                          "keys are indexed again", f.index_count - 1))
-            report.index_entries_dropped += max(f.index_count - 1, 0)
-            f.destroy()
-            gone += 1
-        if keep and keep[-1].end_phy_offset >= commitlog_end and keep[-1].index_count > 1:
-            n = _cut_index_file(keep[-1], commitlog_end, commit_log)
-            report.index_entries_dropped += n
-            report.dropped.append(Dropped("index", str(keep[-1].path), 0,
-                                          f"entries for messages at or past the commitlog's end {commitlog_end}", n))
+        gone += _cut_past_end(keep, commitlog_end, commit_log, report, actions)
         idx.files = keep
+    if actions.repair_slots not in [f.name for f in keep]:
+        actions.repair_slots = None
     report.index_files_dropped = gone
+    return _resume_from(idx, keep, commit_log)
+
+
+def _set_aside_corrupt(idx: "IndexService", files: list, report: RecoveryReport,
+                       actions: _IndexActions) -> tuple[int | None, int]:
+    """Files load() set aside (impossible header) and files failing the deep check, newest first within
+    INDEX_DEEP_CHECK_BYTES (set aside, their entry in `files` becomes None). Returns (the index in files
+    after which every file goes, or None; how many files went)."""
+    gone = 0
+    drop_from = None            # files after files[drop_from] go: they follow a corrupt file
+    for p in idx.dropped_files:   # set aside by load for an impossible header
+        gone += 1
+        report.dropped.append(Dropped("index", str(p), 0, "impossible header; set aside"))
+        later = [i for i, f in enumerate(files) if f.name > p.name.split(".")[0]]
+        if later:
+            drop_from = min(drop_from if drop_from is not None else len(files), later[0] - 1)
+    checked = 0
+    for i in range(len(files) - 1, -1, -1):
+        f = files[i]
+        cost = f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + max(f.index_count, 1) * codec.INDEX_ENTRY_SIZE
+        if i < len(files) - 1 and checked + cost > INDEX_DEEP_CHECK_BYTES:
+            log.info("%s: index files up to %s not deep-checked (over %d bytes)", idx.store_path, f.name,
+                     INDEX_DEEP_CHECK_BYTES)
+            break
+        checked += cost
+        problems = index_file_problems(f)
+        if problems:
+            why = "; ".join(problems)
+            aside = idx.set_aside(f, why)
+            actions.set_aside.append((f.name, why))
+            report.dropped.append(Dropped("index", str(f.path), 0, f"{why}; set aside as {aside}"))
+            gone += 1
+            files[i] = None
+            drop_from = i if drop_from is None else min(drop_from, i)
+    return drop_from, gone
+
+
+def _drop(f: "IndexFile", why: str, report: RecoveryReport, actions: _IndexActions, entries: bool = False) -> None:
+    report.dropped.append(Dropped("index", str(f.path), 0, why, f.index_count - 1))
+    if entries:
+        report.index_entries_dropped += max(f.index_count - 1, 0)
+    actions.dropped.append(f.name)
+    f.destroy()
+
+
+def _cut_past_end(keep: list, commitlog_end: int, commit_log: CommitLog, report: RecoveryReport,
+                  actions: _IndexActions) -> int:
+    """Entries past the commitlog's end (it was cut): whole files go, the last kept file is cut. Returns
+    how many files went."""
+    gone = 0
+    while keep and ((keep[-1].index_count <= 1 and keep[-1].end_phy_offset >= commitlog_end > 0)
+                    or (keep[-1].index_count > 1 and keep[-1].begin_phy_offset >= commitlog_end)):
+        _drop(keep.pop(), f"indexes only messages past the commitlog's end {commitlog_end}", report, actions, True)
+        gone += 1
+    if keep and keep[-1].end_phy_offset >= commitlog_end and keep[-1].index_count > 1 \
+            and not keep[-1].slots_allocated:
+        # its slots are holes (a full disk): cutting would write them through the mapping (SIGBUS on
+        # tmpfs); set the file aside instead, the re-dispatch indexes its messages again
+        _drop(keep.pop(), f"entries past the commitlog's end {commitlog_end} and slots not allocated (disk full): "
+              "set aside, its keys are indexed again", report, actions, True)
+        gone += 1
+    if keep and keep[-1].end_phy_offset >= commitlog_end and keep[-1].index_count > 1:
+        actions.cut = _index_cut(keep[-1], commitlog_end, commit_log)
+        n = cut_entries(keep[-1], actions.cut.keep, actions.cut.end_phy_offset, actions.cut.end_timestamp)
+        report.index_entries_dropped += n
+        report.dropped.append(Dropped("index", str(keep[-1].path), 0,
+                                      f"entries for messages at or past the commitlog's end {commitlog_end}", n))
+    return gone
+
+
+def _resume_from(idx: "IndexService", keep: list, commit_log: CommitLog) -> int:
+    """The commitlog offset after the last indexed message (0: nothing indexed); sets idx.indexed_through."""
     if not keep or (len(keep) == 1 and keep[0].index_count <= 1 and keep[0].end_phy_offset == 0):
         return 0
     # the last entry's message (the header's endPhyOffset says the same unless it was torn) is indexed: the
@@ -871,76 +922,20 @@ def _last_entry_offset(f: "IndexFile") -> int:
     return codec.INDEX_ENTRY.unpack_from(f.mapped_file.mm, last)[1]
 
 
-def _repair_slots(f: "IndexFile", k: int) -> int:
-    """Point every slot holding an entry number >= k at the first entry < k of its chain (0 if none):
-    entries k.. are being removed, or were written by a process killed before it published them.
-    A slot is only changed when every entry its chain passes through hashes to it: anything else is not a
-    half-finished put but damage, left for index_file_problems to report. Returns how many slots changed.
-    A file whose slots could not be allocated (a full disk) is left as it is: its slots are read with pread
-    and a read never follows a slot past indexCount (IndexFile.select_by_hash)."""
-    if not f.slots_allocated:
-        log.warning("%s: slots not allocated (disk full): slots pointing past indexCount are not repaired",
-                    f.path)
-        return 0
-    mm = f.mapped_file.mm
-    slot_num = f.hash_slot_num
-    slots = np.ndarray((slot_num,), dtype=">i4", buffer=mm, offset=codec.INDEX_HEADER_SIZE)
-    fix = np.flatnonzero(slots >= k)
-    if not len(fix):
-        del slots
-        return 0
-    top = min(int(slots[fix].max()) + 1, f.index_num)
-    ent = np.frombuffer(mm, dtype=_ENTRY, count=top, offset=f.entries_base)
-    prev = ent["prev"].astype(np.int64)
-    home = ent["key_hash"].astype(np.int64) % slot_num
-    del ent
-    changed, new_vals = [], []
-    for s in fix.tolist():
-        cur = int(slots[s])
-        steps = 0
-        while k <= cur < top and steps < top and home[cur] == s:
-            cur = int(prev[cur])
-            steps += 1
-        if cur < k:
-            changed.append(s)
-            new_vals.append(max(cur, 0))
-    if changed:
-        slots[np.array(changed, dtype=np.int64)] = np.array(new_vals, dtype=np.int64)
-    del slots
-    return len(changed)
-
-
-def _cut_index_file(f: "IndexFile", end: int, commit_log: CommitLog) -> int:
-    """Remove the entries of f for messages at or past end (a suffix: entries are in commitlog order);
-    slots pointing into that suffix are moved down their chains. Returns how many entries went."""
-    mm = f.mapped_file.mm
-    count = f.index_count
-    base = f.entries_base
-    ent = np.frombuffer(mm, dtype=_ENTRY, count=count, offset=base)
+def _index_cut(f: "IndexFile", end: int, commit_log: CommitLog) -> IndexCut:
+    """Where f is cut so that it indexes no message at or past end (entries are in commitlog order):
+    how many entries stay, and the header's new end values."""
+    ent = np.frombuffer(f.mapped_file.mm, dtype=_ENTRY, count=f.index_count, offset=f.entries_base)
     phy = ent["phy_offset"].astype(np.int64)
-    k = int(np.searchsorted(phy[1:], end, side="left")) + 1     # first entry number to remove
     del ent
-    if k >= count:
-        return 0
-    _repair_slots(f, k)
-    slots = np.ndarray((f.hash_slot_num,), dtype=">i4", buffer=mm, offset=codec.INDEX_HEADER_SIZE)
-    slots[slots >= k] = 0           # chains _repair_slots would not follow (damage): empty, not dangling
-    del slots
-    mm[base + k * codec.INDEX_ENTRY_SIZE: base + count * codec.INDEX_ENTRY_SIZE] = bytes((count - k) * codec.INDEX_ENTRY_SIZE)
-    f.index_count = k
-    if k > 1:
-        last_phy = int(phy[k - 1])
-        f.end_phy_offset = last_phy
-        msg = commit_log.look_message_by_offset(last_phy)
-        if msg is not None:
-            f.end_timestamp = msg.store_timestamp
-    else:
-        f.end_phy_offset = f.begin_phy_offset
-        f.end_timestamp = f.begin_timestamp
-    f.write_header()
-    f.flush()
-    log.warning("%s: %d index entries for messages at or past the commitlog's end %d removed", f.path, count - k, end)
-    return count - k
+    k = int(np.searchsorted(phy[1:], end, side="left")) + 1     # first entry number to remove
+    if k >= f.index_count:
+        return IndexCut(f.name, f.index_count, f.end_phy_offset, f.end_timestamp)
+    if k <= 1:
+        return IndexCut(f.name, k, f.begin_phy_offset, f.begin_timestamp)
+    last_phy = int(phy[k - 1])
+    msg = commit_log.look_message_by_offset(last_phy)
+    return IndexCut(f.name, k, last_phy, msg.store_timestamp if msg is not None else f.end_timestamp)
 
 
 # --- where to re-dispatch from --------------------------------------------------------------------------

@@ -11,51 +11,33 @@ what the queues and index lack, and starts the dispatcher and the flush services
 from __future__ import annotations
 
 import logging
-import os
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, Sequence
 
-from . import codec
 from .checkpoint import StoreCheckpoint
-from .commit_log import AppendFailed, CommitLog
+from .commit_log import AppendFailed, CommitLog, log_refused
 from .config import StoreConfig
-from .consume_queue import UNIT, ConsumeQueue, ConsumeQueueTable
+from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from ..errors import StoreClosedError
-from .failure import FailureChannel, FailureKind
+from .failure import FailureChannel
+from .hooks import PutMessageHook, PutMessageHooks, default_extensions, merge_refused
 from .index_file import IndexService
 from .lock import AbortFile, StoreLock
+from .parts import StoreParts
+from .running_flags import RunningFlags
 from .message_batch import MessageBatch
-from .message import GetMessageResult, GetMessageStatus, Message, MessageExt, PutMessageResult, PutMessageStatus
+from .message import Message, PutMessageResult, PutMessageStatus
+from .cleanup import CleanupService
+from .flush import install_flush_services
+from .read_api import StoreReadAPI
+# the read API's names, where they were before it moved out (broker, store_reader, tests)
+from .read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
 from .recovery import RecoveryReport, recover_store
-from ..messaging.schedule import rewrite_delayed
 
 log = logging.getLogger(__name__)
 
-try:
-    TOTAL_PHYSICAL_MEMORY_SIZE = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-except (ValueError, OSError, AttributeError):  # pragma: no cover
-    TOTAL_PHYSICAL_MEMORY_SIZE = 8 << 30
-
-
-class MessageFilter(Protocol):
-    """RocketMQ's MessageFilter: first by the consume queue's tags code, then by the message itself."""
-
-    def is_matched_by_consume_queue(self, tags_code: int | None) -> bool: ...
-
-    def is_matched_by_commit_log(self, msg: MessageExt) -> bool: ...
-
-
-@dataclass
-class QueryMessageResult:
-    messages: list[MessageExt] = field(default_factory=list)
-    index_last_update_timestamp: int = 0
-    index_last_update_phyoffset: int = 0
-
-
-class MessageStore:
+class MessageStore(StoreReadAPI):
     def __init__(self, path: str | Path, config: StoreConfig | None = None):
         self.path = Path(path)
         self.config = config or StoreConfig()
@@ -73,8 +55,9 @@ class MessageStore:
         self.services: list = []          # flush / clean services: start() and shutdown()
         self.recovery_report: RecoveryReport | None = None
         self.running_flags = RunningFlags(self.failures)
-        self.max_delay_level = len(self.config.delay_levels_ms())
-        self.schedule_service = None      # schedule.ScheduleMessageService, started with the services
+        self.put_hooks = PutMessageHooks()    # put-message hooks (hooks.py), swapped whole
+        self.named_services: dict = {}    # register_service: extension services (schedule, ...), by name
+        self._services_running = False
         self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -94,15 +77,14 @@ class MessageStore:
             self._closed = False
             if start_services:
                 self.dispatcher.start()
-                from .flush import install_flush_services
-                install_flush_services(self)
-                from .cleanup import install_cleanup_services
-                install_cleanup_services(self)
+                parts = self.parts()
+                self.group_commit = install_flush_services(parts, self.services)
+                self.services.append(CleanupService(parts))
                 for s in self.services:
                     s.start()
-                from ..messaging.schedule import ScheduleMessageService
-                self.schedule_service = ScheduleMessageService(self)
-                self.schedule_service.start()
+                self._services_running = True
+                for s in self.named_services.values():
+                    s.start()
         except BaseException:
             self._release_files()
             self.abort_file.close()
@@ -110,8 +92,46 @@ class MessageStore:
             raise
 
     def _load_and_recover(self) -> None:
-        """Load every file and recover (recovery.recover_store); the report is kept in recovery_report."""
+        """Load every file and recover (recovery.recover_store); the report is kept in recovery_report.
+        Then the store extensions (hooks.py) register their hooks and services, before any put."""
         self.recovery_report = recover_store(self)
+        for install in default_extensions():
+            install(self)
+
+    # --- extensions: put-message hooks and services (hooks.py) ------------------------------------
+    def register_put_message_hook(self, hook: PutMessageHook) -> None:
+        """Run hook before each put of a message carrying one of its trigger properties (hooks.py)."""
+        self.put_hooks = self.put_hooks.with_hook(hook)
+
+    def unregister_put_message_hook(self, name: str) -> None:
+        self.put_hooks = self.put_hooks.without(name)
+
+    @property
+    def put_message_hook_list(self) -> tuple:
+        return self.put_hooks.hooks
+
+    def register_service(self, name: str, service) -> None:
+        """A service (start()/shutdown()) started with the store's services (at once if they run) and shut
+        down first at close; the same name replaces (the old one is shut down)."""
+        self.unregister_service(name)
+        self.named_services[name] = service
+        if self._services_running:
+            service.start()
+
+    def unregister_service(self, name: str) -> None:
+        """Shut the service registered under name down (if the services run) and forget it."""
+        old = self.named_services.pop(name, None)
+        if old is not None and self._services_running:
+            old.shutdown()
+
+    def service(self, name: str):
+        """The service registered under name, or None."""
+        return self.named_services.get(name)
+
+    @property
+    def schedule_service(self):
+        """The ScheduleMessageService the delay extension registered (messaging/schedule.install), or None."""
+        return self.named_services.get("schedule")
 
     def close(self) -> None:
         """Clean shutdown: stop services, dispatch and flush everything, remove the abort file.
@@ -122,9 +142,9 @@ class MessageStore:
             return
         self._closed = True
         self.group_commit = None
-        if self.schedule_service is not None:
-            self.schedule_service.shutdown()
-            self.schedule_service = None
+        self._services_running = False
+        for s in reversed(list(self.named_services.values())):
+            s.shutdown()
         drained = self.dispatcher.shutdown(drain=True)
         if not drained:
             log.error("%s: closing with commitlog offsets %d..%d not dispatched: %s", self.path,
@@ -197,31 +217,45 @@ class MessageStore:
         answers SERVICE_NOT_AVAILABLE (not stored) and the store refuses puts from then on."""
         if self._closed or not self.running_flags.writeable:
             return self.put_messages([msg])[0]      # refused there, with the reason logged
-        p = msg.properties
-        if p and codec.PROPERTY_DELAY in p:
-            msg = rewrite_delayed([msg], self.max_delay_level)[0]
+        hooks = self.put_hooks
+        t = hooks.triggers                  # hooks.wants, inline (empty without hooks)
+        if t is None or (msg.properties and not t.isdisjoint(msg.properties)):
+            msg = hooks.run(msg)            # the delay rewrite, ... (hooks.py); validated like any other below
+            if isinstance(msg, PutMessageResult):
+                log_refused((msg,), "put-message hook")
+                return msg
         gc = self.group_commit
         if gc is not None:      # SYNC_FLUSH: appended and flushed by the flusher with others' (flush.put)
             result = gc.put(msg)
             if result is not None:
                 return result
+        cl = self.commit_log
+        e = cl.encode(msg)                  # CommitLog.put_message, one call less (a measured hot path)
+        if type(e) is not tuple:
+            log_refused((e,))
+            return e
         try:
-            result = self.commit_log.put_message(msg)
-        except OSError as e:
-            self.record_write_failure(e)
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {e}")
+            result = cl.put_encoded(e)
+        except OSError as err:
+            self.record_write_failure(err)
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {err}")
         self.dispatcher.wakeup()
         return result
 
-    def put_messages(self, msgs: Iterable[Message] | MessageBatch, *,
-                     delay_rewrite: bool = True) -> Sequence[PutMessageResult]:
-        """Append messages, or a MessageBatch (columns: the fastest way in); with delay_rewrite (the
-        default), messages with a DELAY property go to SCHEDULE_TOPIC_XXXX as CommitLog.putMessage does
-        (see schedule.rewrite_delayed). One result per message, each true for that message: a refused
-        one does not stop the others, and a write that fails part way answers PUT_OK for exactly the
-        records written before it (they are stored and dispatched) and SERVICE_NOT_AVAILABLE for the rest."""
+    def put_messages(self, msgs: Iterable[Message] | MessageBatch, *, run_hooks: bool = True,
+                     delay_rewrite: bool | None = None) -> Sequence[PutMessageResult]:
+        """Append messages, or a MessageBatch (columns: the fastest way in); with run_hooks (the default)
+        each message goes through the put-message hooks first (hooks.py: a DELAY message goes to
+        SCHEDULE_TOPIC_XXXX as CommitLog.putMessage does); run_hooks=False is for services re-putting
+        messages that went through them (delay_rewrite is its old name). One result per message, each true
+        for that message: a refused one does not stop the others, and a write that fails part way answers
+        PUT_OK for exactly the records written before it (they are stored and dispatched) and
+        SERVICE_NOT_AVAILABLE for the rest."""
+        if delay_rewrite is not None:
+            run_hooks = delay_rewrite
+        hooks = self.put_hooks if run_hooks else None
         if isinstance(msgs, MessageBatch):
-            if delay_rewrite and codec.PROPERTY_DELAY in msgs.properties:
+            if hooks is not None and hooks.wants(msgs.properties):
                 msgs = msgs.to_messages()
         else:
             msgs = list(msgs)
@@ -230,8 +264,18 @@ class MessageStore:
             if not self._closed:
                 log.warning("%s: put refused: %s", self.path, self.running_flags.why())
             return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, why) for _ in range(len(msgs))]
-        if delay_rewrite and not isinstance(msgs, MessageBatch):
-            msgs = rewrite_delayed(msgs, self.max_delay_level)
+        n, refused = len(msgs), None
+        if hooks is not None and hooks.hooks and not isinstance(msgs, MessageBatch):
+            msgs, refused = hooks.run_all(msgs)
+            if refused:
+                first = min(refused)
+                log.warning("put-message hook refused %d of %d messages of a batch; the first, message %d (%s): %s",
+                            len(refused), n, first, refused[first].status.value, refused[first].reason)
+                return merge_refused(self._append(msgs), refused, n)
+        return self._append(msgs)
+
+    def _append(self, msgs: list[Message] | MessageBatch) -> Sequence[PutMessageResult]:
+        """put_messages after the hooks: the commitlog's append, a failed write recorded."""
         try:
             results = self.commit_log.put_messages(msgs)
         except AppendFailed as e:
@@ -247,224 +291,12 @@ class MessageStore:
 
     def record_write_failure(self, e: OSError) -> None:
         """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""
-        self.running_flags.write_failed(str(e))
-        log.error("%s: write failed: %s", self.path, e)
+        self.parts().record_write_failure(e)
 
-    # --- get ------------------------------------------------------------------------------------
-    def get_message(self, group: str, topic: str, queue_id: int, offset: int, max_msg_nums: int,
-                    message_filter: MessageFilter | None = None) -> GetMessageResult:
-        """Up to max_msg_nums messages of a queue from a logical offset, as RocketMQ's getMessage."""
-        self._check_open()
-        cq = self.consume_queues.find(topic, queue_id)
-        if cq is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        min_off, max_off = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
-        if max_off == 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_off, max_off)
-        if offset < min_off:
-            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_off, min_off, max_off)
-        if offset == max_off:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
-        if offset > max_off:
-            nxt = min_off if min_off == 0 else max_off
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
-        got = cq.get_index_buffer(offset)
-        if got is None:
-            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_off, max_off)
-        return self._read_units(cq, got[0], offset, max_msg_nums, message_filter, min_off, max_off)
-
-    def _read_units(self, cq: ConsumeQueue, units: bytes, offset: int, max_msg_nums: int,
-                    message_filter: MessageFilter | None, min_off: int, max_off: int) -> GetMessageResult:
-        cfg = self.config
-        result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
-        max_py = self.commit_log.get_max_offset()
-        memory = TOTAL_PHYSICAL_MEMORY_SIZE * cfg.access_message_in_memory_max_ratio // 100
-        max_filter = max(16000, max_msg_nums * UNIT)
-        next_phy_file_start = None
-        max_phy_pulling = 0
-        i = 0
-        n = len(units)
-        unpack = codec.CQ_UNIT.unpack_from
-        while i < n and i < max_filter:
-            off_py, size_py, tags = unpack(units, i)
-            max_phy_pulling = off_py
-            if next_phy_file_start is not None and off_py < next_phy_file_start:
-                i += UNIT
-                continue
-            if size_py == codec.CQ_BLANK_SIZE and off_py == 0:
-                # a filler unit: its record was lost (a skipped damaged range, a missing file): removed
-                if result.buffer_total_size == 0:
-                    result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                i += UNIT
-                continue
-            in_disk = max_py - off_py > memory
-            if self._batch_full(size_py, max_msg_nums, result, in_disk):
-                break
-            if message_filter is not None and not message_filter.is_matched_by_consume_queue(tags):
-                i += UNIT
-                continue
-            msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
-            if msg is None and off_py + size_py > max_py:
-                log.warning("%s: unit %d points past the commitlog's end (%d + %d > %d)", cq.queue.store_path,
-                            offset + i // UNIT, off_py, size_py, max_py)
-            if msg is None:
-                if result.buffer_total_size == 0:
-                    result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                if off_py < self.commit_log.get_min_offset():
-                    # its file was cleaned: skip the units pointing into the same file (RocketMQ)
-                    next_phy_file_start = self.commit_log.roll_next_file(off_py)
-                i += UNIT   # a damaged unit: skip it alone, the ones after it may be good
-                continue
-            if message_filter is not None and not message_filter.is_matched_by_commit_log(msg):
-                if result.buffer_total_size == 0:
-                    result.status = GetMessageStatus.NO_MATCHED_MESSAGE
-                i += UNIT
-                continue
-            result.messages.append(msg)
-            result.buffer_total_size += size_py
-            result.status = GetMessageStatus.FOUND
-            next_phy_file_start = None
-            i += UNIT
-        result.next_begin_offset = offset + i // UNIT
-        result.suggest_pulling_from_slave = max_py - max_phy_pulling > memory
-        return result
-
-    def _batch_full(self, size_py: int, max_msg_nums: int, r: GetMessageResult, in_disk: bool) -> bool:
-        total, count = r.buffer_total_size, len(r.messages)
-        if total == 0 or count == 0:
-            return False
-        if max_msg_nums <= count:
-            return True
-        cfg = self.config
-        if in_disk:
-            return (total + size_py > cfg.max_transfer_bytes_on_message_in_disk
-                    or count > cfg.max_transfer_count_on_message_in_disk - 1)
-        return (total + size_py > cfg.max_transfer_bytes_on_message_in_memory
-                or count > cfg.max_transfer_count_on_message_in_memory - 1)
-
-    def _message_at(self, off: int, size: int, cq: ConsumeQueue | None = None, logical: int | None = None) -> MessageExt | None:
-        if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(off):
-            return None     # in a damaged range recovery skipped (recovery.py): not a message to answer
-        raw = self.commit_log.get_message(off, size)
-        if raw is None:
-            return None
-        where = f" (unit {logical} of {cq.topic}/{cq.queue_id})" if cq is not None else ""
-        try:
-            rec = codec.decode_record(raw, 0, len(raw), check_crc=True)   # a damaged body is not an answer
-        except codec.RecordError as e:
-            log.warning("%s: commitlog offset %d%s holds no valid message: %s",
-                        self.commit_log.queue.store_path, off, where, e.reason)
-            return None
-        if cq is not None:
-            # the unit must name this record: never answer FOUND with another queue's or offset's message
-            wrong = unit_record_mismatch(rec, off, size, cq.topic, cq.queue_id, logical)
-            if wrong is not None:
-                log.warning("%s: commitlog offset %d%s: %s; unit skipped (rmqstore check --repair rebuilds the "
-                            "queue)", self.commit_log.queue.store_path, off, where, wrong)
-                return None
-        return MessageExt.from_record(rec)
-
-    # --- offsets and lookups --------------------------------------------------------------------
-    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        return cq.get_max_offset_in_queue() if cq else 0
-
-    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        return cq.get_min_offset_in_queue() if cq else -1
-
-    def get_message_total_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        return cq.get_message_total_in_queue() if cq else -1
-
-    def get_commit_log_offset_in_queue(self, topic: str, queue_id: int, consume_queue_offset: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        unit = cq.get_unit(consume_queue_offset) if cq else None
-        return unit[0] if unit else 0
-
-    def get_message_store_timestamp(self, topic: str, queue_id: int, consume_queue_offset: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        unit = cq.get_unit(consume_queue_offset) if cq else None
-        return self._store_time(unit[0], unit[1]) if unit else -1
-
-    def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        if cq is None:
-            return -1
-        return self.get_message_store_timestamp(topic, queue_id, cq.get_min_offset_in_queue())
-
-    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        if cq is None:
-            return 0
-        return cq.get_offset_in_queue_by_time(timestamp, self._store_time, max(self.commit_log.get_min_offset(), 0))
-
-    def _store_time(self, off: int, size: int) -> int:
-        """RocketMQ's pickupStoreTimestamp: -1 when the message is gone."""
-        raw = self.commit_log.get_message(off, min(size, codec.HEADER_STRUCTS[3].size))
-        if raw is None or len(raw) < codec.HEADER_V4.size:
-            return -1
-        sys_flag = codec._I.unpack_from(raw, codec.POS_SYSFLAG)[0]
-        return codec.struct.unpack_from(">q", raw, codec.store_timestamp_pos(sys_flag))[0]
-
-    def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt | None:
-        """The message at a commitlog offset (RocketMQ's lookMessageByOffset), or None. Besides its own checks
-        (sizes, body CRC), a dispatched message must be where its consume queue says: its header fields are
-        not covered by the CRC, and a record whose QUEUEOFFSET, topic or queue id was damaged is not answered
-        as the message it no longer describes."""
-        if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(commit_log_offset):
-            return None     # in a damaged range recovery skipped
-        msg = self.commit_log.look_message_by_offset(commit_log_offset, size)
-        if msg is None or commit_log_offset >= self.dispatcher.reput_from_offset:
-            return msg      # not dispatched yet: no unit to agree with
-        if not codec.is_dispatched(msg.sys_flag):
-            return msg      # never in a consume queue
-        cq = self.consume_queues.find(msg.topic, msg.queue_id)
-        unit = cq.get_unit(msg.queue_offset) if cq is not None and 0 <= msg.queue_offset < 1 << 62 else None
-        if cq is not None and msg.queue_offset < cq.get_min_offset_in_queue():
-            return msg      # its unit was cleaned with its consume queue file: nothing to agree with
-        if unit is None or unit[0] != commit_log_offset:
-            log.warning("%s: commitlog offset %d: the record names %s/%d queue offset %d, whose unit %s: a "
-                        "damaged header; not answered", self.commit_log.queue.store_path, commit_log_offset,
-                        msg.topic, msg.queue_id, msg.queue_offset,
-                        "does not exist" if unit is None else f"points at {unit[0]}")
-            return None
-        return msg
-
-    def view_message_by_id(self, msg_id: str) -> MessageExt | None:
-        _, offset = codec.decode_message_id(msg_id)
-        return self.look_message_by_offset(offset)
-
-    def get_min_phy_offset(self) -> int:
-        return self.commit_log.get_min_offset()
-
-    def get_max_phy_offset(self) -> int:
-        return self.commit_log.get_max_offset()
-
-    def query_message(self, topic: str, key: str, max_num: int, begin: int = 0, end: int = 2 ** 63 - 1) -> QueryMessageResult:
-        """RocketMQ's raw queryMessage: every message whose index entry matches the key's hash in the time
-        range (the store does not re-check topic or key; see find_messages_by_key)."""
-        offsets, last_ts, last_phy = self.index_service.query_offset(topic, key, max_num, begin, end)
-        result = QueryMessageResult(index_last_update_timestamp=last_ts, index_last_update_phyoffset=last_phy)
-        for off in sorted(offsets):
-            msg = self.look_message_by_offset(off)
-            if msg is not None:
-                result.messages.append(msg)
-        return result
-
-    def find_messages_by_key(self, topic: str, key: str, max_num: int = 64, begin: int = 0,
-                             end: int = 2 ** 63 - 1) -> list[MessageExt]:
-        """The user-facing query: only messages of this topic that really carry the key (in KEYS or as
-        UNIQ_KEY), each once. Fixes RocketMQ's #3613 / #8438 (hash collisions, duplicates)."""
-        seen: set[int] = set()
-        out = []
-        for msg in self.query_message(topic, key, max_num, begin, end).messages:
-            if msg.commit_log_offset in seen or msg.topic != topic:
-                continue
-            if key in msg.keys or msg.properties.get(codec.PROPERTY_UNIQ_KEY) == key:
-                seen.add(msg.commit_log_offset)
-                out.append(msg)
-        return out
+    def parts(self) -> StoreParts:
+        """What the services are given (parts.py): the files and flags, not this facade."""
+        return StoreParts(self.path, self.config, self.commit_log, self.consume_queues, self.index_service,
+                          self.dispatcher, self.checkpoint, self.running_flags, self.abort_file)
 
     def dispatch_behind_bytes(self) -> int:
         return self.dispatcher.dispatch_behind_bytes()
@@ -479,9 +311,6 @@ class MessageStore:
             raise StoreDispatchError(f"{self.path}: dispatch stopped at offset "
                                      f"{self.dispatcher.reput_from_offset}: {why}")
         return ok
-
-    def topics(self) -> dict[str, list[int]]:
-        return {t: sorted(qs) for t, qs in sorted(self.consume_queues.table.items())}
 
     def check(self, repair: bool = False):
         """A full consistency check of this open store (rmqstore.store.check.check_store: every record with its
@@ -531,48 +360,5 @@ class MessageStore:
         return done
 
 
-def unit_record_mismatch(rec: codec.DecodedRecord, off: int, size: int, topic: str, queue_id: int,
-                         logical: int | None) -> str | None:
-    """What a consume queue unit (offset, size, logical offset of topic/queue_id) and the record it points
-    at disagree on, or None: the read path's cross-check (the fields are in the decoded header)."""
-    if rec.physical_offset != off:
-        return f"the record says it is at offset {rec.physical_offset}"
-    if rec.store_size != size:
-        return f"the record has {rec.store_size} bytes, the unit says {size}"
-    if rec.topic != topic or rec.queue_id != queue_id:
-        return f"the record belongs to {rec.topic}/{rec.queue_id}"
-    if logical is not None and rec.queue_offset != logical:
-        return f"the record has queue offset {rec.queue_offset}"
-    return None
-
-
 class StoreDispatchError(RuntimeError):
     """wait_dispatched(raise_on_failure=True): dispatching cannot progress (the message says why)."""
-
-
-class RunningFlags:
-    """RocketMQ's RunningFlags: why the store refuses writes (disk full, a failed write). A failed write is
-    also reported to the failure channel."""
-
-    def __init__(self, failures: FailureChannel | None = None):
-        self.failures = failures
-        self._lock = threading.Lock()
-        self.disk_full = False
-        self.disk_full_reason: str | None = None    # set with disk_full by the cleanup service
-        self.write_error: str | None = None
-
-    @property
-    def writeable(self) -> bool:
-        return not self.disk_full and self.write_error is None
-
-    def write_failed(self, why: str, kind: FailureKind | str = FailureKind.WRITE) -> None:
-        """Refuse puts from now on, for this reason (a WRITE or FLUSH failure on the failure channel)."""
-        with self._lock:
-            self.write_error = why
-        if self.failures is not None:
-            self.failures.raise_condition("store.write", FailureKind(kind), why)
-
-    def why(self) -> str:
-        if self.disk_full:
-            return self.disk_full_reason or "disk full"
-        return self.write_error or "ok"

@@ -1,10 +1,13 @@
-"""The golden dump format (see ../shared/golden/README.md): what a store reads back, as JSON lines."""
+"""The golden dump format (see ../shared/golden/README.md): what a store reads back, as JSON lines.
+
+Works on anything with the store's read API (read_api.StoreReadAPI): an open MessageStore, or the
+StoreReader `rmqstore dump` uses (the store recovered in memory, nothing written)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterator
 
-from ..store.store import MessageStore
+from ..store.read_api import StoreReadAPI
 
 DUMP_GROUP = "rmqstore-dump"
 MAX_TIME = 2 ** 63 - 1
@@ -29,7 +32,7 @@ def read_keys(path: str | Path) -> list[tuple[str, str]]:
     return out
 
 
-def queue_messages(store: MessageStore, topic: str, queue_id: int, start: int, end: int, batch: int = 32):
+def queue_messages(store: StoreReadAPI, topic: str, queue_id: int, start: int, end: int, batch: int = 32):
     """Every message of a queue from start to end, as getMessage returns them."""
     offset = start
     while offset < end:
@@ -40,7 +43,7 @@ def queue_messages(store: MessageStore, topic: str, queue_id: int, start: int, e
         offset = r.next_begin_offset
 
 
-def dump_lines(store: MessageStore, keys: list[tuple[str, str]] | None = None) -> Iterator[dict]:
+def dump_lines(store: StoreReadAPI, keys: list[tuple[str, str]] | None = None) -> Iterator[dict]:
     yield {"minPhy": store.get_min_phy_offset(), "maxPhy": store.get_max_phy_offset()}
     table = store.consume_queues.table
     for topic in sorted(table, key=java_sort_key):

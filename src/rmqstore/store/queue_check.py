@@ -1,0 +1,222 @@
+"""Consume queue units checked against the commitlog records they point at, vectorised: recovery cuts a
+queue at its first damaged unit (recovery.recover_consume_queues), `check` reports every one (check.py).
+
+Pure functions over arrays and read-only buffers: unit_problems (one code a unit, UNIT_REASONS says why),
+structure_problem (what cannot be right whatever the commitlog says), read_queue_units and check_queue (a
+queue's first damaged unit, older units sampled)."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import codec
+from .consume_queue import _CQ_NP as _CQ_UNIT_NP
+from .consume_queue import UNIT, ConsumeQueue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .commit_log import CommitLog
+
+_MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
+
+# Why a consume queue unit does not match the commitlog record it points at (unit_problems' codes).
+UNIT_OK, UNIT_OUTSIDE, UNIT_NOT_A_RECORD, UNIT_SIZE, UNIT_OTHER_QUEUE, UNIT_OTHER_OFFSET, UNIT_INVALID, \
+    UNIT_ORDER, UNIT_MISSING = range(9)
+UNIT_REASONS = {
+    UNIT_OUTSIDE: "points outside the commitlog's files",
+    UNIT_NOT_A_RECORD: "does not point at the start of a record",
+    UNIT_SIZE: "size differs from the record's TOTALSIZE",
+    UNIT_OTHER_QUEUE: "points at a record of another topic or queue",
+    UNIT_OTHER_OFFSET: "points at a record with another queue offset",
+    UNIT_INVALID: "invalid unit (zero or negative offset or size)",
+    UNIT_ORDER: "commitlog offsets not increasing",
+    UNIT_MISSING: "unit missing (its consume queue file is gone)",
+}
+# At open, units whose messages lie before the commitlog range recovery walked are sampled, not all checked:
+# at most this many per queue (each one reads a commitlog page that may not be in the page cache).
+CQ_CHECK_SAMPLE = 256
+
+
+def _gather(raw: np.ndarray, dtype, pos: np.ndarray) -> np.ndarray:
+    """dtype values at each byte position pos of the uint8 array raw (pos + itemsize <= len(raw))."""
+    dt = np.dtype(dtype)
+    if not len(pos):
+        return np.empty(0, dtype=dt)
+    view = np.ndarray((len(raw) - dt.itemsize + 1,), dtype=np.dtype(f"V{dt.itemsize}"), buffer=raw, strides=(1,))
+    return view[pos].view(dt)
+
+
+# what unit_problems reads of a record: TOTALSIZE .. SYSFLAG (every variant has them there)
+_UNIT_HEAD = np.dtype(codec.HEADER_V4_FIELDS[:8])
+
+
+def _topic_matches(raw: np.ndarray, pos: np.ndarray, total: np.ndarray, sys_flag: np.ndarray, magic: np.ndarray,
+                   topic: bytes) -> np.ndarray:
+    """For records at pos (whole inside raw): is their topic exactly `topic`? The length field and the
+    topic's bytes are compared as one fixed-width item per record."""
+    sys_flag = sys_flag.astype(np.int64)
+    hs = codec.HEADER_V4.size + 12 * ((sys_flag & codec.SYSFLAG_BORNHOST_V6) != 0) \
+        + 12 * ((sys_flag & codec.SYSFLAG_STOREHOST_V6) != 0)
+    end = pos + total
+    ok = pos + hs <= end
+    body_len = np.full(len(pos), -1, dtype=np.int64)
+    body_len[ok] = _gather(raw, ">i4", pos[ok] + hs[ok] - 4)
+    tpos = pos + hs + body_len
+    v1 = magic == codec.MESSAGE_MAGIC_CODE
+    ok &= body_len >= 0
+    out = np.zeros(len(pos), dtype=bool)
+    for is_v1, length in ((True, struct.pack(">B", len(topic) & 0xFF)), (False, struct.pack(">H", len(topic) & 0xFFFF))):
+        if is_v1 and len(topic) > 127:
+            continue
+        want = length + topic
+        sel = np.flatnonzero(ok & (v1 == is_v1) & (tpos + len(want) <= end))
+        if len(sel):
+            got = _gather(raw, f"V{len(want)}", tpos[sel])
+            out[sel] = got == np.void(want)
+    return out
+
+
+def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_id: int, topic: bytes | None,
+                  files, cl_min: int) -> np.ndarray:
+    """Check consume queue units against the commitlog records they point at, vectorised: returns one code a
+    unit (UNIT_OK or why not, see UNIT_REASONS). off, size: the units' int64 columns; logical: their logical
+    offsets (the record's QUEUEOFFSET must equal it); topic: the queue's topic as UTF-8 (None: not checked);
+    files: the commitlog files as (first offset, end offset, a function giving the file's readable bytes as
+    a uint8 array). A unit must point at a record start inside a file (magic code, PHYSICALOFFSET = the
+    unit's offset), its size must be the record's TOTALSIZE, and the record's queue id, queue offset and
+    topic must be the queue's. Filler units (offset 0, size 0x7fffffff) and units below cl_min (cleaned)
+    are not checked. Pure: reads only what load() returns."""
+    codes = np.zeros(len(off), dtype=np.uint8)
+    skip = ((size == codec.CQ_BLANK_SIZE) & (off == 0)) | (off < max(cl_min, 0))
+    covered = skip.copy()
+    for lo, hi, load in files:
+        sel = np.flatnonzero((off >= lo) & (off < hi) & ~skip)
+        if not len(sel):
+            continue
+        covered[sel] = True
+        raw = load()
+        pos = off[sel] - lo
+        inside = pos + codec.HEADER_V4.size <= len(raw)
+        codes[sel[~inside]] = UNIT_NOT_A_RECORD
+        sel, pos = sel[inside], pos[inside]
+        h = _gather(raw, _UNIT_HEAD, pos)
+        total = h["total"].astype(np.int64)
+        magic = h["magic"]
+        c = np.zeros(len(sel), dtype=np.uint8)
+        c[h["queue_offset"] != logical[sel]] = UNIT_OTHER_OFFSET
+        c[h["queue_id"] != queue_id] = UNIT_OTHER_QUEUE
+        c[total != size[sel]] = UNIT_SIZE
+        rec = ((magic == _MAGICS[0]) | (magic == _MAGICS[1])) & (h["phys"] == off[sel]) & (pos + total <= len(raw))
+        c[~rec] = UNIT_NOT_A_RECORD
+        if topic is not None:
+            t = np.flatnonzero(c == 0)
+            if len(t):
+                same = _topic_matches(raw, pos[t], total[t], h["sys_flag"][t], magic[t], topic)
+                c[t[~same]] = UNIT_OTHER_QUEUE
+        codes[sel] = c
+        del h, raw
+    codes[~covered] = UNIT_OUTSIDE
+    return codes
+
+
+def _commitlog_sources(commit_log: CommitLog):
+    """The commitlog files as unit_problems wants them: readable parts only (never a hole's page)."""
+    return [(mf.file_from_offset, mf.file_from_offset + mf.file_size,
+             lambda mf=mf: np.frombuffer(mf.mm, np.uint8, count=min(mf.read_position, mf.file_size)))
+            for mf in list(commit_log.queue.files)]
+
+
+@dataclass
+class QueueUnits:
+    """Every unit of a consume queue from its min offset, read from its files (missing files: no units)."""
+    first: int                    # logical offset of off[0]
+    off: np.ndarray               # int64 commitlog offsets
+    size: np.ndarray              # int64 sizes
+    missing: int | None           # first logical offset a missing middle file or a hole should hold
+
+
+def read_queue_units(cq: ConsumeQueue) -> QueueUnits:
+    """The units of cq from its min offset to its max offset, file by file; a file missing between two
+    others (or unwritten bytes inside a non-last file) ends the read and is named by `missing`."""
+    lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+    offs, sizes = [], []
+    expect = lo
+    missing = None
+    files = list(cq.queue.files)
+    for i, mf in enumerate(files):
+        base = mf.file_from_offset // UNIT
+        end = min(base + mf.file_size // UNIT, hi)
+        if end <= expect:
+            continue
+        if base > expect:
+            missing = expect
+            break
+        readable = min(mf.read_position, mf.data_end()) // UNIT     # data_end: no hole is faulted in
+        last = min(base + readable, end)
+        if last > expect:
+            a = np.frombuffer(mf.mm, dtype=_CQ_UNIT_NP, count=last - base)[expect - base:]
+            offs.append(a["offset"].astype(np.int64))
+            sizes.append(a["size"].astype(np.int64))
+            del a
+        if last < end:
+            missing = max(last, expect)
+            break
+        expect = end
+    cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))
+    return QueueUnits(lo, cat(offs), cat(sizes), missing)
+
+
+def structure_problem(off: np.ndarray, size: np.ndarray) -> tuple[int, int] | None:
+    """(index, UNIT_INVALID or UNIT_ORDER) of the first unit that cannot be right whatever the commitlog says:
+    a zero or negative offset or size, offsets not increasing (filler units are allowed anywhere)."""
+    filler = (size == codec.CQ_BLANK_SIZE) & (off == 0)
+    real = ~filler
+    invalid = (off < 0) | (size <= 0) | (real & (size == codec.CQ_BLANK_SIZE))
+    # a filler after a real unit is kept: it stands for a record lost in a skipped damaged range or a missing
+    # commitlog file (dispatch.fill_queue / blank_units_in), and reads as a removed message
+    bad = np.flatnonzero(invalid)
+    ro = np.flatnonzero(real)
+    order = ro[1:][np.diff(off[ro]) <= 0]
+    cands = []
+    if len(bad):
+        cands.append((int(bad[0]), UNIT_INVALID))
+    if len(order):
+        cands.append((int(order[0]), UNIT_ORDER))
+    return min(cands) if cands else None
+
+
+def _checked_positions(upto: int, deep_from: int, sample: int | None) -> np.ndarray:
+    """Indices of the units [0, upto) to check against their records: all from index deep_from on, and of
+    the older ones `sample` spread evenly (first and last included); sample None: all."""
+    deep_from = min(max(deep_from, 0), upto)
+    if sample is None or deep_from <= sample:
+        return np.arange(upto)
+    old = np.unique(np.linspace(0, deep_from - 1, sample).astype(np.int64))
+    return np.concatenate((old, np.arange(deep_from, upto)))
+
+
+def check_queue(cq: ConsumeQueue, sources, cl_min: int, deep_from: int = 0,
+                sample: int | None = None) -> tuple[int, int] | None:
+    """The first damaged unit of cq as (logical offset, UNIT_* code), or None. Every unit's values are
+    checked (zero units, order, missing files: cheap, the consume queue files only); units are checked
+    against their records (unit_problems) from logical offset deep_from on, older ones by a sample of
+    `sample` units (None: all)."""
+    qu = read_queue_units(cq)
+    upto = len(qu.off)
+    found = []
+    if qu.missing is not None:
+        found.append((qu.missing, UNIT_MISSING))
+    s = structure_problem(qu.off, qu.size)
+    if s is not None:
+        found.append((qu.first + s[0], s[1]))
+        upto = s[0]
+    idx = _checked_positions(upto, deep_from - qu.first, sample)
+    if len(idx):
+        codes = unit_problems(qu.off[idx], qu.size[idx], qu.first + idx, cq.queue_id, cq.topic.encode("utf-8"),
+                              sources, cl_min)
+        bad = np.flatnonzero(codes)
+        if len(bad):
+            found.append((qu.first + int(idx[bad[0]]), int(codes[bad[0]])))
+    return min(found) if found else None
