@@ -1,6 +1,7 @@
 """`rebuild` (local engine) against RocketMQ's own consume queue and index files."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -75,7 +76,11 @@ def test_dispatcher_parses_up_to_the_next_hinted_batch(tmp_path, monkeypatch):
     from rmqstore.store.message import Message
     from rmqstore.store.store import MessageStore
 
-    monkeypatch.setattr(commit_log, "DISPATCH_HINTS_MAX", 4)
+    try:                                 # the columnar append path moved to its own module
+        from rmqstore.store import columnar_append as holder
+    except ImportError:
+        holder = commit_log
+    monkeypatch.setattr(holder, "DISPATCH_HINTS_MAX", 4)
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20, "maxHashSlotNum": 512, "maxIndexNum": 4096})
     path = tmp_path / "live"
     with MessageStore.open(path, cfg, start_services=False) as store:
@@ -138,3 +143,86 @@ def test_dispatch_from_the_writers_columns_equals_a_rebuild(tmp_path):
     rebuild_store(copy, cfg)
     assert cq_files(path) == cq_files(copy)
     assert index_parts(path) == index_parts(copy)
+
+
+def _small_store(path: Path, n: int = 600) -> StoreConfig:
+    from rmqstore.store.message import Message
+    from rmqstore.store.store import MessageStore
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024, "mappedFileSizeConsumeQueue": 300 * 20})
+    with MessageStore.open(path, cfg) as s:
+        for i in range(n):
+            assert s.put_message(Message("T", b"m%04d" % i + b"." * 90, queue_id=i % 2,
+                                         properties={"KEYS": f"k{i}"})).ok
+    return cfg
+
+
+def test_rebuild_leaves_a_crc_damaged_record_out_of_its_queue(tmp_path):
+    """A record whose body fails its CRC (skipped by recovery after a crash, refused by reads) came back into
+    its queue after a full rebuild: the dispatcher parses headers, not bodies. The offline rebuild checks
+    every body's CRC first, leaves the damaged record out (its queue offset reads as a removed message, the
+    next ones read) and reports the skipped range, in its result and on stderr from the CLI."""
+    from conftest import run_cli
+    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.store import MessageStore
+    path = tmp_path / "store"
+    cfg = _small_store(path, 1500)            # 5 files: recovery checks only the last 3
+    with CommitLogReader(path, cfg) as r:
+        m = [m for m in r.messages() if m.body.startswith(b"m0101")][0]
+    f = path / "commitlog" / f"{m.commit_log_offset // (64 * 1024) * 64 * 1024:020d}"
+    assert f.name == "0" * 20
+    raw = bytearray(f.read_bytes())
+    pos = m.commit_log_offset - int(f.name)
+    raw[pos + codec.HEADER_V4.size + 2] ^= 0x01      # a body byte: the CRC fails
+    f.write_bytes(bytes(raw))
+    out = rebuild_store(path, cfg)
+    assert [(r["offset"], r["length"]) for r in out["skipped"]] == [(m.commit_log_offset, m.store_size)]
+    assert "CRC" in out["skipped"][0]["reason"].upper() and out["skipped"][0]["accepted"] is False
+    assert out["messages"] == 1499
+    with MessageStore.open(path, cfg) as s:
+        got = s.get_message("g", "T", m.queue_id, m.queue_offset, 1)
+        assert all(x.commit_log_offset != m.commit_log_offset for x in got.messages)
+        nxt = s.get_message("g", "T", m.queue_id, m.queue_offset + 1, 1).messages
+        assert nxt and nxt[0].body.startswith(b"m0103")
+        assert s.find_messages_by_key("T", "k101") == []
+    p = run_cli("rebuild", "-c", _conf(tmp_path, cfg), path)
+    assert p.returncode == 0, p.stderr.decode()
+    err = [e for e in p.stderr.decode().splitlines() if "rmqstore.store.rebuild" in e or "not dispatched" in e]
+    assert len(err) == 1 and f"{m.commit_log_offset}..{m.commit_log_offset + m.store_size}" in err[0], err
+    assert json.loads(p.stdout)["skipped"][0]["offset"] == m.commit_log_offset
+
+
+def _conf(tmp_path: Path, cfg: StoreConfig) -> Path:
+    conf = tmp_path / "store.conf"
+    conf.write_text(f"mappedFileSizeCommitLog={cfg.mapped_file_size_commit_log}\n"
+                    f"mappedFileSizeConsumeQueue={cfg.mapped_file_size_consume_queue}\n")
+    return conf
+
+
+def test_rebuild_skips_accepted_damage(tmp_path):
+    """A range recorded as accepted damage (config/damagedRanges.json, written by check --repair) is not
+    dispatched by a rebuild, even when its bytes look like a valid record."""
+    from rmqstore.store.damage import DamagedRange, record_ranges
+    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.store import MessageStore
+    path = tmp_path / "store"
+    cfg = _small_store(path)
+    with CommitLogReader(path, cfg) as r:
+        m = [m for m in r.messages() if m.body.startswith(b"m0100")][0]
+    record_ranges(path, [DamagedRange("commitlog/x", m.commit_log_offset, m.store_size, "test", "now")])
+    out = rebuild_store(path, cfg)
+    assert [(r["offset"], r["accepted"]) for r in out["skipped"]] == [(m.commit_log_offset, True)]
+    with MessageStore.open(path, cfg) as s:
+        got = s.get_message("g", "T", m.queue_id, m.queue_offset, 1)
+        assert all(x.commit_log_offset != m.commit_log_offset for x in got.messages)
+
+
+def test_rebuild_with_a_forgotten_config_removes_nothing(tmp_path):
+    from conftest import run_cli
+    path = tmp_path / "store"
+    _small_store(path)
+    before = cq_files(path)
+    p = run_cli("rebuild", path)
+    err = p.stderr.decode().strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and "-c broker.conf" in err[0], err
+    assert "does not match mappedFileSizeCommitLog" in err[0]
+    assert cq_files(path) == before

@@ -1,0 +1,1 @@
+"""The workloads of `make bench` (tools/benchsuite.py), one module per group."""
