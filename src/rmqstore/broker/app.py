@@ -195,6 +195,7 @@ class BrokerServer:
             now = time.monotonic()
             b = self.broker
             try:
+                b.stats.tick()
                 if getattr(b.groups, "dirty", False):
                     await self.loop.run_in_executor(None, b.groups.persist)
                 if now - last_scan >= SCAN_INTERVAL:

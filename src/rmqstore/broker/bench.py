@@ -46,8 +46,8 @@ def _cpu_us_per_msg(before: tuple, after: tuple, n: int) -> dict:
 def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight: int = 512, queues: int = 4,
                  store_dir: str | Path | None = None, conf: dict | None = None, sync_messages: int | None = None,
                  keep_store: bool = False) -> dict:
-    from ..client import Admin, ConsumeFromWhere, ConsumeStatus, Message, Producer, PushConsumer
-    from .server import ServerProcess
+    from ..client import Admin
+    from .process import ServerProcess
 
     n = SCALES[scale] if isinstance(scale, str) else int(scale)
     n_sync = sync_messages if sync_messages is not None else max(1000, n // 10)
@@ -66,72 +66,8 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
         with Admin(srv.namesrv_addr) as admin:
             admin.create_topic(topic, queues)
             admin.create_topic(topic + "_sync", queues)
-        producer = Producer("bench_pg", srv.namesrv_addr, max_async_in_flight=in_flight).start()
-        try:
-            # warm-up (connections, routes, the server's first files)
-            for f in [producer.send_async(Message(topic + "_sync", body, tags="TagA")) for _ in range(500)]:
-                f.result(30)
-            sent = 0
-            errors = 0
-            cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
-            t0 = time.perf_counter()
-            futures = []
-            for i in range(n):
-                futures.append(producer.send_async(Message(topic, body, tags="TagA", keys=f"k{i}")))
-            for f in futures:
-                try:
-                    f.result(60)
-                    sent += 1
-                except Exception:
-                    errors += 1
-            t_async = time.perf_counter() - t0
-            out["async_send_msgs_per_s"] = round(sent / t_async)
-            out["async_send_errors"] = errors
-            out["async_send_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, (_cpu_seconds(), _cpu_seconds(srv.proc.pid)), n)
-            lat = []
-            t0 = time.perf_counter()
-            for i in range(n_sync):
-                s = time.perf_counter()
-                producer.send(Message(topic + "_sync", body, tags="TagA"))
-                lat.append(time.perf_counter() - s)
-            t_sync = time.perf_counter() - t0
-            lat.sort()
-            out["sync_send_msgs_per_s"] = round(n_sync / t_sync)
-            out["sync_send_latency_ms"] = {"p50": round(lat[len(lat) // 2] * 1000, 3),
-                                           "p99": round(lat[int(len(lat) * 0.99)] * 1000, 3)}
-        finally:
-            producer.shutdown()
-        # push consume of the async backlog
-        got = [0]
-        lock = threading.Lock()
-        done = threading.Event()
-        first = [0.0]
-
-        def listener(msgs):
-            with lock:
-                if not got[0]:
-                    first[0] = time.perf_counter()
-                got[0] += len(msgs)
-                if got[0] >= sent:
-                    done.set()
-            return ConsumeStatus.CONSUME_SUCCESS
-        c = PushConsumer("bench_cg", srv.namesrv_addr, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-                         consume_message_batch_max_size=32)
-        c.subscribe(topic, "TagA")
-        c.register_message_listener(listener)
-        cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
-        t0 = time.perf_counter()
-        c.start()
-        try:
-            done.wait(max(60.0, n / 1000))
-            t_cons = time.perf_counter() - t0
-            cpu1 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
-        finally:
-            c.shutdown()
-        out["push_consume_msgs_per_s"] = round(got[0] / t_cons) if got[0] else 0
-        out["push_consume_from_first_msg_per_s"] = round(got[0] / (time.perf_counter() - first[0])) if got[0] else 0
-        out["consumed"] = got[0]
-        out["push_consume_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, cpu1, got[0])
+        sent = _bench_sends(srv, topic, body, n, n_sync, in_flight, out)
+        _bench_push_consume(srv, topic, sent, n, out)
         out["reference_rocketmq_4_4_0"] = {"async_send_msgs_per_s": "17000-22000", "sync_send_msgs_per_s": "2800-3400",
                                            "push_consume_msgs_per_s": "13000-38000"}
     finally:
@@ -140,3 +76,77 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
         if tmp is not None and not keep_store:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _bench_sends(srv, topic: str, body: bytes, n: int, n_sync: int, in_flight: int, out: dict) -> int:
+    """Async sends (in_flight outstanding) to topic, then sync sends to topic_sync; the figures into out;
+    how many async sends succeeded."""
+    from ..client import Message, Producer
+    producer = Producer("bench_pg", srv.namesrv_addr, max_async_in_flight=in_flight).start()
+    try:
+        # warm-up (connections, routes, the server's first files)
+        for f in [producer.send_async(Message(topic + "_sync", body, tags="TagA")) for _ in range(500)]:
+            f.result(30)
+        sent = errors = 0
+        cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
+        t0 = time.perf_counter()
+        futures = [producer.send_async(Message(topic, body, tags="TagA", keys=f"k{i}")) for i in range(n)]
+        for f in futures:
+            try:
+                f.result(60)
+                sent += 1
+            except Exception:
+                errors += 1
+        t_async = time.perf_counter() - t0
+        out["async_send_msgs_per_s"] = round(sent / t_async)
+        out["async_send_errors"] = errors
+        out["async_send_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, (_cpu_seconds(), _cpu_seconds(srv.proc.pid)), n)
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(n_sync):
+            s = time.perf_counter()
+            producer.send(Message(topic + "_sync", body, tags="TagA"))
+            lat.append(time.perf_counter() - s)
+        t_sync = time.perf_counter() - t0
+        lat.sort()
+        out["sync_send_msgs_per_s"] = round(n_sync / t_sync)
+        out["sync_send_latency_ms"] = {"p50": round(lat[len(lat) // 2] * 1000, 3),
+                                       "p99": round(lat[int(len(lat) * 0.99)] * 1000, 3)}
+        return sent
+    finally:
+        producer.shutdown()
+
+
+def _bench_push_consume(srv, topic: str, sent: int, n: int, out: dict) -> None:
+    """A push consumer draining the async backlog; the figures into out."""
+    from ..client import ConsumeFromWhere, ConsumeStatus, PushConsumer
+    got = [0]
+    lock = threading.Lock()
+    done = threading.Event()
+    first = [0.0]
+
+    def listener(msgs):
+        with lock:
+            if not got[0]:
+                first[0] = time.perf_counter()
+            got[0] += len(msgs)
+            if got[0] >= sent:
+                done.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+    c = PushConsumer("bench_cg", srv.namesrv_addr, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+                     consume_message_batch_max_size=32)
+    c.subscribe(topic, "TagA")
+    c.register_message_listener(listener)
+    cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
+    t0 = time.perf_counter()
+    c.start()
+    try:
+        done.wait(max(60.0, n / 1000))
+        t_cons = time.perf_counter() - t0
+        cpu1 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
+    finally:
+        c.shutdown()
+    out["push_consume_msgs_per_s"] = round(got[0] / t_cons) if got[0] else 0
+    out["push_consume_from_first_msg_per_s"] = round(got[0] / (time.perf_counter() - first[0])) if got[0] else 0
+    out["consumed"] = got[0]
+    out["push_consume_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, cpu1, got[0])

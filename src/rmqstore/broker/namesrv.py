@@ -207,6 +207,12 @@ class NameServer:
         if code == RequestCode.DELETE_KV_CONFIG:
             self.kv.get(req.field("namespace") or "", {}).pop(req.field("key") or "", None)
             return req.make_response(ResponseCode.SUCCESS)
+        if code == RequestCode.DELETE_TOPIC_IN_NAMESRV:     # RouteInfoManager.deleteTopic
+            topic = req.field("topic")
+            if topic is None:
+                return req.make_response(ResponseCode.SYSTEM_ERROR, "the custom field <topic> is null")
+            self.route.topic_queue_table.pop(topic, None)
+            return req.make_response(ResponseCode.SUCCESS)
         if code == RequestCode.QUERY_DATA_VERSION:
             return req.make_response(ResponseCode.SUCCESS, None, {"changed": "true"})
         return not_supported(req)

@@ -9,7 +9,10 @@ default), listenPort (10911; the VIP port is listenPort-2), namesrvAddr (where t
 listens, 127.0.0.1:9876 by default), autoCreateTopicEnable, defaultTopicQueueNums, longPollingEnable,
 shortPollingTimeMills, flushDiskType, serverChannelMaxIdleTimeSeconds, plus every store key.
 
-On start it prints one JSON line to stdout, `{"event": "ready", "namesrv": ..., "broker": ..., "vip": ...}`.
+grpcListenPort (8081; -1 off): the RocketMQ 5 gRPC endpoint (rmqstore.proxy, needs the `grpc` extra).
+
+On start it prints one JSON line to stdout, `{"event": "ready", "namesrv": ..., "broker": ..., "vip": ...,
+"grpc": host:port or null}`.
 SIGTERM / SIGINT stop it cleanly: connections closed, consumer offsets and topics persisted, store closed.
 
 Wiring into rmqstore.tools.cli (one Command each):
@@ -28,6 +31,7 @@ import sys
 from pathlib import Path
 
 from .app import BrokerServer
+from .process import ServerProcess, free_port, free_port_pair  # noqa: F401  (where tests and benchmarks find them)
 from ..store.config import StoreConfig
 
 log = logging.getLogger("rmqstore.broker.server")
@@ -46,15 +50,44 @@ async def run_server(store_path: str | Path, config: StoreConfig | None = None, 
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
+    server.grpc = None
     try:
         await server.start()
+        server.grpc = await _start_grpc(server)
         if ready is not None:
             ready(server)
         await stop.wait()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if server.grpc is not None:
+            await server.grpc.shutdown()
         await server.stop()
+
+
+async def _start_grpc(server: BrokerServer):
+    """The RocketMQ 5 gRPC endpoint (rmqstore.proxy) on grpcListenPort (8081; -1: off) over the same store;
+    without the `grpc` extra installed, or with the default port taken, a warning and none (a port set in
+    broker.conf that cannot be bound stops the start)."""
+    explicit = "grpcListenPort" in (server.cfg.extra or {})
+    port = str((server.cfg.extra or {}).get("grpcListenPort", "8081")).strip()
+    if port == "-1":
+        return None
+    try:
+        from ..proxy.server import GrpcProxyServer
+    except ImportError as e:
+        log.warning("no gRPC endpoint (RocketMQ 5 clients): %s", e)
+        return None
+    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups)
+    try:
+        await proxy.start()
+    except OSError as e:
+        await proxy.shutdown()
+        if explicit:
+            raise
+        log.warning("no gRPC endpoint (RocketMQ 5 clients): %s; set grpcListenPort in broker.conf", e)
+        return None
+    return proxy
 
 
 def serve(store_path: str | Path, config: StoreConfig | None = None, *, namesrv: bool = True, ready=None) -> int:
@@ -67,8 +100,10 @@ def ready_line(server: BrokerServer) -> str:
     vip = None
     if server.cfg.listen_port >= 2:
         vip = f"{server.cfg.broker_ip1}:{server.cfg.listen_port - 2}"
+    grpc = getattr(server, "grpc", None)
     return json.dumps({"event": "ready", "namesrv": server.namesrv_listen_addr, "broker": server.broker_addr,
-                       "vip": vip, "store": str(server.store_path)})
+                       "vip": vip, "grpc": grpc.address if grpc is not None else None,
+                       "store": str(server.store_path)})
 
 
 def cli_add_arguments(p: argparse.ArgumentParser) -> None:
@@ -124,138 +159,6 @@ def main(argv=None) -> int:
     except (RmqStoreError, OSError) as e:
         print(f"rmqstore serve: {e}", file=sys.stderr)
         return 2
-
-
-# --- running a server in a child process (tests, benchmarks) --------------------------------------------
-def free_port_pair(host: str = "127.0.0.1", tries: int = 200) -> int:
-    """A port p with p and p-2 both free (the broker's listenPort and its VIP port)."""
-    import random
-    import socket
-    rnd = random.Random()
-    for _ in range(tries):
-        p = rnd.randrange(20000, 60000)
-        ok = True
-        for q in (p, p - 2):
-            with socket.socket() as s:
-                try:
-                    s.bind((host, q))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return p
-    raise OSError("no free port pair found")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m rmqstore.broker.server STORE` in a child process on free loopback ports.
-
-        with ServerProcess(store_dir, {"autoCreateTopicEnable": "true"}) as srv:
-            Producer("g", srv.namesrv_addr) ...
-
-    start() waits (bounded) for the ready line; stop() sends SIGTERM and waits, then kills."""
-
-    def __init__(self, store: str | Path, conf: dict | None = None, *, listen_port: int | None = None,
-                 namesrv_port: int | None = None, start_timeout: float = 30.0, log_level: str | None = None,
-                 namesrv: bool = True):
-        """namesrv=False: no embedded name server; the broker registers with the one at namesrv_port."""
-        self.store = Path(store)
-        self.conf = dict(conf or {})
-        self.listen_port = listen_port or free_port_pair()
-        self.namesrv_port = namesrv_port or free_port()
-        self.embedded_namesrv = namesrv
-        self.start_timeout = start_timeout
-        self.log_level = log_level
-        self.proc = None
-        self.ready: dict | None = None
-        self.stderr_path = None
-
-    @property
-    def namesrv_addr(self) -> str:
-        return f"127.0.0.1:{self.namesrv_port}"
-
-    @property
-    def broker_addr(self) -> str:
-        return f"127.0.0.1:{self.listen_port}"
-
-    @property
-    def vip_addr(self) -> str:
-        return f"127.0.0.1:{self.listen_port - 2}"
-
-    def start(self) -> "ServerProcess":
-        import os
-        import subprocess
-        import tempfile
-        import threading
-        self.store.mkdir(parents=True, exist_ok=True)
-        conf_path = self.store.parent / f"{self.store.name}.broker.conf"
-        lines = [f"{k}={v}" for k, v in self.conf.items()]
-        lines += [f"listenPort={self.listen_port}", f"namesrvAddr={self.namesrv_addr}"]
-        conf_path.write_text("\n".join(lines) + "\n")
-        fd, self.stderr_path = tempfile.mkstemp(prefix="rmqstore-server-", suffix=".log")
-        os.close(fd)
-        args = [sys.executable, "-m", "rmqstore.broker.server", str(self.store), "-c", str(conf_path)]
-        if self.log_level == "INFO":
-            args.append("-v")
-        if not self.embedded_namesrv:
-            args.append("--no-namesrv")
-        self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._err)
-        line: list[bytes] = []
-        t = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(self.start_timeout)
-        if not line or not line[0]:
-            self.stop()
-            raise RuntimeError(f"server did not start: {self.log_tail()}")
-        self.ready = json.loads(line[0])
-        return self
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return Path(self.stderr_path).read_text(errors="replace")[-n:]
-        except (OSError, TypeError):
-            return ""
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        import subprocess
-        p = self.proc
-        if p is None:
-            return None
-        self.proc = None
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        try:
-            p.stdout.close()
-        except OSError:
-            pass
-        self._err.close()
-        return p.returncode
-
-    def kill(self) -> None:
-        p = self.proc
-        if p is not None and p.poll() is None:
-            p.kill()
-            p.wait(5)
-        self.stop()
-
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def bench_server(scale="small", **kw) -> dict:

@@ -90,6 +90,25 @@ class SubscriptionGroupManager:
             self.dirty = True
         return g
 
+    def _changed(self) -> None:
+        self.data_version = {"counter": self.data_version["counter"] + 1, "timestamp": int(time.time() * 1000)}
+        self.dirty = True
+
+    def update(self, sgc: SubscriptionGroupConfig) -> None:
+        """updateSubscriptionGroupConfig (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)."""
+        self.table[sgc.group_name] = sgc
+        self._changed()
+
+    def delete(self, group: str) -> None:
+        """deleteSubscriptionGroupConfig (DELETE_SUBSCRIPTIONGROUP)."""
+        if self.table.pop(group, None) is not None:
+            self._changed()
+
+    def encode(self) -> dict:
+        """SubscriptionGroupWrapper: the table and its data version."""
+        return {"dataVersion": dict(self.data_version),
+                "subscriptionGroupTable": {k: v.to_json() for k, v in self.table.items()}}
+
     def persist(self) -> None:
         self.dirty = False
         _atomic_write(self.path, fastjson.dumps({"dataVersion": dict(self.data_version),

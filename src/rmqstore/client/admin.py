@@ -79,6 +79,11 @@ def view_message_any(mq: MQClientInstance, topic: str, msg_id: str) -> MessageEx
     return found[0]
 
 
+def _mq(key) -> MessageQueue:
+    """A MessageQueue from a fastjson map key ({"brokerName", "queueId", "topic"})."""
+    return MessageQueue(str(key["topic"]), str(key["brokerName"]), int(key["queueId"]))
+
+
 class Admin:
     def __init__(self, namesrv_addr: str = "127.0.0.1:9876", *, instance_name: str | None = None,
                  vip_channel_enabled: bool = True, language: str = "JAVA"):
@@ -136,12 +141,174 @@ class Admin:
                 out.append(addrs[0])
         return out
 
-    # --- topics -------------------------------------------------------------------------------------
-    def create_topic(self, topic: str, queue_nums: int = 8, perm: int = PERM_READ | PERM_WRITE, *,
-                     read_queue_nums: int | None = None, cluster: str | None = None, order: bool = False) -> None:
-        """UPDATE_AND_CREATE_TOPIC on every master (of the cluster), then refresh the route."""
+    def topic_list(self) -> list[str]:
+        """GET_ALL_TOPIC_LIST_FROM_NAMESERVER (fetchAllTopicList)."""
+        return sorted(self._namesrv_json(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).get("topicList") or [])
+
+    def _namesrv_json(self, code: int, fields: dict | None = None):
         m = self._m()
-        addrs = self.master_addrs(cluster)
+        r = m._namesrv_invoke(m.request(code, fields))
+        if r.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(r.code, r.remark)
+        return fastjson.loads(r.body) if r.body else {}
+
+    def _broker_json(self, addr: str, code: int, fields: dict | None = None, body: bytes | None = None):
+        """One request to a broker; its body as JSON (None without one); MQBrokerError unless SUCCESS."""
+        m = self._m()
+        r = m.invoke(addr, m.request(code, fields, body))
+        if r.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(r.code, r.remark, addr)
+        return fastjson.loads(r.body) if r.body else None
+
+    def _topic_masters(self, topic: str) -> list[str]:
+        route = self._m().fetch_route(topic)
+        if route is None:
+            raise MQClientError(f"No topic route info in name server for the topic: {topic}")
+        return [addrs[0] for addrs in route.broker_addrs().values() if 0 in addrs]
+
+    # --- broker statistics and configuration (MQAdminExt) --------------------------------------------
+    def broker_runtime_stats(self, addr: str) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO (fetchBrokerRuntimeStats): the KVTable."""
+        return dict((self._broker_json(addr, RequestCode.GET_BROKER_RUNTIME_INFO) or {}).get("table") or {})
+
+    def broker_config(self, addr: str) -> dict[str, str]:
+        """GET_BROKER_CONFIG (getBrokerConfig): the broker's properties."""
+        m = self._m()
+        r = m.invoke(addr, m.request(RequestCode.GET_BROKER_CONFIG))
+        if r.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(r.code, r.remark, addr)
+        out = {}
+        for line in (r.body or b"").decode().splitlines():
+            k, sep, v = line.partition("=")
+            if sep and not line.startswith("#"):
+                out[k.strip()] = v.strip()
+        return out
+
+    def topic_stats(self, topic: str) -> dict[MessageQueue, dict]:
+        """GET_TOPIC_STATS_INFO on each master of the topic (examineTopicStats): per queue minOffset,
+        maxOffset, lastUpdateTimestamp."""
+        out = {}
+        for addr in self._topic_masters(topic):
+            body = self._broker_json(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}) or {}
+            out.update({_mq(k): v for k, v in (body.get("offsetTable") or {}).items()})
+        return out
+
+    def consume_stats(self, group: str, topic: str | None = None) -> dict:
+        """GET_CONSUME_STATS on every master (examineConsumeStats): {"consumeTps", "offsetTable": {MessageQueue:
+        {brokerOffset, consumerOffset, lastTimestamp}}}."""
+        tps, table = 0.0, {}
+        fields = {"consumerGroup": group}
+        if topic:
+            fields["topic"] = topic
+        for addr in self.master_addrs():
+            body = self._broker_json(addr, RequestCode.GET_CONSUME_STATS, fields) or {}
+            tps += float(body.get("consumeTps") or 0)
+            table.update({_mq(k): v for k, v in (body.get("offsetTable") or {}).items()})
+        return {"consumeTps": tps, "offsetTable": table}
+
+    def broker_consume_stats(self, addr: str, is_order: bool = False) -> dict:
+        """GET_BROKER_CONSUME_STATS (fetchConsumeStatsInBroker): ConsumeStatsList."""
+        return self._broker_json(addr, RequestCode.GET_BROKER_CONSUME_STATS,
+                                 {"isOrder": is_order}) or {}
+
+    def view_broker_stats(self, addr: str, stats_name: str, stats_key: str) -> dict:
+        """VIEW_BROKER_STATS_DATA (viewBrokerStatsData): BrokerStatsData (statsMinute / statsHour / statsDay,
+        each {sum, tps, avgpt})."""
+        return self._broker_json(addr, RequestCode.VIEW_BROKER_STATS_DATA,
+                                 {"statsName": stats_name, "statsKey": stats_key}) or {}
+
+    def query_topic_consume_by_who(self, topic: str) -> set[str]:
+        """QUERY_TOPIC_CONSUME_BY_WHO on the topic's masters: the groups consuming it."""
+        out: set[str] = set()
+        for addr in self._topic_masters(topic):
+            out |= set((self._broker_json(addr, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": topic}) or {})
+                       .get("groupList") or [])
+        return out
+
+    def consumer_connection(self, group: str) -> dict:
+        """GET_CONSUMER_CONNECTION_LIST (examineConsumerConnectionInfo) on the first master that has the group
+        online: ConsumerConnection."""
+        err = None
+        for addr in self.master_addrs():
+            try:
+                return self._broker_json(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
+            except MQBrokerError as e:
+                err = e
+        raise err or MQClientError("no broker")
+
+    def producer_connection(self, group: str, topic: str) -> dict:
+        """GET_PRODUCER_CONNECTION_LIST on the topic's masters (examineProducerConnectionInfo)."""
+        conns = []
+        for addr in self._topic_masters(topic):
+            try:
+                body = self._broker_json(addr, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group})
+            except MQBrokerError:
+                continue
+            conns.extend((body or {}).get("connectionSet") or [])
+        return {"connectionSet": conns}
+
+    def subscription_groups(self, addr: str) -> dict:
+        """GET_ALL_SUBSCRIPTIONGROUP_CONFIG: the SubscriptionGroupWrapper."""
+        return self._broker_json(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG) or {}
+
+    def create_subscription_group(self, addr: str, group: str, **settings) -> None:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (createAndUpdateSubscriptionGroupConfig); settings in RocketMQ's
+        names (retryQueueNums=1, retryMaxTimes=16, consumeEnable=True, ...)."""
+        cfg = {"groupName": group, "consumeEnable": True, "consumeFromMinEnable": True,
+               "consumeBroadcastEnable": True, "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
+               "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
+        cfg.update(settings)
+        self._broker_json(addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, None, fastjson.dumps_bytes(cfg))
+
+    def delete_subscription_group(self, addr: str, group: str) -> None:
+        self._broker_json(addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": group})
+
+    def update_broker_config(self, addr: str, props: dict[str, str]) -> None:
+        """UPDATE_BROKER_CONFIG (updateBrokerConfig): properties as key=value lines."""
+        body = "".join(f"{k}={v}\n" for k, v in props.items()).encode()
+        self._broker_json(addr, RequestCode.UPDATE_BROKER_CONFIG, None, body)
+
+    def reset_offset_by_time(self, group: str, topic: str, timestamp: int, force: bool = True) -> dict:
+        """resetOffsetByTimestamp: INVOKE_BROKER_TO_RESET_OFFSET on the topic's masters (the brokers tell the
+        group's online clients); with no client online, the old way: each queue's offset for the time set
+        with UPDATE_CONSUMER_OFFSET (resetOffsetByTimeOld). {MessageQueue: new offset}."""
+        m = self._m()
+        out: dict[MessageQueue, int] = {}
+        for addr in self._topic_masters(topic):
+            fields = {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force}
+            r = m.invoke(addr, m.request(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields))
+            if r.code == ResponseCode.SUCCESS:
+                table = (fastjson.loads(r.body) if r.body else {}).get("offsetTable") or {}
+                out.update({_mq(k): int(v) for k, v in table.items()})
+            elif r.code == ResponseCode.CONSUMER_NOT_ONLINE:
+                out.update(self._reset_offline(group, topic, timestamp, force))
+            else:
+                raise MQBrokerError(r.code, r.remark, addr)
+        return out
+
+    def _reset_offline(self, group: str, topic: str, timestamp: int, force: bool) -> dict:
+        out = {}
+        for mq, o in self.consume_stats(group, topic)["offsetTable"].items():
+            to = self.search_offset(mq, timestamp) if timestamp != -1 else o["brokerOffset"]
+            if force or to < o["consumerOffset"]:
+                self._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq, {"consumerGroup": group, "commitOffset": to})
+                out[mq] = to
+        return out
+
+    # --- topics -------------------------------------------------------------------------------------
+    def delete_topic(self, topic: str, cluster: str | None = None) -> None:
+        """DELETE_TOPIC_IN_BROKER on the masters, then DELETE_TOPIC_IN_NAMESRV (deleteTopicInBroker /
+        deleteTopicInNameServer)."""
+        for addr in self.master_addrs(cluster):
+            self._broker_json(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+        self._namesrv_json(RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": topic})
+
+    def create_topic(self, topic: str, queue_nums: int = 8, perm: int = PERM_READ | PERM_WRITE, *,
+                     read_queue_nums: int | None = None, cluster: str | None = None, order: bool = False,
+                     broker_addr: str | None = None) -> None:
+        """UPDATE_AND_CREATE_TOPIC on broker_addr, else on every master (of the cluster)."""
+        m = self._m()
+        addrs = [broker_addr] if broker_addr else self.master_addrs(cluster)
         if not addrs:
             raise MQClientError("no broker to create the topic on")
         fields = {"topic": topic, "defaultTopic": DEFAULT_TOPIC, "readQueueNums": read_queue_nums or queue_nums,

@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Callable
 
-from ..broker.clients import SubscriptionData
-from ..messaging.rebalance import allocate_averagely  # AllocateMessageQueueAveragely
+from ..remoting.subscription import SubscriptionData
+from .allocate import allocate_averagely  # AllocateMessageQueueAveragely
 from ..remoting.codes import (PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
                               PROPERTY_RETRY_TOPIC, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND,
                               RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode)
@@ -45,6 +45,7 @@ PULL_TIME_DELAY_WHEN_EXCEPTION = 3.0
 PULL_TIME_DELAY_WHEN_FLOW_CONTROL = 0.05
 BROKER_SUSPEND_MAX_TIME_MILLIS = 15000
 CONSUMER_TIMEOUT_WHEN_SUSPEND = 30.0
+_CONSUME_SUCCESS = ConsumeStatus.CONSUME_SUCCESS.value   # a listener may answer the in-process API's member
 _PULL_STATUS = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
                 ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
                 ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL}
@@ -185,7 +186,7 @@ class _ConsumerBase:
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.instance_name = instance_name
-        self.consume_from_where = consume_from_where
+        self.consume_from_where = ConsumeFromWhere.of(consume_from_where)
         self.consume_timestamp = consume_timestamp
         self.pull_batch_size = pull_batch_size
         self.pull_threshold_for_queue = pull_threshold_for_queue
@@ -363,6 +364,22 @@ class _ConsumerBase:
             log.info("%s: assigned %s from offset %d", self.group, mq, offset)
         for req in new:
             self._pull(req)
+
+    def reset_offset(self, topic: str, table: dict[MessageQueue, int]) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET (MQClientInstance.resetOffset): drop the topic's queues, store the
+        broker's offsets and persist them, rebalance: the queues start again from there."""
+        with self._rebalance_lock:
+            for mq, pq in list(self.process_queues.items()):
+                if mq.topic == topic:
+                    pq.dropped = True
+                    del self.process_queues[mq]
+            for mq, off in table.items():
+                self.offset_store.update(mq, off)
+            self.offset_store.persist(set(table), oneway=False)
+            for mq in table:
+                self.offset_store.remove(mq)
+        log.info("%s: offsets of %s reset: %s", self.group, topic, table)
+        self.mq.rebalance_immediately()
 
     def compute_pull_from_where(self, mq: MessageQueue) -> int:
         last = self.offset_store.read_store(mq)
@@ -619,7 +636,7 @@ class PushConsumer(_ConsumerBase):
             except Exception:
                 log.exception("%s: listener failed on %d messages", self.group, len(batch))
                 status = ConsumeStatus.RECONSUME_LATER
-            if status is None or status is True or status == ConsumeStatus.CONSUME_SUCCESS:
+            if status is None or status is True or getattr(status, "value", status) == _CONSUME_SUCCESS:
                 done.extend(batch)
             else:
                 failed.extend(batch)

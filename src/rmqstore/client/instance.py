@@ -403,12 +403,30 @@ class MQClientInstance:
                         self.scheduler.call_later(0, handler, conn.addr, cmd)
                         return
             return
+        if code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+            self._reset_offset(cmd)
+            return
         if not cmd.is_oneway:
             resp = cmd.make_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {code} not supported")
             try:
                 conn.send(resp, None, want_future=False)
             except OSError:
                 pass
+
+    def _reset_offset(self, cmd: RemotingCommand) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET: the group's consumer takes the broker's offsets (ResetOffsetBody)."""
+        group, topic = cmd.field("group"), cmd.field("topic")
+        c = self.consumers.get(group or "")
+        if c is None or topic is None:
+            return
+        try:
+            raw = (fastjson.loads(cmd.body or b"{}").get("offsetTable") or {})
+            table = {MessageQueue(str(k["topic"]), str(k["brokerName"]), int(k["queueId"])): int(v)
+                     for k, v in raw.items()}
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("bad RESET_CONSUMER_CLIENT_OFFSET body: %s", e)
+            return
+        self.scheduler.call_later(0, c.reset_offset, topic, table)
 
     # --- registry ----------------------------------------------------------------------------------
     def register_producer(self, group: str, producer) -> None:

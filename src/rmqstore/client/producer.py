@@ -27,14 +27,14 @@ from typing import Callable
 
 from ..store import codec
 from ..remoting.body import UniqIdGenerator, encode_batch_entry
-from ..remoting.codes import (CURRENT_VERSION, DEFAULT_TOPIC, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
+from ..remoting.codes import (CURRENT_VERSION, DEFAULT_TOPIC, PROPERTY_TRANSACTION_PREPARED,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX, RequestCode,
                               ResponseCode)
 from ..remoting.command import RemotingCommand, next_opaque
 from .instance import MQClientInstance, TopicPublishInfo, TopicRoute, publish_info
-from .message import (LocalTransactionState, Message, MessageQueue, MQBrokerError, MQClientError, SendResult,
-                      SendStatus, TransactionSendResult)
+from .message import Message, MessageQueue, MQBrokerError, MQClientError, SendResult, SendStatus
 from .remoting import RemotingSendError, RemotingTimeoutError
+from .transaction import TransactionalProducer
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 _II = struct.Struct(">iI")
 
 
-class Producer:
+class Producer(TransactionalProducer):
     def __init__(self, group: str, namesrv_addr: str = "127.0.0.1:9876", *, instance_name: str | None = None,
                  send_msg_timeout: float = 3.0, retry_times_when_send_failed: int = 2,
                  retry_times_when_send_async_failed: int = 2, default_topic_queue_nums: int = 4,
@@ -446,78 +446,6 @@ class Producer:
     def view_message(self, msg_id: str, topic: str | None = None):
         from .admin import view_message, view_message_any
         return view_message(self._check(), msg_id) if topic is None else view_message_any(self._check(), topic, msg_id)
-
-    # --- transactions -------------------------------------------------------------------------------
-    def send_message_in_transaction(self, msg: Message,
-                                    execute_local: Callable[[Message, object], LocalTransactionState],
-                                    arg=None) -> TransactionSendResult:
-        """Half message, local transaction, then END_TRANSACTION (oneway) with its outcome.
-        `transaction_listener` (fn(MessageExt) -> LocalTransactionState) answers the broker's checks."""
-        msg.properties[PROPERTY_TRANSACTION_PREPARED] = "true"
-        msg.properties[PROPERTY_PRODUCER_GROUP] = self.group
-        r = self.send(msg)
-        state = LocalTransactionState.UNKNOW
-        if r.send_status is SendStatus.SEND_OK:
-            msg.transaction_id = r.msg_id
-            try:
-                state = execute_local(msg, arg) or LocalTransactionState.UNKNOW
-            except Exception:
-                log.exception("local transaction of %s failed", r.msg_id)
-                state = LocalTransactionState.UNKNOW
-        else:
-            state = LocalTransactionState.ROLLBACK_MESSAGE
-        self._end_transaction(r, state)
-        out = TransactionSendResult(r.send_status, r.msg_id, r.offset_msg_id, r.message_queue, r.queue_offset,
-                                    r.msg_id, r.region_id, r.trace_on)
-        out.local_transaction_state = state
-        return out
-
-    def _end_transaction(self, r: SendResult, state: LocalTransactionState, from_check: bool = False,
-                         addr: str | None = None) -> None:
-        _, offset = codec.decode_message_id(r.offset_msg_id)
-        kind = {LocalTransactionState.COMMIT_MESSAGE: codec.TRANSACTION_COMMIT_TYPE,
-                LocalTransactionState.ROLLBACK_MESSAGE: codec.TRANSACTION_ROLLBACK_TYPE}.get(state,
-                                                                                              codec.TRANSACTION_NOT_TYPE)
-        fields = {"producerGroup": self.group, "tranStateTableOffset": str(r.queue_offset), "commitLogOffset": str(offset),
-                  "commitOrRollback": str(kind), "fromTransactionCheck": "true" if from_check else "false",
-                  "msgId": r.msg_id, "transactionId": r.transaction_id or r.msg_id}
-        mq = self._check()
-        if addr is None:
-            addr = self._broker_addr_plain(r.message_queue)     # END_TRANSACTION goes to the main port
-        cmd = RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=fields, language=self.language)
-        mq.remoting.invoke_oneway(addr, cmd)
-
-    def _broker_addr_plain(self, mqq: MessageQueue) -> str:
-        addr = self._check().find_broker_addr(mqq.broker_name)
-        if addr is None:
-            raise MQClientError(f"The broker[{mqq.broker_name}] not exist")
-        return addr
-
-    def _check_transaction_state(self, addr: str, cmd: RemotingCommand) -> None:
-        """CHECK_TRANSACTION_STATE from a broker: ask transaction_listener, answer with END_TRANSACTION."""
-        from .message import decode_messages
-        if self.transaction_listener is None or not cmd.body:
-            return
-        try:
-            msg = decode_messages(cmd.body)[0]
-        except Exception as e:
-            log.warning("bad CHECK_TRANSACTION_STATE body from %s: %s", addr, e)
-            return
-        try:
-            state = self.transaction_listener(msg) or LocalTransactionState.UNKNOW
-        except Exception:
-            log.exception("transaction check of %s failed", msg.msg_id)
-            state = LocalTransactionState.UNKNOW
-        f = cmd.ext_fields or {}
-        kind = {LocalTransactionState.COMMIT_MESSAGE: codec.TRANSACTION_COMMIT_TYPE,
-                LocalTransactionState.ROLLBACK_MESSAGE: codec.TRANSACTION_ROLLBACK_TYPE}.get(state,
-                                                                                              codec.TRANSACTION_NOT_TYPE)
-        fields = {"producerGroup": self.group, "tranStateTableOffset": f.get("tranStateTableOffset", str(msg.queue_offset)),
-                  "commitLogOffset": f.get("commitLogOffset", str(msg.commit_log_offset)), "commitOrRollback": str(kind),
-                  "fromTransactionCheck": "true", "msgId": f.get("msgId") or msg.msg_id,
-                  "transactionId": f.get("transactionId") or msg.msg_id}
-        self._check().remoting.invoke_oneway(addr, RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=fields,
-                                                                   language=self.language))
 
 
 _LAZY = threading.Lock()

@@ -1,0 +1,144 @@
+"""Running `rmqstore serve` in a child process on free loopback ports (tests, benchmarks): ServerProcess."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def free_port_pair(host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A port p with p and p-2 both free (the broker's listenPort and its VIP port)."""
+    import random
+    import socket
+    rnd = random.Random()
+    for _ in range(tries):
+        p = rnd.randrange(20000, 60000)
+        ok = True
+        for q in (p, p - 2):
+            with socket.socket() as s:
+                try:
+                    s.bind((host, q))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return p
+    raise OSError("no free port pair found")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m rmqstore.broker.server STORE` in a child process on free loopback ports.
+
+        with ServerProcess(store_dir, {"autoCreateTopicEnable": "true"}) as srv:
+            Producer("g", srv.namesrv_addr) ...
+
+    start() waits (bounded) for the ready line; stop() sends SIGTERM and waits, then kills."""
+
+    def __init__(self, store: str | Path, conf: dict | None = None, *, listen_port: int | None = None,
+                 namesrv_port: int | None = None, start_timeout: float = 30.0, log_level: str | None = None,
+                 namesrv: bool = True):
+        """namesrv=False: no embedded name server; the broker registers with the one at namesrv_port."""
+        self.store = Path(store)
+        self.conf = dict(conf or {})
+        self.listen_port = listen_port or free_port_pair()
+        self.namesrv_port = namesrv_port or free_port()
+        self.embedded_namesrv = namesrv
+        self.start_timeout = start_timeout
+        self.log_level = log_level
+        self.proc = None
+        self.ready: dict | None = None
+        self.stderr_path = None
+
+    @property
+    def namesrv_addr(self) -> str:
+        return f"127.0.0.1:{self.namesrv_port}"
+
+    @property
+    def broker_addr(self) -> str:
+        return f"127.0.0.1:{self.listen_port}"
+
+    @property
+    def vip_addr(self) -> str:
+        return f"127.0.0.1:{self.listen_port - 2}"
+
+    @property
+    def grpc_addr(self) -> str | None:
+        """The gRPC endpoint's address from the ready line (None without one)."""
+        return (self.ready or {}).get("grpc")
+
+    def start(self) -> "ServerProcess":
+        import os
+        import subprocess
+        import tempfile
+        import threading
+        self.store.mkdir(parents=True, exist_ok=True)
+        conf_path = self.store.parent / f"{self.store.name}.broker.conf"
+        lines = [f"{k}={v}" for k, v in self.conf.items()]
+        lines += [f"listenPort={self.listen_port}", f"namesrvAddr={self.namesrv_addr}"]
+        if "grpcListenPort" not in self.conf:
+            lines.append(f"grpcListenPort={free_port()}")     # never 8081: servers of parallel tests
+        conf_path.write_text("\n".join(lines) + "\n")
+        fd, self.stderr_path = tempfile.mkstemp(prefix="rmqstore-server-", suffix=".log")
+        os.close(fd)
+        args = [sys.executable, "-m", "rmqstore.broker.server", str(self.store), "-c", str(conf_path)]
+        if self.log_level == "INFO":
+            args.append("-v")
+        if not self.embedded_namesrv:
+            args.append("--no-namesrv")
+        self._err = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._err)
+        line: list[bytes] = []
+        t = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(self.start_timeout)
+        if not line or not line[0]:
+            self.stop()
+            raise RuntimeError(f"server did not start: {self.log_tail()}")
+        self.ready = json.loads(line[0])
+        return self
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return Path(self.stderr_path).read_text(errors="replace")[-n:]
+        except (OSError, TypeError):
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        import subprocess
+        p = self.proc
+        if p is None:
+            return None
+        self.proc = None
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        try:
+            p.stdout.close()
+        except OSError:
+            pass
+        self._err.close()
+        return p.returncode
+
+    def kill(self) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(5)
+        self.stop()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
