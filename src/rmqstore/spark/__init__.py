@@ -23,11 +23,24 @@ topics                 comma list of topics (unknown topic: error)
 subscribePattern       a regular expression topics must match entirely
 queueIds               comma list of queue ids
 startingOffsets        earliest (batch default), latest (stream default), or JSON {"topic": {"0": 23}}
-                       (-2 earliest, -1 latest; unlisted queues start at earliest); with several stores
-                       also {"broker": {"topic": {"0": 23}}}
+                       (-2 earliest, -1 latest; unlisted queues start at earliest, an unknown queue fails);
+                       with several stores also {"broker": {"topic": {"0": 23}}}
 endingOffsets          latest (default) or JSON, exclusive (batch only)
-startingTimestamp      epoch ms or ISO-8601: each queue starts at the offset RocketMQ's lookup by time
-endingTimestamp        gives (ConsumeQueue.get_offset_in_queue_by_time); the end is exclusive
+startingTimestamp      epoch ms or ISO-8601: as Kafka's, each queue starts at its first message stored at or
+endingTimestamp        after the time (binary search over the queue's store times); the end is exclusive;
+                       endingTimestamp is for batch reads
+startingOffsetsByTimestamp / endingOffsetsByTimestamp   JSON {"topic": {"0": epoch ms}}, per queue
+startingOffsetsByTimestampStrategy   error (default: a queue with no message at or after the time fails
+                       the read) or latest (such a queue starts at its end); no such end offset: latest
+failOnDataLoss         true (default): messages the read should return but cannot (deleted or missing
+                       commitlog files, offsets before a queue's first, a damaged middle commitlog file, a
+                       body failing checkCRC) fail it, naming store, queue and offsets; false: skipped with a
+                       warning naming them
+checkCRC               true (default, as Kafka's check.crcs) / false: check returned bodies against BODYCRC
+minPartitions          at least this many partitions (queues are split), as Kafka's
+minOffsetsPerTrigger   stream: wait until this many messages are there, at most maxTriggerDelay (15m)
+view                   queues: one row per queue (broker, topic, queueId, minOffset, maxOffset, messages,
+                       firstStoreTimestamp, lastStoreTimestamp) from the consume queues, no scan
 includeBody            true (default) / false: body is null (saves the copy)
 config                 path of a store.conf / broker.conf (geometry; needed for key lookups)
 key                    only the messages the store finds for this key: the index (read-only) answers,
@@ -35,11 +48,11 @@ key                    only the messages the store finds for this key: the index
                        (without its result cap; indexed prepared messages included; batch only)
 maxOffsetsPerTrigger   stream: at most this many messages per micro-batch (ReadMaxRows)
 rowsPerPartition       queue mode: units per partition (default 200000)
-pushFilters            true (default) / false: claim and use the filters Spark pushes (see the caveat)
+pushFilters            false (default) / true: claim and use the filters Spark pushes (see the caveat)
 =====================  ==========================================================================
 
-Pushed filters (spark.sql.python.filterPushdown.enabled=true): topic, broker and tags (= / IN), every
-numeric header column and bornTimestamp/storeTimestamp (=, IN, <, <=, >, >=), IsNotNull. They prune queues,
+Pushed filters (option pushFilters=true, with spark.sql.python.filterPushdown.enabled=true): topic, broker
+and tags (= / IN), every numeric header column and bornTimestamp/storeTimestamp (=, IN, <, <=, >, >=), IsNotNull. They prune queues,
 files and offset ranges (storeTimestamp bounds by binary search over each queue, assuming store times do
 not decrease along a queue) and are then applied to every row exactly. Keys cannot be pushed as filters
 (Spark hands array_contains(keys, k) to no source): use the option key.
@@ -48,16 +61,17 @@ Spark 4.x caveat (PySpark 4.3 measured): Spark stores the read planned during fi
 DataFrame's relation (PythonScanBuilder.pushFilters -> PythonDataSourceV2.setReadInfo) and reuses it for a
 later query of the SAME DataFrame that has no pushable filter at all, e.g. df.filter(topic = 'A').count()
 then df.count() counts topic A only. No data source can tell the two queries apart. Either load the
-DataFrame again for such a query (spark.read...load: a new relation), use the options (topics, queueIds,
-startingOffsets..., which belong to the relation) instead of filters, or set pushFilters=false on a
-DataFrame that is reused (filters are then applied by Spark, after a full read).
+DataFrame again for such a query (spark.read...load: a new relation) or use the options (topics, queueIds,
+startingOffsets..., which belong to the relation) instead of filters. That is why pushFilters is off by
+default: the default reader claims no filter (Spark applies them all) and plans the same read for every
+query, so a reused DataFrame is right for every query, in any session (no Spark setting needed).
 """
 from __future__ import annotations
 
 import os
 import sys
 
-__all__ = ["register", "spark_session", "rebuild_spark", "stats", "demo_pipeline", "bench_spark"]
+__all__ = ["register", "spark_session", "rebuild_spark", "stats", "demo_pipeline", "bench_spark", "recover_writes"]
 
 
 def register(spark) -> None:
@@ -90,9 +104,15 @@ def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: d
     return spark
 
 
-def rebuild_spark(store_path, config=None, master: str | None = None, spark=None) -> dict:
+def rebuild_spark(store_path, config=None, master: str | None = None, spark=None, conf: dict | None = None) -> dict:
     from .rebuild import rebuild_spark as _r
-    return _r(store_path, config, master=master, spark=spark)
+    return _r(store_path, config, master=master, spark=spark, conf=conf)
+
+
+def recover_writes(store_path, config=None) -> list[dict]:
+    """End the two-phase appends a killed Spark writer left open in a store (see spark/transaction.py)."""
+    from .transaction import recover_writes as _w
+    return _w(store_path, config)
 
 
 def stats(store_path, engine: str = "local", plot=None, config=None, spark=None) -> list[dict]:

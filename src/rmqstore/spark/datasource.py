@@ -13,7 +13,8 @@ import datetime as _dt
 import logging
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualNullSafe, EqualTo, GreaterThan,
-                                    GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual, Not)
+                                    GreaterThanOrEqual, In, InputPartition, IsNotNull, LessThan, LessThanOrEqual,
+                                    Not)
 
 from . import options as O
 from .records import COLUMNS, NEVER_NULL, SPARK_DDL, ms_from_datetime
@@ -80,11 +81,20 @@ class RocketMQDataSource(DataSource):
         return "rocketmq"
 
     def schema(self) -> str:
-        O.parse(self.options)          # bad options fail here, when the DataFrame is created
+        ro = O.parse(self.options)     # bad options fail here, when the DataFrame is created
+        if ro.view == "queues":
+            from .metadata import QUEUES_DDL
+            return QUEUES_DDL
         return SPARK_DDL
 
     def reader(self, schema) -> "RocketMQReader":
-        return RocketMQReader(self.options)
+        ro = O.parse(self.options)
+        if ro.view == "queues":
+            return QueuesReader(ro)
+        # Only a reader that asks for pushed filters has pushFilters: PySpark refuses a reader that has it
+        # when spark.sql.python.filterPushdown.enabled is false (DATA_SOURCE_PUSHDOWN_DISABLED), and the
+        # default reader must work in any session.
+        return RocketMQPushdownReader(ro) if ro.push_filters else RocketMQReader(ro)
 
     def streamReader(self, schema):
         from .stream import RocketMQStreamReader
@@ -94,23 +104,21 @@ class RocketMQDataSource(DataSource):
         from .writer import RocketMQWriter
         return RocketMQWriter(self.options, schema, overwrite)
 
+    def streamWriter(self, schema, overwrite: bool):
+        from .sink import RocketMQStreamWriter
+        return RocketMQStreamWriter(self.options, schema, overwrite)
+
 
 class RocketMQReader(DataSourceReader):
-    def __init__(self, options: dict):
-        self.ro = O.parse(options)
-        self.conds: list[Cond] = []
+    """The default reader: claims no filter (Spark applies them all), so the read it plans is the same for
+    every query of a DataFrame. PySpark 4.x keeps the read planned for one query on the DataFrame's relation
+    and reuses it for a later query of the same DataFrame that has no filter (PythonDataSourceV2.readInfo):
+    a read that depends on the query's filters would then return wrong rows. Prune with the options
+    (topics, queueIds, startingOffsets, ...: they belong to the relation)."""
 
-    def pushFilters(self, filters):
-        # Fresh for every planning. (Spark 4.x itself keeps the read planned here on the DataFrame's
-        # relation and reuses it for a later query of the same DataFrame that has no filter at all: see
-        # the package docstring, option pushFilters.)
-        self.conds = []
-        for f in filters:
-            c = to_cond(f) if self.ro.push_filters else None
-            if c is None:
-                yield f
-            elif c is not True:
-                self.conds.append(c)
+    def __init__(self, ro: O.ReadOptions):
+        self.ro = ro
+        self.conds: list[Cond] = []
 
     def partitions(self):
         from .plan import plan_batch
@@ -122,3 +130,38 @@ class RocketMQReader(DataSourceReader):
 
     def read(self, partition):
         yield from read_partition(partition)
+
+
+class RocketMQPushdownReader(RocketMQReader):
+    """option pushFilters=true: claims the filters it can use (see to_cond) and prunes queues, files and
+    offset ranges with them. Needs spark.sql.python.filterPushdown.enabled=true, and a DataFrame read this
+    way must not be reused for a query without filters (see RocketMQReader)."""
+
+    def pushFilters(self, filters):
+        self.conds = []
+        for f in filters:
+            c = to_cond(f)
+            if c is None:
+                yield f
+            elif c is not True:
+                self.conds.append(c)
+
+
+class QueuesPartition(InputPartition):
+    """option view=queues: the rows, computed when the read is planned (no message is read)."""
+
+
+class QueuesReader(DataSourceReader):
+    def __init__(self, ro: O.ReadOptions):
+        self.ro = ro
+
+    def partitions(self):
+        from .metadata import queue_rows
+        from .storeview import StoreError
+        try:
+            return [QueuesPartition(queue_rows(self.ro))]
+        except StoreError as e:
+            raise O.OptionError(str(e)) from None
+
+    def read(self, partition):
+        yield from (partition.value or [])

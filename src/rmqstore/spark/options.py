@@ -15,13 +15,17 @@ from .records import ms_from_datetime
 KNOWN = {
     "path", "paths", "topics", "subscribepattern", "queueids", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "includebody", "config", "mode", "key", "maxoffsetspertrigger",
-    "rowsperpartition", "pushfilters",
+    "rowsperpartition", "pushfilters", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy", "failondataloss", "minpartitions", "minoffsetspertrigger",
+    "maxtriggerdelay", "view", "checkcrc",
 }
 # Names as the user spells them (options arrive lower-cased).
 SPELLING = {k.lower(): k for k in (
     "path", "paths", "topics", "subscribePattern", "queueIds", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "includeBody", "config", "mode", "key", "maxOffsetsPerTrigger",
-    "rowsPerPartition", "pushFilters")}
+    "rowsPerPartition", "pushFilters", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions", "minOffsetsPerTrigger",
+    "maxTriggerDelay", "view", "checkCRC")}
 
 
 class OptionError(ValueError):
@@ -45,11 +49,20 @@ class ReadOptions:
     ending: object = None
     starting_ts: int | None = None
     ending_ts: int | None = None
+    starting_by_ts: dict | None = None    # {broker|None: {topic: {qid: epoch ms}}}
+    ending_by_ts: dict | None = None
+    ts_strategy: str = "error"            # startingOffsetsByTimestampStrategy: error | latest
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
+    view: str | None = None               # "queues": one row per queue (metadata), no message is read
+    check_crc: bool = True                # checkCRC: bodies returned are checked against BODYCRC (as Kafka check.crcs)
     include_body: bool = True
     key: str | None = None
     max_offsets_per_trigger: int | None = None
     rows_per_partition: int = 200_000
-    push_filters: bool = True
+    push_filters: bool = False            # see datasource.RocketMQReader
     config_path: str | None = None
     raw: dict = field(default_factory=dict)
 
@@ -96,12 +109,23 @@ def _timestamp(name: str, v: str) -> int:
     return int(ms_from_datetime(d) // 1)
 
 
-def parse_offsets(name: str, v: str, brokers: list[str]):
+_UNITS_MS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(name: str, v: str) -> int:
+    """Spark's time strings: 100ms, 30s, 5m, 1h, 1d (a bare number is seconds, as Spark reads it)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(v).lower())
+    if not m or m.group(2) not in ("", *_UNITS_MS):
+        raise OptionError(f"option {_opt(name)!r} must be a duration like 30s, 5m or 100ms, got {v!r}")
+    return int(m.group(1)) * _UNITS_MS.get(m.group(2) or "s", 1000)
+
+
+def parse_offsets(name: str, v: str, brokers: list[str], *, timestamps: bool = False):
     """Kafka's spelling: earliest, latest, or JSON {"topic": {"0": 23}} (-2 earliest, -1 latest), also
     {"broker": {"topic": {"0": 23}}} for one of several stores. Returns "earliest", "latest" or
     {broker or None: {topic: {qid: offset}}}."""
     s = str(v).strip()
-    if s.lower() in ("earliest", "latest"):
+    if s.lower() in ("earliest", "latest") and not timestamps:
         return s.lower()
     try:
         got = json.loads(s)
@@ -116,9 +140,11 @@ def parse_offsets(name: str, v: str, brokers: list[str]):
             raise OptionError(f"option {_opt(name)!r}: {where} must map queue ids to offsets, got {m!r}")
         out = {}
         for q, off in m.items():
-            if not str(q).lstrip("-").isdigit() or not isinstance(off, int) or isinstance(off, bool) or off < -2:
-                raise OptionError(f"option {_opt(name)!r}: {where}: queue {q!r} -> {off!r} is not "
-                                  "queueId -> offset (an integer, -2 earliest, -1 latest)")
+            if not str(q).lstrip("-").isdigit() or not isinstance(off, int) or isinstance(off, bool) or \
+                    off < (0 if timestamps else -2):
+                raise OptionError(f"option {_opt(name)!r}: {where}: queue {q!r} -> {off!r} is not " + (
+                    "queueId -> epoch milliseconds" if timestamps else
+                    "queueId -> offset (an integer, -2 earliest, -1 latest)"))
             out[int(q)] = off
         return out
     depth3 = all(isinstance(x, dict) and x and all(isinstance(y, dict) for y in x.values()) for x in got.values())
@@ -207,6 +233,7 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
         raise OptionError("options 'startingTimestamp' and 'startingOffsets' exclude each other: give one")
     if ro.ending_ts is not None and "endingoffsets" in opts:
         raise OptionError("options 'endingTimestamp' and 'endingOffsets' exclude each other: give one")
+    _parse_kafka_extras(ro, opts, brokers, all_topics, have_cq, streaming)
     if "includebody" in opts:
         ro.include_body = _bool("includebody", opts["includebody"])
     if "key" in opts:
@@ -229,3 +256,46 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
     if ro.key is not None and streaming:
         raise OptionError("option 'key' is for batch reads only")
     return ro
+
+
+def _parse_kafka_extras(ro: ReadOptions, opts: dict, brokers: list[str], all_topics: set[str], have_cq: bool,
+                        streaming: bool) -> None:
+    """The Kafka source's options beyond offsets: by-timestamp offsets, failOnDataLoss, partitions and
+    trigger limits, and the metadata view."""
+    for name, attr in (("startingoffsetsbytimestamp", "starting_by_ts"), ("endingoffsetsbytimestamp", "ending_by_ts")):
+        if name in opts:
+            spec = parse_offsets(name, opts[name], brokers, timestamps=True)
+            missing = [t for t in offsets_topics(spec) if t not in all_topics]
+            if missing and have_cq:
+                raise OptionError(f"option {_opt(name)!r}: unknown topic {missing[0]!r}")
+            setattr(ro, attr, spec)
+    if ro.starting_by_ts is not None and ("startingoffsets" in opts or "startingtimestamp" in opts):
+        raise OptionError("option 'startingOffsetsByTimestamp' excludes 'startingOffsets' and 'startingTimestamp': "
+                          "give one")
+    if ro.ending_by_ts is not None and ("endingoffsets" in opts or "endingtimestamp" in opts):
+        raise OptionError("option 'endingOffsetsByTimestamp' excludes 'endingOffsets' and 'endingTimestamp': give one")
+    if streaming and ("endingtimestamp" in opts or "endingoffsetsbytimestamp" in opts):
+        raise OptionError("options 'endingTimestamp' and 'endingOffsetsByTimestamp' are for batch reads only "
+                          "(a stream has no end)")
+    if "startingoffsetsbytimestampstrategy" in opts:
+        v = str(opts["startingoffsetsbytimestampstrategy"]).strip().lower()
+        if v not in ("error", "latest"):
+            raise OptionError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {v!r}")
+        ro.ts_strategy = v
+    if "failondataloss" in opts:
+        ro.fail_on_data_loss = _bool("failondataloss", opts["failondataloss"])
+    if "minpartitions" in opts:
+        ro.min_partitions = _int("minpartitions", opts["minpartitions"], 1)
+    if "minoffsetspertrigger" in opts:
+        ro.min_offsets_per_trigger = _int("minoffsetspertrigger", opts["minoffsetspertrigger"], 1)
+    if "maxtriggerdelay" in opts:
+        ro.max_trigger_delay_ms = _duration_ms("maxtriggerdelay", opts["maxtriggerdelay"])
+    if "checkcrc" in opts:
+        ro.check_crc = _bool("checkcrc", opts["checkcrc"])
+    if "view" in opts:
+        v = str(opts["view"]).strip().lower()
+        if v != "queues":
+            raise OptionError(f"option 'view' must be queues (one row per consume queue), got {opts['view']!r}")
+        if streaming:
+            raise OptionError("option 'view' is for batch reads only")
+        ro.view = v

@@ -4,10 +4,9 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
-
 from . import storeview as SV
-from .options import ReadOptions
+from .loss import data_loss
+from .options import OptionError, ReadOptions
 from .scan import Cond, Partition, StoreRef, int_range
 
 log = logging.getLogger(__name__)
@@ -71,11 +70,41 @@ def _spec_offset(spec, broker: str, topic: str, qid: int) -> int | None:
     return None
 
 
+def first_at_or_after_time(view: SV.StoreView, qv: SV.QueueView, ms: int, cache: SV.FileCache) -> int | None:
+    """Kafka's offsetsForTimes: the first offset whose store time is >= ms, None when there is none."""
+    lo, hi = qv.min_offset, qv.end
+    if lo >= hi:
+        return None
+    off = _first_at_or_after(view, qv, lo, hi, ms, cache)
+    return off if off < hi else None
+
+
+def _below_min(ro: ReadOptions, view: SV.StoreView, qv: SV.QueueView, off: int, what: str) -> int:
+    """A start before the queue's first offset: those messages are gone (failOnDataLoss decides)."""
+    if off < qv.min_offset:
+        data_loss(ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id}: {what} {off} is before the "
+                  f"queue's first offset {qv.min_offset}: offsets {off}..{qv.min_offset - 1} were deleted")
+        return qv.min_offset
+    return off
+
+
 def resolve_start(ro: ReadOptions, view: SV.StoreView, qv: SV.QueueView, cache: SV.FileCache,
                   default: str = "earliest") -> int:
     lo, hi = qv.min_offset, qv.end
-    if ro.starting_ts is not None:
-        return SV.offset_by_time(view, qv, ro.starting_ts, cache)
+    ts = ro.starting_ts
+    if ts is None and ro.starting_by_ts is not None:
+        ts = _spec_offset(ro.starting_by_ts, view.broker, qv.topic, qv.queue_id)
+        if ts is None:
+            return lo if default == "earliest" else hi
+    if ts is not None:
+        off = first_at_or_after_time(view, qv, ts, cache)
+        if off is not None:
+            return off
+        if ro.ts_strategy == "latest":
+            return hi
+        raise OptionError(f"{view.root}: queue {qv.topic}/{qv.queue_id} has no message stored at or after {ts} "
+                          "(startingTimestamp/startingOffsetsByTimestamp; option "
+                          "startingOffsetsByTimestampStrategy=latest starts such queues at their end)")
     spec = ro.starting if ro.starting is not None else default
     if spec == "earliest":
         return lo
@@ -86,13 +115,17 @@ def resolve_start(ro: ReadOptions, view: SV.StoreView, qv: SV.QueueView, cache: 
         return lo
     if off == -1:
         return hi
-    return off
+    return _below_min(ro, view, qv, off, "startingOffsets")
 
 
 def resolve_end(ro: ReadOptions, view: SV.StoreView, qv: SV.QueueView, cache: SV.FileCache) -> int:
     hi = qv.end
-    if ro.ending_ts is not None:
-        return SV.offset_by_time(view, qv, ro.ending_ts, cache)
+    ts = ro.ending_ts
+    if ts is None and ro.ending_by_ts is not None:
+        ts = _spec_offset(ro.ending_by_ts, view.broker, qv.topic, qv.queue_id)
+    if ts is not None:
+        off = first_at_or_after_time(view, qv, ts, cache)
+        return hi if off is None else off          # Kafka: no such offset -> latest
     spec = ro.ending if ro.ending is not None else "latest"
     if spec == "latest":
         return hi
@@ -100,6 +133,29 @@ def resolve_end(ro: ReadOptions, view: SV.StoreView, qv: SV.QueueView, cache: SV
     if off is None or off == -1:
         return hi
     return off
+
+
+def check_spec_queues(ro: ReadOptions, views: list[SV.StoreView]) -> None:
+    """Queues named in offset options must exist (Kafka fails on a partition it is not assigned): a queue
+    named for one store must be in it, one named for every store in at least one of them."""
+    have = {v.broker: set(v.queues) for v in views}
+    anywhere = set().union(*have.values()) if have else set()
+    loaded = {t for t, _ in anywhere}
+    for name, spec in (("startingOffsets", ro.starting), ("endingOffsets", ro.ending),
+                       ("startingOffsetsByTimestamp", ro.starting_by_ts),
+                       ("endingOffsetsByTimestamp", ro.ending_by_ts)):
+        if not isinstance(spec, dict):
+            continue
+        for b, tm in spec.items():
+            queues = anywhere if b is None else have.get(b)
+            if queues is None:
+                continue
+            for t, qm in tm.items():
+                for q in qm:
+                    if t in loaded and (t, q) not in queues:
+                        where = f"store {b!r}" if b else "the store"
+                        raise OptionError(f"option {name!r}: {where} has no queue {t}/{q} (queues of {t}: "
+                                          f"{sorted(x for tt, x in queues if tt == t)})")
 
 
 def _first_at_or_after(view: SV.StoreView, qv: SV.QueueView, a: int, b: int, ms: int, cache: SV.FileCache,
@@ -141,13 +197,18 @@ def queue_range(ro: ReadOptions, conds: list[Cond], view: SV.StoreView, qv: SV.Q
     return a, b
 
 
+def partition_rows(ro: ReadOptions, total: int, default_min: int = 8) -> int:
+    """Rows per partition for a read of `total` rows: option rowsPerPartition, made smaller to give at least
+    8 partitions of MIN_ROWS or more, or (option minPartitions, as Kafka's) at least minPartitions."""
+    if ro.min_partitions:
+        return max(1, min(ro.rows_per_partition, -(-total // ro.min_partitions)))
+    return max(1, min(ro.rows_per_partition, max(MIN_ROWS, -(-total // default_min))))
+
+
 def queue_partitions(view: SV.StoreView, ranges: list[tuple[SV.QueueView, int, int]], conds: list[Cond],
-                     include_body: bool, rows_per_partition: int, min_partitions: int = 8) -> list[Partition]:
-    """Slices of at most rows_per_partition units, packed into partitions of about that many rows (fewer
-    rows when that gives at least min_partitions partitions of MIN_ROWS or more)."""
+                     include_body: bool, rows_per_partition: int) -> list[Partition]:
+    """Slices of at most rows_per_partition units, packed into partitions of about that many rows."""
     ref = StoreRef.of(view)
-    total = sum(b - a for _, a, b in ranges)
-    rows_per_partition = max(1, min(rows_per_partition, max(MIN_ROWS, -(-total // min_partitions))))
     parts: list[Partition] = []
     items: list = []
     rows = 0
@@ -229,28 +290,49 @@ def key_partitions(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> li
     return parts
 
 
+def check_commitlog_gaps(ro: ReadOptions, view: SV.StoreView) -> None:
+    """Commitlog files follow each other: a missing middle file is data loss (failOnDataLoss decides)."""
+    for f, g in zip(view.cl_files, view.cl_files[1:]):
+        if g.base != f.base + view.cl_file_size:
+            data_loss(ro.fail_on_data_loss, f"{view.root}: commitlog offsets {f.base + view.cl_file_size}.."
+                      f"{g.base - 1} have no file (a commitlog file between {os.path.basename(f.path)} and "
+                      f"{os.path.basename(g.path)} is missing)")
+
+
+def _queue_ranges(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> list[tuple[SV.QueueView, int, int]]:
+    cache = SV.FileCache()
+    try:
+        ranges = []
+        for qv in selected_queues(ro, conds, view):
+            a, b = queue_range(ro, conds, view, qv, cache)
+            if a < b:
+                ranges.append((qv, a, b))
+        return ranges
+    finally:
+        cache.close()
+
+
 def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
     parts: list[Partition] = []
     load_topics = topics_to_load(ro, conds) if ro.key is None and ro.mode == "queue" else None
-    for view in load_views(ro, conds, topics=load_topics):
+    views = load_views(ro, conds, topics=load_topics)
+    check_spec_queues(ro, views)
+    queue_reads = []
+    for view in views:
         for note in view.notes:
             log.warning("%s", note)
+        check_commitlog_gaps(ro, view)
         if ro.key is not None:
             parts.extend(key_partitions(ro, conds, view))
-            continue
-        if ro.mode == "commitlog":
+        elif ro.mode == "commitlog":
             cl_lo, cl_hi = int_range(conds, "commitLogOffset")
             items = commitlog_items(view, 0, cl_lo, cl_hi)
             parts.extend(_pack_commitlog(view, items, conds, ro.include_body))
-            continue
-        cache = SV.FileCache()
-        try:
-            ranges = []
-            for qv in selected_queues(ro, conds, view):
-                a, b = queue_range(ro, conds, view, qv, cache)
-                if a < b:
-                    ranges.append((qv, a, b))
-        finally:
-            cache.close()
-        parts.extend(queue_partitions(view, ranges, conds, ro.include_body, ro.rows_per_partition))
+        else:
+            queue_reads.append((view, _queue_ranges(ro, conds, view)))
+    per = partition_rows(ro, sum(b - a for _, ranges in queue_reads for _, a, b in ranges))
+    for view, ranges in queue_reads:
+        parts.extend(queue_partitions(view, ranges, conds, ro.include_body, per))
+    for p in parts:
+        p.fail_on_data_loss, p.check_crc = ro.fail_on_data_loss, ro.check_crc
     return parts

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import codec
+from ..store import codec, scanner
+from ..store.scanner import Outcome
 from . import records as R
 from . import storeview as SV
+from .loss import data_loss, describe
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +165,9 @@ class StoreRef:
 
 
 class Partition(_Base):
+    fail_on_data_loss = True          # set by the planner from the option failOnDataLoss
+    check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
+
     def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
                  key: str | None = None, key_topics: frozenset | None = None, rows: int = 0):
         super().__init__(None)
@@ -262,13 +267,21 @@ def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
         km = _key_bytes_mask(recs, part.key)
         m = km if m is None else (m & km)
     if part.key is not None:
-        km = (recs.sys_flag & ROLLBACK) != ROLLBACK
+        km = recs.indexed()     # what a key lookup finds: what goes to the index
         m = km if m is None else (m & km)
     if m is not None:
         if not m.any():
             return None
         if not m.all():
             recs = recs.select(m)
+    if part.check_crc and part.include_body:
+        ok = np.asarray(recs.crc_ok(), dtype=bool)
+        if not ok.all():
+            data_loss(part.fail_on_data_loss, f"{part.store.root}: {int((~ok).sum())} message(s) whose body does "
+                      f"not match its BODYCRC (corrupt), first at commitlog offset {int(recs.phys[~ok][0])}")
+            if not ok.any():
+                return None
+            recs = recs.select(ok)
     topics = props = None
     smask = None
     for c in conds:
@@ -320,13 +333,17 @@ def _chunks(recs: R.Records):
         i = j
 
 
-def _warn_invalid(store: StoreRef, what: str, offsets: np.ndarray) -> None:
-    log.warning("%s: %d %s hold no valid message (first at commitlog offset %d): skipped", store.root,
-                len(offsets), what, int(offsets[0]))
+def _lost(part: Partition, what: str, offsets: np.ndarray, qoffs: np.ndarray | None, why: str) -> None:
+    """Units or entries whose messages cannot be read: failOnDataLoss decides (see loss.py)."""
+    where = f"queue {describe(qoffs)}, " if qoffs is not None else ""
+    data_loss(part.fail_on_data_loss, f"{part.store.root}: {what}: {where}commitlog {describe(offsets)}: {why}")
 
 
 def read_partition(part: Partition):
-    """Yield the partition's rows as Arrow record batches (records.ARROW_SCHEMA)."""
+    """Yield the partition's rows as Arrow record batches (records.ARROW_SCHEMA). A read that selects
+    nothing has no partition: PySpark then hands the read one InputPartition(None), which yields nothing."""
+    if not isinstance(part, Partition):
+        return
     cache = SV.FileCache()
     try:
         if part.kind == "queue":
@@ -351,28 +368,39 @@ def _runs(fidx: np.ndarray):
         yield int(a), int(b)
 
 
-def _records_at(part: Partition, cache: SV.FileCache, offs: np.ndarray, sizes: np.ndarray | None, what: str):
-    """Records at commitlog offsets (in order), file by file; invalid ones are logged and dropped."""
+def _records_at(part: Partition, cache: SV.FileCache, offs: np.ndarray, sizes: np.ndarray | None, what: str,
+                qoffs: np.ndarray | None = None):
+    """Records at commitlog offsets (in order), file by file; those that cannot be read are data loss
+    (failOnDataLoss: the read fails, or they are skipped with a warning). qoffs: their queue offsets."""
     store = part.store
     fidx = store.file_index(offs)
     for a, b in _runs(fidx):
         fi = int(fidx[a])
         o = offs[a:b]
-        if fi < 0:
-            _warn_invalid(store, what, o)
-            continue
-        base, path, _ = store.cl_files[fi]
+        q = None if qoffs is None else qoffs[a:b]
+        base, path, fsize = store.cl_files[fi] if fi >= 0 else (0, "", 0)
+        in_file = (o < base + max(fsize, store.cl_file_size)) if fi >= 0 else np.zeros(len(o), dtype=bool)
+        if not in_file.all():          # before the first file, or in a file that is missing (a gap)
+            _lost(part, what, o[~in_file], None if q is None else q[~in_file], "no commitlog file holds it")
+            if not in_file.any():
+                continue
+            o, q = o[in_file], (None if q is None else q[in_file])
+            sizes_here = None if sizes is None else sizes[a:b][in_file]
+        else:
+            sizes_here = None if sizes is None else sizes[a:b]
         try:
             _, buf = cache.get(path)
         except FileNotFoundError:
-            _warn_invalid(store, what, o)
+            _lost(part, what, o, q, f"its commitlog file {path} is gone")
             continue
         limit = len(buf)
         if store.data_end is not None:
             limit = min(limit, max(store.data_end - base, 0))
-        recs = R.Records(buf, base, o - base, limit, None if sizes is None else sizes[a:b])
+        recs = R.Records(buf, base, o - base, limit, sizes_here)
         if not recs.valid.all():
-            _warn_invalid(store, what, o[~recs.valid])
+            bad = ~recs.valid
+            _lost(part, what, o[bad], None if q is None else q[bad],
+                  f"no valid message there in {path} (damaged, truncated or zeroed)")
             recs = recs.select(recs.valid)
         if len(recs):
             yield recs
@@ -385,41 +413,63 @@ def _read_queue(part: Partition, cache: SV.FileCache):
         offs, sizes = qv.units(a, b)
         if not len(offs):
             continue
-        ok = (sizes > 0) & (sizes != SV.BLANK_SIZE) & (offs >= cl_min)
+        qoffs = np.arange(max(a, qv.min_offset), max(a, qv.min_offset) + len(offs), dtype=np.int64)
+        what = f"queue {qv.topic}/{qv.queue_id}"
+        ok = (sizes > 0) & (sizes != SV.BLANK_SIZE)
+        gone = ok & (offs < cl_min)
+        if gone.any():
+            _lost(part, what, offs[gone], qoffs[gone], f"its commitlog files were deleted (the commitlog starts "
+                  f"at {cl_min})")
+            ok &= ~gone
         if cl_lo is not None:
             ok &= offs >= cl_lo
         if cl_hi is not None:
             ok &= offs < cl_hi
         if not ok.all():
-            offs, sizes = offs[ok], sizes[ok]
-        for recs in _records_at(part, cache, offs, sizes, f"units of {qv.topic}/{qv.queue_id}"):
+            offs, sizes, qoffs = offs[ok], sizes[ok], qoffs[ok]
+        for recs in _records_at(part, cache, offs, sizes, what, qoffs):
             for chunk in _chunks(recs):
                 batch = rows_of(chunk, part)
                 if batch is not None:
                     yield batch
 
 
+def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outcome, last_base: int) -> None:
+    """A commitlog file's data stops at stop (walk's why). A file before the last one ends with an
+    END_OF_FILE record or is full; a stopped store's data runs to its known end: anything else is loss.
+    The last file of a store being written ends with the record in the making (not loss)."""
+    store = part.store
+    known_end = store.data_end is not None and base + stop < store.data_end
+    if base != last_base and why is not Outcome.END_OF_FILE and stop < store.cl_file_size:
+        if store.data_end is None or known_end:
+            data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} holds no message from offset "
+                      f"{base + stop} ({why.name}) to its end {base + store.cl_file_size}: truncated, zeroed or "
+                      "damaged (later files are read)")
+    elif why is Outcome.INVALID:
+        lvl = logging.DEBUG if store.data_end is None else logging.WARNING
+        log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, base + stop)
+
+
 def _read_commitlog(part: Partition, cache: SV.FileCache):
     store = part.store
+    last_base = store.cl_files[-1][0] if store.cl_files else -1
     for base, path, start, limit in part.items:
         try:
             mm, buf = cache.get(path)
         except FileNotFoundError:
+            data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} is gone")
             continue
         if mm is None:
             continue
         limit = min(limit, len(buf))
-        positions, stop, why = R.walk(mm, start, limit)
+        positions, stop, why = scanner.walk_positions(mm, start, limit)
         recs = R.Records(buf, base, positions, limit)
         bad = np.flatnonzero(~recs.valid)
         if len(bad):
             stop = int(positions[bad[0]])
             recs = recs.slice(0, int(bad[0]))
-            why = "invalid"
-        if why == "invalid":
-            # a store being written ends with a record in the making; a stopped one's data end is known
-            lvl = logging.DEBUG if store.data_end is None else logging.WARNING
-            log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, stop)
+            why = Outcome.INVALID
+        _check_file_end(part, base, path, stop, why, last_base)
         for chunk in _chunks(recs):
             batch = rows_of(chunk, part)
             if batch is not None:
@@ -428,7 +478,9 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
 
 def _read_offsets(part: Partition, cache: SV.FileCache):
     offs = np.asarray(part.items, dtype=np.int64)
-    for recs in _records_at(part, cache, offs, None, "index entries"):
+    cl_min = part.store.cl_files[0][0] if part.store.cl_files else 0
+    offs = offs[offs >= cl_min]        # index entries outlive deleted commitlog files (RocketMQ skips them too)
+    for recs in _records_at(part, cache, offs, None, f"index entries for key {part.key!r}"):
         for chunk in _chunks(recs):
             batch = rows_of(chunk, part)
             if batch is not None:

@@ -39,6 +39,7 @@ def local_scan(store_path, config: StoreConfig | None = None):
     view = SV.load_view(os.path.abspath(str(store_path)), config)
     ref = StoreRef.of(view)
     part = Partition("queue", ref, [], [])
+    part.fail_on_data_loss = False      # statistics count what can be read; the rest is logged as a warning
     rows, minutes = [], {}
     cache = SV.FileCache()
     try:

@@ -7,18 +7,26 @@ maxOffsetsPerTrigger (ReadMaxRows, shared among the queues in proportion to what
 micro-batch reads [start, end) of every queue: the same logical offsets whatever process wrote the store
 meanwhile, so a restart from a checkpoint neither loses nor repeats a message. Queues that appear later
 start at their earliest offset.
+
+Kafka's stream options: minOffsetsPerTrigger with maxTriggerDelay (a trigger waits until that many
+messages are there, or the delay has passed since the last batch), failOnDataLoss (offsets of the batch
+deleted meanwhile: the query fails naming them, or skips them with a warning), endingTimestamp and
+endingOffsets* rejected (a stream has no end).
 """
 from __future__ import annotations
 
 import logging
+import time
 
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from . import options as O
 from . import storeview as SV
-from .plan import load_views, queue_partitions, resolve_start, selected_queues
+from .loss import data_loss
+from .plan import check_spec_queues, partition_rows, queue_partitions, resolve_start, selected_queues
 from .scan import read_partition
+from .viewcache import ViewCache
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +57,12 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict):
         self.ro = O.parse(options, streaming=True)
         self._target: dict | None = None
+        self._cache = ViewCache()
+        self._last_batch = time.monotonic()       # for maxTriggerDelay
 
     # --- offsets ------------------------------------------------------------------------------------
     def _views(self) -> list[SV.StoreView]:
-        return load_views(self.ro, [], topics=self.ro.topics)
+        return [self._cache.load(root, self.ro.config, self.ro.topics) for root in self.ro.paths]
 
     def _current(self) -> tuple[dict, dict]:
         """(end offsets, min offsets) of the selected queues now."""
@@ -66,7 +76,9 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         out: dict = {}
-        for view in self._views():
+        views = self._views()
+        check_spec_queues(self.ro, views)
+        for view in views:
             cache = SV.FileCache()
             try:
                 for qv in selected_queues(self.ro, [], view):
@@ -98,6 +110,8 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if s is None:
                         s = _get(mins, b, t, q) or 0
                     avail[(b, t, q)] = max(e - s, 0)
+        if self._too_few(sum(avail.values())):
+            return _copy(start)
         out = _copy(start)
         max_rows = getattr(limit, "max_rows", None)
         take = split_limit(avail, max_rows) if max_rows is not None else avail
@@ -108,10 +122,27 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out.setdefault(b, {}).setdefault(t, {})[q] = s + n
         return out
 
+    def _too_few(self, available: int) -> bool:
+        """minOffsetsPerTrigger: wait for more messages, unless maxTriggerDelay has passed since the last
+        batch (or the query runs Trigger.AvailableNow, which reads what is there)."""
+        need = self.ro.min_offsets_per_trigger
+        if available <= 0:
+            return False          # nothing to read: the offsets stay where they are
+        if need is None or self._target is not None or available >= need:
+            self._last_batch = time.monotonic()
+            return False
+        if (time.monotonic() - self._last_batch) * 1000 >= self.ro.max_trigger_delay_ms:
+            self._last_batch = time.monotonic()
+            return False
+        return True
+
     # --- reading ------------------------------------------------------------------------------------
     def partitions(self, start: dict, end: dict):
         parts = []
-        for view in self._views():
+        views = self._views()
+        per = partition_rows(self.ro, sum(max(e - (_get(start, b, t, q) or 0), 0) for b, tm in end.items()
+                                          for t, qm in tm.items() for q, e in qm.items()))
+        for view in views:
             tm = end.get(view.broker, {})
             ranges = []
             for qv in selected_queues(self.ro, [], view):
@@ -121,17 +152,21 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 s = _get(start, view.broker, qv.topic, _key(qv.queue_id))
                 if s is None:
                     s = qv.min_offset
-                if s < qv.min_offset:
-                    log.warning("%s %s/%d: offsets %d..%d were deleted from the store: skipped", view.broker,
-                                qv.topic, qv.queue_id, s, qv.min_offset)
+                if s < min(qv.min_offset, e):
+                    data_loss(self.ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id}: offsets "
+                              f"{s}..{min(qv.min_offset, e) - 1} of this batch were deleted from the store "
+                              f"(its first offset is now {qv.min_offset})")
                     s = qv.min_offset
                 if e > qv.end:
-                    raise RuntimeError(f"{view.root}: queue {qv.topic}/{qv.queue_id} ends at {qv.end}, before the "
-                                       f"offset {e} of the batch being read: the store was truncated (recovered "
-                                       "after a crash?) since that offset was planned")
+                    data_loss(self.ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id} ends at "
+                              f"{qv.end}, before the offset {e} of the batch being read: offsets {qv.end}..{e - 1} "
+                              "are gone (the store was truncated, recovered after a crash?, since they were planned)")
+                    e = qv.end
                 if s < e:
                     ranges.append((qv, s, e))
-            parts.extend(queue_partitions(view, ranges, [], self.ro.include_body, self.ro.rows_per_partition))
+            parts.extend(queue_partitions(view, ranges, [], self.ro.include_body, per))
+        for p in parts:
+            p.fail_on_data_loss, p.check_crc = self.ro.fail_on_data_loss, self.ro.check_crc
         return parts
 
     def read(self, partition):

@@ -1,4 +1,4 @@
-"""df.write.format("rocketmq").mode("append").save(STORE): append rows as messages.
+"""df.write.format("rocketmq").mode("append").save(STORE): append rows as messages, exactly once or none.
 
 A store has one writer at a time (its `lock` file), and a Spark job has many tasks, some of which may run
 twice (retries, speculation). So:
@@ -7,12 +7,16 @@ twice (retries, speculation). So:
   tags / keys / properties columns, queue id, flag, born time and host) into one Arrow IPC buffer, its
   commit message; nothing is written by a task;
 * the driver appends: commit() opens the store (taking its lock: a store open in another process fails
-  with StoreLockedError naming it), appends the tasks' messages in partition order with
-  MessageStore.put_messages, waits until they are dispatched and closes the store. A failed job aborts
-  before anything was appended, and a retried task's message replaces its first attempt's: every row is
-  appended exactly once, or none.
+  with StoreLockedError naming it) and appends the tasks' messages in partition order as one two-phase
+  transaction (spark/transaction.py: half messages, a durable commit point, commit records), then waits
+  until they are dispatched and closes the store. A failed job aborts before anything was appended, a
+  retried task's message replaces its first attempt's, and a driver killed mid-append leaves either
+  nothing visible (halves only: rolled back by the next write) or a committed transaction (finished by
+  the next write). Option writeId (like Delta's txnAppId): a write whose id the store has committed is
+  skipped, so re-running a job whose driver died gives exactly one copy.
 
-Everything passes through the driver: this suits what a broker's store takes (GBs), not more.
+Everything passes through the driver: this suits what a broker's store takes (GBs), not more. Each row
+costs two commitlog records (its half and its commit record).
 
 Columns: topic (string, required), body (binary or string, required), tags (string), keys (array<string>,
 or a string of space-separated keys), properties (map<string,string>), queueId (int: when null or absent the
@@ -68,14 +72,15 @@ def _store_path(options: dict) -> str:
     return os.path.abspath(p)
 
 
-def check_target(options: dict, overwrite: bool) -> tuple[str, StoreConfig]:
+def check_target(options: dict, overwrite: bool, known: tuple = ("path", "config", "writeid")
+                 ) -> tuple[str, StoreConfig]:
     """Fail at planning: overwrite mode, a path that is neither a store nor empty, a store held by another
     process, a bad config."""
     if overwrite:
         raise WriteError("the rocketmq sink only appends: use mode('append')")
-    unknown = sorted(set(k.lower() for k in options) - {"path", "config"})
+    unknown = sorted(set(k.lower() for k in options) - set(known))
     if unknown:
-        raise WriteError(f"unknown option {unknown[0]!r} of the rocketmq sink (known: path, config)")
+        raise WriteError(f"unknown option {unknown[0]!r} of the rocketmq sink (known: {', '.join(known)})")
     path = _store_path(options)
     if os.path.exists(path):
         if not os.path.isdir(path):
@@ -196,6 +201,22 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
                                       schema=NORMAL)
 
 
+def encode_task(iterator, max_message_size: int) -> EncodedRows:
+    """A task's rows (Arrow batches), checked and normalised, as its commit message."""
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    now = int(time.time() * 1000)
+    sink = io.BytesIO()
+    rows = 0
+    with pa.ipc.new_stream(sink, NORMAL) as w:
+        for batch in iterator:
+            if batch.num_rows:
+                nb = normalize(batch, max_message_size, now)
+                w.write_batch(nb)
+                rows += nb.num_rows
+    return EncodedRows(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0, rows, sink.getvalue())
+
+
 class RocketMQWriter(DataSourceArrowWriter):
     def __init__(self, options: dict, schema, overwrite: bool):
         self.options = dict(options)
@@ -203,65 +224,57 @@ class RocketMQWriter(DataSourceArrowWriter):
         check_schema(schema)
 
     def write(self, iterator) -> EncodedRows:
-        from pyspark import TaskContext
-        ctx = TaskContext.get()
-        now = int(time.time() * 1000)
-        sink = io.BytesIO()
-        rows = 0
-        with pa.ipc.new_stream(sink, NORMAL) as w:
-            for batch in iterator:
-                if batch.num_rows:
-                    nb = normalize(batch, self.config.max_message_size, now)
-                    w.write_batch(nb)
-                    rows += nb.num_rows
-        return EncodedRows(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0, rows,
-                           sink.getvalue())
+        return encode_task(iterator, self.config.max_message_size)
 
     def commit(self, messages) -> None:
         msgs = sorted((m for m in messages if m is not None), key=lambda m: m.partition)
-        append_encoded(self.path, self.config, msgs)
+        append_encoded(self.path, self.config, msgs, write_id=self.options.get("writeId")
+                       or self.options.get("writeid"))
 
     def abort(self, messages) -> None:
         log.warning("%s: write aborted: nothing was appended", self.path)
 
 
-def append_encoded(path: str, config: StoreConfig, msgs: list[EncodedRows]) -> dict:
-    """Append the encoded rows (in order) to the store at path, holding its lock; returns counts."""
+def to_messages(msgs: list[EncodedRows], queues: dict[str, list[int]], default_queues: int) -> list:
+    """The encoded rows as Messages, in order; null queue ids round robin over the topic's queues."""
     from ..store.message import DEFAULT_HOST, Message
+    rr: dict[str, int] = {}
+    out = []
+    for m in msgs:
+        if not m.rows:
+            continue
+        with pa.ipc.open_stream(m.payload) as r:
+            for batch in r:
+                d = batch.to_pydict()
+                for topic, qid, flag, born, host, props, body in zip(
+                        d["topic"], d["queueId"], d["flag"], d["bornTimestamp"], d["bornHost"],
+                        d["properties"], d["body"]):
+                    if qid is None:
+                        qs = queues.get(topic) or list(range(default_queues))
+                        i = rr.get(topic, 0)
+                        qid = qs[i % len(qs)]
+                        rr[topic] = i + 1
+                    out.append(Message(topic=topic, body=body, queue_id=qid, flag=flag, born_timestamp=born,
+                                       born_host=host or DEFAULT_HOST, properties=codec.string_to_properties(props)))
+    return out
+
+
+def append_encoded(path: str, config: StoreConfig, msgs: list[EncodedRows], *, write_id: str | None = None,
+                   sink: tuple[str, int] | None = None) -> dict:
+    """Append the encoded rows (in order) to the store at path as one transaction (transaction.py),
+    holding its lock; returns counts."""
     from ..store.store import MessageStore
-    total = sum(m.rows for m in msgs)
+    from .transaction import two_phase_append, wait_visible
     store = MessageStore.open(path, config, start_services=False)
     try:
-        queues = {t: qs for t, qs in store.topics().items()}
-        rr: dict[str, int] = {}
-        appended = 0
-        for m in msgs:
-            if not m.rows:
-                continue
-            with pa.ipc.open_stream(m.payload) as r:
-                for batch in r:
-                    d = batch.to_pydict()
-                    out = []
-                    for topic, qid, flag, born, host, props, body in zip(
-                            d["topic"], d["queueId"], d["flag"], d["bornTimestamp"], d["bornHost"],
-                            d["properties"], d["body"]):
-                        if qid is None:
-                            qs = queues.get(topic) or list(range(config.default_topic_queue_nums))
-                            i = rr.get(topic, 0)
-                            qid = qs[i % len(qs)]
-                            rr[topic] = i + 1
-                        out.append(Message(topic=topic, body=body, queue_id=qid, flag=flag, born_timestamp=born,
-                                           born_host=host or DEFAULT_HOST,
-                                           properties=codec.string_to_properties(props)))
-                    for start in range(0, len(out), 1024):
-                        res = store.put_messages(out[start:start + 1024])
-                        bad = [r for r in res if not r.ok]
-                        if bad:
-                            raise RuntimeError(f"{path}: put failed with {bad[0].status.value} after {appended} of "
-                                               f"{total} messages were appended")
-                        appended += len(res)
-        store.dispatcher.wait_dispatched()
+        out = to_messages(msgs, store.topics(), config.default_topic_queue_nums)
+        got = two_phase_append(store, out, sink=sink, write_id=write_id)
+        del out
+        wait_visible(store)
     finally:
         store.close()
-    log.info("%s: %d messages appended", path, appended)
-    return {"store": path, "messages": appended}
+    if got["skipped"]:
+        log.warning("%s: nothing appended: %s", path, got["skipped"])
+    else:
+        log.info("%s: %d messages appended", path, got["messages"])
+    return {"store": path, **got}

@@ -1,0 +1,51 @@
+"""Store views kept between the triggers of a stream: a view is loaded again only when a file of the store
+changed (names, sizes and modification times of the commitlog, consume queue, checkpoint, abort and lock
+files), so a trigger on a store nobody writes does not emulate recovery again."""
+from __future__ import annotations
+
+import os
+
+from . import storeview as SV
+
+_MAX = 16
+
+
+def fingerprint(root: str) -> tuple:
+    """What identifies the store's state on disk: (path, size, mtime_ns) of the files a view reads."""
+    out = []
+    for name in ("checkpoint", "abort", "lock"):
+        p = os.path.join(root, name)
+        try:
+            st = os.stat(p)
+            out.append((name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((name, -1, 0))
+    for d in (SV.commitlog_dir(root) or "", os.path.join(root, "consumequeue")):
+        for dirpath, dirnames, files in os.walk(d):
+            dirnames.sort()
+            for f in sorted(files):
+                try:
+                    st = os.stat(os.path.join(dirpath, f))
+                except OSError:
+                    continue
+                out.append((dirpath, f, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+class ViewCache:
+    """load_view, remembered per (root, topics) while the store's files stay the same."""
+
+    def __init__(self) -> None:
+        self._views: dict[tuple, tuple[tuple, SV.StoreView]] = {}
+
+    def load(self, root: str, config, topics: set[str] | None) -> SV.StoreView:
+        key = (root, None if topics is None else frozenset(topics))
+        fp = fingerprint(root)
+        got = self._views.get(key)
+        if got is not None and got[0] == fp and not got[1].live:
+            return got[1]
+        view = SV.load_view(root, config, topics=topics)
+        if len(self._views) >= _MAX:
+            self._views.pop(next(iter(self._views)))
+        self._views[key] = (fp, view)
+        return view

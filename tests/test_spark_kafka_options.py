@@ -1,0 +1,230 @@
+"""The rocketmq source's Kafka-source options on a plain SparkSession: timestamps as Kafka reads them (the
+first offset whose store time is >= T), startingOffsetsByTimestamp / endingOffsetsByTimestamp and their
+strategy, minPartitions, unknown queues, stream-only and batch-only options, the queues metadata view, and
+failOnDataLoss both ways (commitlog files deleted, a middle commitlog file zeroed or missing)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
+
+pytestmark = pytest.mark.spark
+CFG = StoreConfig(mapped_file_size_commit_log=8192, mapped_file_size_consume_queue=20 * 1000)
+ROUNDS, PER_ROUND = 4, 60           # messages of topic T (2 queues), stored in rounds a few ms apart
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from rmqstore.spark import register
+    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-kafka-options")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Topic T, 2 queues, 240 messages of ~200 bytes in 8 KiB commitlog files (about 9 files)."""
+    root = tmp_path_factory.mktemp("kafka") / "b" / "store"
+    with MessageStore.open(root, CFG) as st:
+        for r in range(ROUNDS):
+            st.put_messages([Message("T", (f"r{r}-{i}-" + "x" * 150).encode(), queue_id=i % 2)
+                             for i in range(PER_ROUND)])
+            assert st.wait_dispatched()
+            time.sleep(0.03)
+    (root.parent / "store.conf").write_text(CFG.to_properties())
+    return root
+
+
+def load(spark, root, **opts):
+    r = spark.read.format("rocketmq").option("config", str(root.parent / "store.conf"))
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load(str(root))
+
+
+def rows(df) -> list[tuple]:
+    from pyspark.sql import functions as F
+    return sorted((r.queueId, r.queueOffset, r.ms) for r in
+                  df.select("queueId", "queueOffset", F.unix_millis("storeTimestamp").alias("ms")).collect())
+
+
+def test_timestamps_start_at_the_first_message_stored_at_or_after(spark, store):
+    every = rows(load(spark, store))
+    assert len(every) == ROUNDS * PER_ROUND
+    times = sorted({ms for _, _, ms in every})
+    t = times[len(times) // 2] + 1            # between two store times: Kafka's rule differs from RocketMQ's
+    got = rows(load(spark, store, startingTimestamp=str(t)))
+    assert got == [r for r in every if r[2] >= t] and got
+    per_queue = {"T": {"0": t, "1": times[0]}}
+    got = rows(load(spark, store, startingOffsetsByTimestamp=json.dumps(per_queue),
+                    endingOffsetsByTimestamp=json.dumps({"T": {"0": times[-1] + 1, "1": t}})))
+    assert got == [r for r in every if (r[0] == 0 and r[2] >= t) or (r[0] == 1 and r[2] < t)]
+    from pyspark.errors import PySparkException
+    with pytest.raises(PySparkException, match="startingOffsetsByTimestampStrategy"):
+        load(spark, store, startingTimestamp=str(times[-1] + 1)).count()
+
+
+def test_option_checks(spark, store):
+    from pyspark.errors import PySparkException
+    conf = str(store.parent / "store.conf")
+    with pytest.raises(Exception, match="endingTimestamp"):       # when the stream starts
+        q = (spark.readStream.format("rocketmq").option("config", conf).option("endingTimestamp", "5")
+             .load(str(store)).writeStream.format("memory").queryName("ending_ts").start())
+        q.awaitTermination(300)
+    with pytest.raises(PySparkException, match="no queue T/5"):
+        load(spark, store, startingOffsets=json.dumps({"T": {"0": 0, "5": 0}})).count()
+    with pytest.raises(PySparkException, match="startingOffsetsByTimestampStrategy"):
+        load(spark, store, startingOffsetsByTimestampStrategy="earliest")
+    with pytest.raises(PySparkException, match="maxTriggerDelay"):
+        load(spark, store, maxTriggerDelay="soon")
+    assert load(spark, store, minPartitions="6").rdd.getNumPartitions() >= 6
+    assert load(spark, store).rdd.getNumPartitions() == 1
+
+
+def test_queues_view_counts_without_a_scan(spark, store):
+    got = {(r.topic, r.queueId): r for r in load(spark, store, view="queues").collect()}
+    assert set(got) == {("T", 0), ("T", 1)}
+    every = rows(load(spark, store))
+    for q in (0, 1):
+        r = got[("T", q)]
+        mine = [x for x in every if x[0] == q]
+        assert (r.minOffset, r.maxOffset, r.messages) == (0, len(mine), len(mine))
+        assert (r.firstStoreTimestamp.timestamp() * 1000, r.lastStoreTimestamp.timestamp() * 1000) == \
+            pytest.approx((mine[0][2], mine[-1][2]), abs=1)
+
+
+def _copy(store, dst):
+    shutil.copytree(store.parent, dst)
+    return dst / "store"
+
+
+def _cl_files(root):
+    return sorted((root / "commitlog").iterdir())
+
+
+@pytest.mark.parametrize("how", ["zeroed", "deleted"])
+def test_damaged_middle_commitlog_file_fails_or_is_skipped(spark, store, tmp_path, how):
+    from pyspark.errors import PySparkException
+    root = _copy(store, tmp_path / "c")
+    files = _cl_files(root)
+    assert len(files) >= 6
+    victim = files[2]
+    base, nxt = int(victim.name), int(files[3].name)
+    if how == "zeroed":
+        victim.write_bytes(b"\0" * victim.stat().st_size)
+    else:
+        victim.unlink()
+    every = rows(load(spark, store))
+    offs = {(r.queueId, r.queueOffset): r.commitLogOffset for r in
+            load(spark, store).select("queueId", "queueOffset", "commitLogOffset").collect()}
+    kept = [r for r in every if not base <= offs[(r[0], r[1])] < nxt]
+    assert 0 < len(kept) < len(every)
+    for mode in ("queue", "commitlog"):
+        with pytest.raises(PySparkException, match="failOnDataLoss") as e:
+            load(spark, root, mode=mode).count()
+        assert str(base) in str(e.value) or victim.name in str(e.value)
+    assert rows(load(spark, root, failOnDataLoss="false")) == kept          # later files are read
+    got = load(spark, root, mode="commitlog", failOnDataLoss="false").filter("topic = 'T'")
+    assert rows(got) == kept
+
+
+def test_deleted_commitlog_files_and_offsets_before_the_queue_start(spark, store, tmp_path):
+    from pyspark.errors import PySparkException
+    root = _copy(store, tmp_path / "d")
+    files = _cl_files(root)
+    for f in files[:2]:
+        f.unlink()                         # what `rmqstore clean --force` leaves: the consume queues still point there
+    start = int(files[2].name)
+    every = load(spark, store).select("queueId", "queueOffset", "commitLogOffset").collect()
+    left = sorted((r.queueId, r.queueOffset) for r in every if r.commitLogOffset >= start)
+    assert sorted((r.queueId, r.queueOffset) for r in load(spark, root).collect()) == left   # earliest: no loss
+    asked = json.dumps({"T": {"0": 0, "1": 0}})
+    with pytest.raises(PySparkException, match="failOnDataLoss") as e:
+        load(spark, root, startingOffsets=asked).count()
+    assert "T/0" in str(e.value) or "T/1" in str(e.value)
+    got = load(spark, root, startingOffsets=asked, failOnDataLoss="false")
+    assert sorted((r.queueId, r.queueOffset) for r in got.collect()) == left
+    stream = (spark.readStream.format("rocketmq").option("config", str(root.parent / "store.conf"))
+              .option("startingOffsets", asked).load(str(root)))
+    q = stream.writeStream.format("memory").queryName("loss_stream").trigger(availableNow=True).start()
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        q.awaitTermination(300)
+
+
+def test_a_flipped_body_byte_fails_the_read_unless_told(spark, store, tmp_path):
+    """checkCRC (on by default, as Kafka's check.crcs): a body that does not match its BODYCRC."""
+    from pyspark.errors import PySparkException
+    root = _copy(store, tmp_path / "crc")
+    first = _cl_files(root)[0]
+    raw = bytearray(first.read_bytes())
+    at = raw.index(b"r0-4-") + 6
+    raw[at] ^= 0x01
+    first.write_bytes(bytes(raw))
+    with pytest.raises(PySparkException, match="BODYCRC"):
+        load(spark, root, topics="T", queueIds="0").count()
+    assert load(spark, root, topics="T", queueIds="0", checkCRC="false").count() == ROUNDS * PER_ROUND // 2
+    assert load(spark, root, topics="T", queueIds="0", failOnDataLoss="false").count() == ROUNDS * PER_ROUND // 2 - 1
+
+
+def test_stream_offsets_reuse_the_view_while_the_store_is_unchanged(tmp_path):
+    """latestOffset on a store nobody writes does not emulate recovery again (no Spark needed)."""
+    from rmqstore.spark.stream import RocketMQStreamReader
+    root = tmp_path / "s" / "store"
+    with MessageStore.open(root, CFG) as st:
+        st.put_messages([Message("T", b"m%d" % i, queue_id=i % 2) for i in range(10)])
+        assert st.wait_dispatched()
+    conf = tmp_path / "s" / "store.conf"
+    conf.write_text(CFG.to_properties())
+    r = RocketMQStreamReader({"path": str(root), "config": str(conf), "startingOffsets": "earliest"})
+    start = r.initialOffset()
+    assert r.latestOffset(start, r.getDefaultReadLimit()) == {"s": {"T": {"0": 5, "1": 5}}}
+    views = [v for _, v in r._cache._views.values()]
+    r.latestOffset(start, r.getDefaultReadLimit())
+    assert all(a is b for a, b in zip(views, [v for _, v in r._cache._views.values()], strict=True))
+    # minOffsetsPerTrigger: 10 messages are fewer than 20: no batch until maxTriggerDelay has passed
+    opts = {"path": str(root), "config": str(conf), "startingOffsets": "earliest", "minOffsetsPerTrigger": "20"}
+    waiting = RocketMQStreamReader({**opts, "maxTriggerDelay": "1h"})
+    assert waiting.latestOffset(start, waiting.getDefaultReadLimit()) == start
+    due = RocketMQStreamReader({**opts, "maxTriggerDelay": "0s"})
+    assert due.latestOffset(start, due.getDefaultReadLimit()) == {"s": {"T": {"0": 5, "1": 5}}}
+    with MessageStore.open(root, CFG) as st:
+        st.put_messages([Message("T", b"n", queue_id=0)])
+        assert st.wait_dispatched()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert list(end.values())[0] == {"T": {"0": 6, "1": 5}}
+
+
+def test_stream_batch_whose_offsets_were_deleted_meanwhile(store, tmp_path):
+    """A micro-batch planned before `rmqstore clean --force` deleted its messages (no Spark needed)."""
+    from rmqstore.spark.loss import DataLossError
+    from rmqstore.spark.stream import RocketMQStreamReader
+    root = _copy(store, tmp_path / "st")
+    opts = {"path": str(root), "config": str(root.parent / "store.conf"), "startingOffsets": "earliest"}
+    r = RocketMQStreamReader(opts)
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert start == {"st": {"T": {"0": 0, "1": 0}}}
+    for f in _cl_files(root)[:2]:
+        f.unlink()
+    with pytest.raises(DataLossError, match=r"queue T/0: offsets 0\.\.\d+ of this batch were deleted"):
+        RocketMQStreamReader(opts).partitions(start, end)
+    parts = RocketMQStreamReader({**opts, "failOnDataLoss": "false"}).partitions(start, end)
+    firsts = {qv.queue_id: a for p in parts for qv, a, _ in p.items}
+    assert firsts[0] > 0 and firsts[1] > 0

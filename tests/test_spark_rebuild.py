@@ -1,0 +1,136 @@
+"""`rmqstore rebuild --engine spark` as a subprocess: builds aside and swaps in, so a SIGKILLed rebuild
+leaves consumequeue/ and index/ as they were; a later one (with a small spark.driver.memory, passed with
+--conf) cleans up and gives the local engine's files. Also the staging directory's recovery, without
+Spark."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from rmqstore.errors import StoreLockedError
+from rmqstore.spark import staging
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message_batch import MessageBatch
+from rmqstore.store.rebuild import rebuild_store
+from rmqstore.store.store import MessageStore
+
+CONF = ("mapedFileSizeCommitLog=4194304\nmapedFileSizeConsumeQueue=120000\nmaxHashSlotNum=5000\n"
+        "maxIndexNum=40000\n")
+
+
+def files(root: Path, sub: str) -> dict[str, bytes]:
+    base = root / sub
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def index_parts(root: Path) -> list:
+    """Index files without their names and hashSlotCount (named by the clock by the local engine)."""
+    out = []
+    for p in sorted((root / "index").iterdir()):
+        raw = p.read_bytes()
+        b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack_from(raw, 0)
+        out.append(((b_ts, e_ts, b_phy, e_phy, count), raw[codec.INDEX_HEADER_SIZE:]))
+    return out
+
+
+def make_store(path: Path, cfg: StoreConfig, n: int) -> None:
+    with MessageStore.open(path, cfg) as st:
+        for s in range(0, n, 5000):
+            for t in ("RA", "RB"):
+                st.put_messages(MessageBatch(t, [f"{t}-{i}".encode() * 3 for i in range(s, s + 5000)],
+                                             queue_ids=[i % 4 for i in range(5000)], tags=f"tag{s % 3}",
+                                             keys=[f"k{i}" for i in range(s, s + 5000)]))
+        assert st.wait_dispatched(120)
+
+
+def rebuild_cli(store: Path, conf: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    return subprocess.Popen([str(Path(sys.executable).parent / "rmqstore"), "rebuild", "--engine", "spark",
+                             "--master", "local[2]", *extra, "-c", str(conf), str(store)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_unlocked(store: Path, cfg: StoreConfig) -> None:
+    deadline = time.time() + 120
+    while True:
+        try:
+            with MessageStore.open(store, cfg, start_services=False):
+                return
+        except StoreLockedError:
+            assert time.time() < deadline, "the killed rebuild's lock was not released"
+            time.sleep(0.5)
+
+
+@pytest.mark.spark
+def test_killed_rebuild_leaves_store_then_rebuild_with_small_driver(tmp_path):
+    conf = tmp_path / "store.conf"
+    conf.write_text(CONF)
+    cfg = StoreConfig.load(conf)
+    store, local = tmp_path / "store", tmp_path / "local"
+    make_store(store, cfg, 100_000)
+    shutil.copytree(store, local)
+    before = {sub: files(store, sub) for sub in ("consumequeue", "index")}
+    assert len(before["index"]) >= 4 and len(before["consumequeue"]) >= 16
+    p = rebuild_cli(store, conf)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and p.poll() is None:     # mid-run: tasks have written pieces
+            if any(store.glob(".rebuild-*/parts/*/q*.npy")):
+                break
+            time.sleep(0.01)
+        assert p.poll() is None, p.communicate()
+        os.kill(p.pid, signal.SIGKILL)                         # the CLI (driver) process only
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    wait_unlocked(store, cfg)                                  # ... and the store opens
+    assert {sub: files(store, sub) for sub in ("consumequeue", "index")} == before, "store changed"
+    assert list(store.glob(".rebuild-*")), "the killed rebuild's staging directory is left"
+    # a full rebuild now, with a 512 MB driver (Spark's minimum is 450 MB): removes the stale staging
+    # directory, equals the local engine
+    p = rebuild_cli(store, conf, "--conf", "spark.driver.memory=512m", "--conf", "spark.ui.enabled=false")
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err.decode()[-3000:]
+    assert b'"messages":200000' in out
+    assert not list(store.glob(".rebuild-*"))
+    rebuild_store(local, cfg)
+    assert files(store, "consumequeue") == files(local, "consumequeue")
+    assert index_parts(store) == index_parts(local)
+    with MessageStore.open(store, cfg, start_services=False) as st:
+        assert st.recovery_report.redispatched_messages == 0
+        assert [m.body for m in st.find_messages_by_key("RB", "k777")] == [b"RB-777" * 3]
+
+
+def test_staging_recovery(tmp_path):
+    store = tmp_path / "s"
+    (store / "consumequeue" / "T" / "0").mkdir(parents=True)
+    (store / "consumequeue" / "T" / "0" / "old").write_text("old")
+    (store / "index").mkdir()
+    # a rebuild killed before its swap: removed, the store untouched
+    dead = store / ".rebuild-1"
+    (dead / "consumequeue").mkdir(parents=True)
+    (dead / "consumequeue" / "new").write_text("new")
+    assert staging.recover_stale(store) == [".rebuild-1: removed (its rebuild did not finish)"]
+    assert not dead.exists() and (store / "consumequeue" / "T" / "0" / "old").read_text() == "old"
+    # one killed during its swap (consumequeue swapped, index not yet): the swap is completed
+    (dead / "index").mkdir(parents=True)
+    (dead / "index" / "20260101000000000").write_text("new index")
+    (dead / staging.MARKER).write_text("")
+    os.rename(store / "consumequeue", dead / "old-consumequeue")
+    (store / "consumequeue").mkdir()
+    (store / "consumequeue" / "new").write_text("new")
+    assert staging.recover_stale(store) == [".rebuild-1: completed its swap"]
+    assert not dead.exists()
+    assert os.listdir(store / "consumequeue") == ["new"]
+    assert os.listdir(store / "index") == ["20260101000000000"]

@@ -1,0 +1,105 @@
+"""spark.read.format("rocketmq") in a user's own SparkSession (built with SparkSession.builder, no rmqstore
+settings, Python filter pushdown left off): it reads, a reused DataFrame gives the right rows for every query,
+and a read that selects nothing gives 0 rows."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.message import Message
+from rmqstore.store.store import MessageStore
+
+pytestmark = pytest.mark.spark
+TOPICS = {"TopicA": 60, "TopicB": 30, "TopicC": 10}     # messages per queue (2 queues each)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from rmqstore.spark import register
+    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-source")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    # Spark's default (set again: a session stopped earlier in this process may have left it on)
+    s.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    register(s)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src") / "broker-a" / "store"
+    cfg = StoreConfig(mapped_file_size_commit_log=8192, mapped_file_size_consume_queue=20 * 1000)
+    with MessageStore.open(root, cfg) as st:
+        for t, n in TOPICS.items():
+            st.put_messages([Message(t, f"{t}-{i}".encode(), queue_id=i % 2, properties={"KEYS": f"{t}-k{i}"})
+                             for i in range(2 * n)])
+        assert st.wait_dispatched()
+    (root.parent / "store.conf").write_text(cfg.to_properties())
+    return root
+
+
+def load(spark, root, **opts):
+    r = spark.read.format("rocketmq").option("config", str(root.parent / "store.conf"))
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load(str(root))
+
+
+def test_own_session_reads_and_a_reused_dataframe_gives_each_query_its_rows(spark, store):
+    """The issue's case: filter on topic, count; then count and group the same DataFrame."""
+    df = load(spark, store)
+    assert df.filter("topic = 'TopicA'").count() == 120
+    assert df.count() == 200
+    assert {r.topic: r["count"] for r in df.groupBy("topic").count().collect()} == {"TopicA": 120, "TopicB": 60,
+                                                                                    "TopicC": 20}
+    assert df.filter("topic = 'TopicB' and queueId = 1").count() == 30
+    assert df.count() == 200
+    assert "PushedFilters: []" in df.filter("topic = 'TopicA'")._jdf.queryExecution().executedPlan().toString() \
+        or "PushedFilters" not in df.filter("topic = 'TopicA'")._jdf.queryExecution().executedPlan().toString()
+
+
+def test_pushfilters_true_needs_sparks_setting_and_names_it(spark, store):
+    from pyspark.errors import PySparkException
+    df = load(spark, store, pushFilters="true")
+    with pytest.raises(PySparkException, match="filterPushdown"):
+        df.count()
+
+
+def _future_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 86400))
+
+
+EMPTY = [
+    ({}, "topic = 'Nope'"),
+    ({}, f"storeTimestamp > timestamp'{_future_iso()[:-1].replace('T', ' ')}'"),
+    ({}, "queueOffset >= 100000"),
+    ({"subscribePattern": "Nothing.*"}, None),
+    ({"queueIds": "99"}, None),
+    ({"startingOffsets": json.dumps({"TopicA": {"0": 500, "1": 500}}), "topics": "TopicA"}, None),
+    ({"startingOffsets": json.dumps({"TopicA": {"0": 20}}), "endingOffsets": json.dumps({"TopicA": {"0": 10}}),
+      "topics": "TopicA", "queueIds": "0"}, None),
+    ({"startingTimestamp": _future_iso(), "startingOffsetsByTimestampStrategy": "latest"}, None),
+    ({"endingTimestamp": "1000"}, None),
+    ({"endingOffsetsByTimestamp": json.dumps({"TopicA": {"0": 1000, "1": 1000}}), "topics": "TopicA"}, None),
+    ({"view": "queues", "topics": "TopicA", "queueIds": "7"}, None),
+]
+
+
+@pytest.mark.parametrize("opts,where", EMPTY, ids=[f"{o}-{w}" for o, w in EMPTY])
+def test_a_read_that_selects_nothing_gives_no_rows(spark, store, opts, where):
+    df = load(spark, store, **opts)
+    if where:
+        df = df.filter(where)
+    assert df.select("topic").collect() == []

@@ -1,0 +1,194 @@
+"""The Spark writers' exactly-once: a batch write whose driver is SIGKILLed leaves all or none of its rows
+(a re-run with the same writeId gives exactly one copy), and the streaming sink appends each micro-batch
+once across a restart that replays a batch (one local SparkSession for the module; the killed drivers
+are child processes with their own)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from rmqstore.store import codec
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.store import MessageStore
+
+pytestmark = pytest.mark.spark
+
+CONF = "mapedFileSizeCommitLog=33554432\nmapedFileSizeConsumeQueue=600000\ndefaultTopicQueueNums=4\n"
+
+DRIVER = r'''
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession
+from rmqstore.spark import register
+store, conf, n, write_id = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+s = (SparkSession.builder.master("local[2]").appName("killed-writer").config("spark.ui.enabled", "false")
+     .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+s.sparkContext.setLogLevel("ERROR")
+register(s)
+df = s.range(n, numPartitions=4).selectExpr("concat('K', cast(id % 3 as string)) as topic",
+                                          "cast(concat('body-', cast(id as string)) as binary) as body",
+                                          "map('seq', cast(id as string)) as properties")
+df.write.format("rocketmq").mode("append").option("config", conf).option("writeId", write_id).save(store)
+print("WRITTEN", flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from rmqstore.spark import register
+    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-write")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.streaming.pollingDelay", "100ms")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    yield s
+    s.stop()
+
+
+def visible(store: Path, cfg: StoreConfig, topics) -> int:
+    """Messages consumers see (consume queue units), after the recovery MessageStore.open does."""
+    with MessageStore.open(store, cfg, start_services=False) as st:
+        return sum(st.get_max_offset_in_queue(t, q) for t in topics for q in range(cfg.default_topic_queue_nums))
+
+
+def committed_seqs(store: Path) -> list[int]:
+    """The seq property of every commit record (what the consume queues point at), sorted."""
+    with CommitLogReader(store) as r:
+        return sorted(int(m.properties["seq"]) for m in r.messages()
+                      if m.sys_flag & codec.TRANSACTION_TYPE_MASK == codec.TRANSACTION_COMMIT_TYPE)
+
+
+def tx_state(store: Path) -> str | None:
+    p = store / "config" / "sparkTransaction.json"
+    try:
+        opened = json.loads(p.read_text()).get("open") or {}
+    except (OSError, ValueError):
+        return None
+    return next(iter(opened.values()))["state"] if opened else "NONE"
+
+
+def has_records(store: Path) -> bool:
+    first = store / "commitlog" / ("0" * 20)
+    try:
+        with open(first, "rb") as f:
+            return f.read(4) != b"\0\0\0\0"
+    except OSError:
+        return False
+
+
+def run_and_kill(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
+    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(store), str(conf), str(n), write_id], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and p.poll() is None:
+            if tx_state(store) == kill_in and has_records(store):
+                time.sleep(0.3)               # some records of this phase are written
+                break
+            time.sleep(0.02)
+        assert p.poll() is None, "the writer finished before it could be killed: use more rows"
+        assert tx_state(store) == kill_in
+        os.kill(p.pid, signal.SIGKILL)        # the driver process only
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    deadline = time.time() + 60               # its JVM notices and exits, releasing nothing we need
+    from rmqstore.errors import StoreLockedError
+    while True:
+        try:
+            MessageStore.open(store, StoreConfig.load(conf), start_services=False).close()
+            return
+        except StoreLockedError:
+            assert time.time() < deadline
+            time.sleep(0.5)
+
+
+@pytest.mark.parametrize("phase", ["PREPARING", "COMMITTING"])
+def test_killed_write_is_all_or_none_and_rerun_is_exactly_once(spark, tmp_path, phase):
+    from rmqstore.spark import recover_writes
+    store, conf, n = tmp_path / "store", tmp_path / "store.conf", 60_000
+    conf.write_text(CONF)
+    cfg = StoreConfig.load(conf)
+    topics = ["K0", "K1", "K2"]
+    run_and_kill(store, conf, n, "job-1", phase)
+    if phase == "PREPARING":
+        assert visible(store, cfg, topics) == 0          # only halves: nothing visible, before any repair
+    got = recover_writes(store, cfg)                     # what the next write does first
+    assert [("rolledBack" if phase == "PREPARING" else "committed") in g for g in got] == [True]
+    assert tx_state(store) == "NONE"
+    expect = 0 if phase == "PREPARING" else n
+    assert visible(store, cfg, topics) == expect
+    assert committed_seqs(store) == list(range(expect))
+    # the re-run (same writeId): appends the rows when the first run did not commit, else nothing
+    df = spark.range(n, numPartitions=4).selectExpr(
+        "concat('K', cast(id % 3 as string)) as topic", "cast(concat('body-', cast(id as string)) as binary) as body",
+        "map('seq', cast(id as string)) as properties")
+    df.write.format("rocketmq").mode("append").option("config", str(conf)).option("writeId", "job-1").save(str(store))
+    assert visible(store, cfg, topics) == n
+    assert committed_seqs(store) == list(range(n))
+    with CommitLogReader(store) as r:                    # every half ended: a commit or a rollback record
+        kinds = [m.sys_flag & codec.TRANSACTION_TYPE_MASK for m in r.messages()]
+    assert kinds.count(codec.TRANSACTION_PREPARED_TYPE) == kinds.count(codec.TRANSACTION_COMMIT_TYPE) \
+        + kinds.count(codec.TRANSACTION_ROLLBACK_TYPE)
+
+
+def test_stream_sink_exactly_once_across_replayed_batch(spark, tmp_path):
+    store, ckpt, conf = tmp_path / "sink", tmp_path / "ckpt", tmp_path / "sink.conf"
+    conf.write_text(CONF)
+    cfg = StoreConfig.load(conf)
+
+    def start():
+        df = (spark.readStream.format("rate").option("rowsPerSecond", "400").option("numPartitions", "2").load()
+              .selectExpr("'R' as topic", "cast(cast(value as string) as binary) as body",
+                          "map('seq', cast(value as string)) as properties"))
+        return (df.writeStream.format("rocketmq").option("config", str(conf)).option("checkpointLocation", str(ckpt))
+                .trigger(processingTime="300 milliseconds").start(str(store)))
+
+    def run_batches(q, k: int):
+        deadline = time.time() + 180
+        while time.time() < deadline and sum(1 for p in q.recentProgress if p["numInputRows"]) < k:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.2)
+        q.stop()
+        assert q.exception() is None
+    run_batches(start(), 3)
+    first = committed_seqs(store)
+    assert first and first == list(range(len(first)))
+    # Spark crashed after the sink committed its last batch but before it recorded that in the checkpoint:
+    # the batch is replayed on restart (same offsets), and the store must not take it again
+    recorded = json.loads((store / "config" / "sparkTransaction.json").read_text())["sinks"]
+    (sink_batch,) = recorded.values()
+
+    def batch_files(sub: str) -> dict[int, Path]:
+        return {int(p.name): p for p in (ckpt / sub).iterdir() if p.name.isdigit()}
+    for b, p in batch_files("offsets").items():    # planned after the last batch the sink took: never written
+        if b > sink_batch:
+            p.unlink()
+            (ckpt / "offsets" / f".{b}.crc").unlink(missing_ok=True)
+    commits = batch_files("commits")
+    if sink_batch in commits:                       # Spark had recorded it: forget that
+        commits[sink_batch].unlink()
+        (ckpt / "commits" / f".{sink_batch}.crc").unlink(missing_ok=True)
+    q = start()
+    run_batches(q, 3)
+    assert min(p["batchId"] for p in q.recentProgress) == sink_batch     # replayed
+    seqs = committed_seqs(store)
+    assert len(seqs) > len(first)
+    assert seqs == list(range(len(seqs))), "no duplicates, nothing missing"
+    assert visible(store, cfg, ["R"]) == len(seqs)
