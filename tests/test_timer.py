@@ -1,0 +1,88 @@
+"""Timer messages (rmqstore.store.timer, RIP-43): parked in rmq_sys_wheel_timer by the put-message hook,
+delivered to the real topic no earlier than their time, refused when malformed or too far, and kept across
+a restart (delivered once)."""
+from __future__ import annotations
+
+import time
+
+from rmqstore import Message, MessageStore
+from rmqstore.store.message import PutMessageStatus
+from rmqstore.store.timer import TIMER_TOPIC
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def wait_count(store, topic, n, timeout=30.0) -> list:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = store.get_message("g", topic, 0, 0, 64).messages
+        if len(got) >= n:
+            return got
+        time.sleep(0.05)
+    return store.get_message("g", topic, 0, 0, 64).messages
+
+
+def test_timer_message_parked_then_delivered_no_earlier(tmp_path):
+    with MessageStore.open(tmp_path / "s") as store:
+        due = now_ms() + 1500
+        r = store.put_message(Message("T", b"late", properties={"TIMER_DELIVER_MS": str(due), "KEYS": "k"}))
+        assert r.ok
+        now = store.put_message(Message("T", b"now", properties={"TIMER_DELIVER_MS": str(now_ms() - 10)}))
+        assert now.ok
+        assert store.wait_dispatched(10)
+        parked = store.get_message("g", TIMER_TOPIC, 0, 0, 8).messages
+        assert [m.properties["REAL_TOPIC"] for m in parked] == ["T"]
+        got = wait_count(store, "T", 2)
+        assert [m.body for m in got] == [b"now", b"late"]
+        late = got[1]
+        assert late.store_timestamp >= due
+        assert late.properties["KEYS"] == "k" and "REAL_TOPIC" not in late.properties
+
+
+def test_4x_start_deliver_time_and_relative_delay(tmp_path):
+    with MessageStore.open(tmp_path / "s") as store:
+        t0 = now_ms()
+        assert store.put_message(Message("T", b"a", properties={"__STARTDELIVERTIME": str(t0 + 1000)})).ok
+        assert store.put_message(Message("T", b"b", properties={"TIMER_DELAY_SEC": "1"})).ok
+        got = wait_count(store, "T", 2)
+        assert sorted(m.body for m in got) == [b"a", b"b"]
+        assert min(m.store_timestamp for m in got) >= t0 + 1000
+
+
+def test_bad_or_too_far_timer_refused(tmp_path):
+    with MessageStore.open(tmp_path / "s") as store:
+        r = store.put_message(Message("T", b"x", properties={"TIMER_DELIVER_MS": "soon"}))
+        assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and "TIMER_DELIVER_MS" in (r.reason or "")
+        far = now_ms() + 10 * 24 * 3600 * 1000
+        r = store.put_message(Message("T", b"x", properties={"TIMER_DELIVER_MS": str(far)}))
+        assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and "timerMaxDelaySec" in (r.reason or "")
+
+
+def test_timer_survives_restart_and_is_delivered_once(tmp_path):
+    path = tmp_path / "s"
+    due = now_ms() + 1200
+    with MessageStore.open(path) as store:
+        assert store.put_message(Message("T", b"t", properties={"TIMER_DELIVER_MS": str(due)})).ok
+        assert store.wait_dispatched(10)
+        assert store.get_message("g", "T", 0, 0, 8).messages == []
+    time.sleep(max(0.0, (due - now_ms()) / 1000))
+    with MessageStore.open(path) as store:
+        got = wait_count(store, "T", 1)
+        assert [m.body for m in got] == [b"t"]
+        time.sleep(0.5)
+    assert (path / "config" / "timerProgress.json").exists()
+    with MessageStore.open(path) as store:
+        time.sleep(1.5)                      # the service ran: nothing delivered twice
+        assert len(store.get_message("g", "T", 0, 0, 8).messages) == 1
+
+
+def test_delay_level_and_timer_together_keep_the_real_topic(tmp_path):
+    """A message with both DELAY and TIMER_DELIVER_MS: the delay-level hook parks it first; the timer hook
+    leaves SCHEDULE_TOPIC_XXXX's REAL_TOPIC alone."""
+    with MessageStore.open(tmp_path / "s") as store:
+        r = store.put_message(Message("T", b"both", properties={"DELAY": "1", "TIMER_DELIVER_MS": str(now_ms() + 500)}))
+        assert r.ok
+        got = wait_count(store, "T", 1)
+        assert [m.body for m in got] == [b"both"]
