@@ -203,7 +203,9 @@ _QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", 
                "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable",
                # broker keys read from `extra` by the messaging layer (local_broker, transaction)
                "flushConsumerOffsetInterval", "transactionTimeOut", "transactionCheckMax",
-               "transactionCheckInterval"}
+               "transactionCheckInterval",
+               # read from `extra` by the gRPC endpoint (rmqstore.proxy)
+               "grpcListenPort"}
 
 
 def _coerce(typ, key: str, raw, source: str | None):

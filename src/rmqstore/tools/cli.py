@@ -18,7 +18,6 @@ import logging
 import os
 import sys
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -43,7 +42,23 @@ def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
     return MessageStore.open(store, cfg, start_services=services)
 
 
+def _open_reader(store: Path, cfg: StoreConfig):
+    """A read command's store (dump, get, query): recovered in memory, never written, created or locked
+    (store.store_reader.StoreReader: MessageStore's answers); a context manager. Reads a store another
+    process holds open as well."""
+    from ..store.store_reader import StoreReader
+
+    return StoreReader.open(store, cfg)
+
+
 def _open_for_write(store: Path, cfg: StoreConfig):
+    from ..store.check import NotAStoreError, check_geometry
+
+    if (Path(store) / "commitlog").is_dir():
+        try:
+            check_geometry(Path(store), cfg)       # a forgotten -c: one line before recovery says anything
+        except NotAStoreError as e:
+            raise CliError(str(e)) from None
     return _open_store(store, cfg, services=True)
 
 
@@ -98,25 +113,19 @@ def _count(text: str) -> int:
 
 
 class _Progress:
-    """A one-line counter on stderr, only when stderr is a terminal and the job takes a while."""
+    """A counter on stderr (tqdm), drawn only when stderr is a terminal and the job takes over a second."""
 
     def __init__(self, what: str, after_s: float = 1.0):
-        self.what = what
-        self.on = sys.stderr.isatty()
-        self.t0 = time.monotonic()
-        self.after_s = after_s
-        self.shown = False
+        from .progress import ProgressBar
+
+        self.bar = ProgressBar(what, unit=" msg", total=None, delay=after_s)
 
     def update(self, n: int) -> None:
-        if self.on and (self.shown or time.monotonic() - self.t0 >= self.after_s):
-            self.shown = True
-            sys.stderr.write(f"\r{PROG}: {n} {self.what}")
-            sys.stderr.flush()
+        self.bar.update(n)
 
     def done(self, n: int) -> None:
-        if self.shown:
-            sys.stderr.write(f"\r{PROG}: {n} {self.what}\n")
-            sys.stderr.flush()
+        self.bar.update(n)
+        self.bar.close()
 
 
 # ==== load ==========================================================================================
@@ -126,13 +135,15 @@ LOAD_CHUNK = 1000
 def _message_from_line(raw: bytes) -> Message:
     """One line of messages.jsonl to a Message; ValueError with the reason if it is not one."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").rstrip("\r\n")    # with its newline, an error at the end is "column 1"
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg} at column {e.colno})") from None
+        hint = ("; the line ends inside a JSON value: each line must hold one whole message object (JSON lines, "
+                "not a pretty-printed file)" if e.pos >= len(text.rstrip()) else "")
+        raise ValueError(f"not JSON ({e.msg} at column {e.colno}){hint}") from None
     except RecursionError:
         raise ValueError("not a message: JSON nested too deeply") from None
     if not isinstance(d, dict):
@@ -420,8 +431,8 @@ def _cat_args(p: argparse.ArgumentParser) -> None:
 
 # ==== dump / get / query ============================================================================
 def _store_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", metavar="STORE", help="an existing store directory, never created (opened, locked "
-                                                  "and recovered: use a copy of a store another process has open)")
+    p.add_argument("store", metavar="STORE", help="an existing store directory, never created (dump, get and "
+                                                  "query change nothing in it and read one open elsewhere)")
 
 
 def _write_lines(objs) -> None:
@@ -447,7 +458,7 @@ def cmd_dump(args: argparse.Namespace, cfg: StoreConfig) -> int:
             keys = read_keys(args.keys)
         except ValueError as e:
             raise CliError(str(e)) from None
-    with _open_store(_require_store(args.store), cfg) as st:
+    with _open_reader(_require_store(args.store), cfg) as st:
         _write_lines(dump_lines(st, keys))
     return EXIT_OK
 
@@ -460,22 +471,25 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_get(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """getMessage: messages of a queue from a logical offset; the status line goes to stderr."""
-    with _open_store(_require_store(args.store), cfg) as st:
-        r = st.get_message(args.group, args.topic, args.queue, args.offset, args.n)
-        _write_lines(m.to_json() for m in r.messages)
-        print(_dumps({"status": r.status.value, "nextBeginOffset": r.next_begin_offset,
-                      "minOffset": r.min_offset, "maxOffset": r.max_offset, "count": r.message_count}),
+    with _open_reader(_require_store(args.store), cfg) as st:
+        r = st.get_message(args.group, args.topic, args.queue, args.offset, max(args.n, 1))
+        messages = r.messages[:args.n]          # -n 0: none (getMessage itself answers at least one)
+        _write_lines(m.to_json() for m in messages)
+        print(_dumps({"status": r.status.value, "nextBeginOffset": r.next_begin_offset if messages else args.offset,
+                      "minOffset": r.min_offset, "maxOffset": r.max_offset, "count": len(messages)}),
               file=sys.stderr)
-    return EXIT_OK if r.messages else EXIT_FAILED
+    return EXIT_OK if messages or args.n == 0 else EXIT_FAILED
 
 
 def _get_args(p: argparse.ArgumentParser) -> None:
     _store_arg(p)
-    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("topic", metavar="TOPIC", help="the topic whose queue is read (as stored: e.g. TopicA, "
+                                                  "%%RETRY%%group)")
     p.add_argument("queue", metavar="QUEUE", type=_count, help="queue id")
     p.add_argument("offset", metavar="OFFSET", type=_count, help="logical offset in the queue")
-    p.add_argument("-n", type=_count, default=32, help="at most N messages (default 32; RocketMQ's transfer "
-                                                        "limits apply)")
+    p.add_argument("-n", metavar="N", type=_count, default=32,
+                   help="at most N messages (default 32; RocketMQ's transfer limits apply); 0: none, only the "
+                        "status line")
     p.add_argument("--group", default="rmqstore-cli", help="consumer group named in the request")
 
 
@@ -493,7 +507,7 @@ def _ms(text: str) -> int:
 
 def cmd_query(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Messages of TOPIC carrying KEY (hash collisions and duplicates removed)."""
-    with _open_store(_require_store(args.store), cfg) as st:
+    with _open_reader(_require_store(args.store), cfg) as st:
         found = st.find_messages_by_key(args.topic, args.key, args.max, args.begin, args.end)
         _write_lines(m.to_json() for m in found)
     return EXIT_OK if found else EXIT_FAILED
@@ -515,18 +529,20 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
     if args.engine == "spark":
         from ..spark import rebuild_spark
 
-        out = rebuild_spark(args.store, cfg, master=args.master)
+        out = rebuild_spark(args.store, cfg, master=args.master, conf=dict(args.conf or []))
     else:
-        from ..store.rebuild import ProgressBar, rebuild_store
+        from ..store.rebuild import rebuild_store
+        from .progress import ProgressBar
 
-        bar = ProgressBar(1, "rebuild")
+        from ..store.check import NotAStoreError
 
-        def progress(done: int, total: int) -> None:
-            bar.total = max(total, 1)
-            bar.update(done)
-
-        out = rebuild_store(args.store, cfg, progress=progress)
-        bar.close()
+        bar = ProgressBar("rebuild")
+        try:
+            out = rebuild_store(args.store, cfg, progress=bar.callback())
+        except NotAStoreError as e:
+            raise CliError(str(e)) from None
+        finally:
+            bar.close()
     print(_dumps(out))
     return EXIT_OK
 
@@ -536,24 +552,34 @@ def _rebuild_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("local", "spark"), default="local",
                    help="local: this process; spark: parallel tasks on a Spark cluster (rmqstore[spark])")
     p.add_argument("--master", metavar="URL", default=None, help="Spark master (default local[*])")
+    p.add_argument("--conf", metavar="KEY=VALUE", action="append", type=_spark_conf,
+                   help="a Spark setting for --engine spark, e.g. spark.driver.memory=512m (repeatable)")
+
+
+def _spark_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--conf {text!r}: expected KEY=VALUE")
+    return key.strip(), value
 
 
 # ==== check =========================================================================================
 def cmd_check(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """A full consistency check (rmqstore.store.check): one line per problem, then a summary line; exit 0 when
     clean, 1 when not. Read only, unless --repair (which takes the store's lock)."""
-    from ..store.check import NotAStoreError, check_store, progress_bar, repair_store
+    from ..store.check import NotAStoreError, check_store, repair_store
+    from .progress import ProgressBar
 
-    update, close = progress_bar("check")
+    bar = ProgressBar("check")
     try:
         if args.repair:
-            first, report = repair_store(args.store, cfg, progress=update)
+            first, report = repair_store(args.store, cfg, progress=bar.callback())
         else:
-            first = report = check_store(args.store, cfg, progress=update)
+            first = report = check_store(args.store, cfg, progress=bar.callback())
     except NotAStoreError as e:
         raise CliError(str(e)) from None
     finally:
-        close()
+        bar.close()
     for note in first.notes:
         print(f"note: {note}", file=sys.stderr)
     for p in first.problems:
@@ -615,7 +641,16 @@ def _stats_args(p: argparse.ArgumentParser) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     from ..broker import server
 
-    server.cli_add_arguments(p)
+    class _StoreNamed:   # the positional is STORE in every command's usage line
+        def __getattr__(self, name):
+            return getattr(p, name)
+
+        def add_argument(self, *names, **kw):
+            if names == ("store",):
+                kw.setdefault("metavar", "STORE")
+            return p.add_argument(*names, **kw)
+
+    server.cli_add_arguments(_StoreNamed())
 
 
 def _serve_run(args: argparse.Namespace, cfg: StoreConfig) -> int:
@@ -699,12 +734,15 @@ COMMANDS: list[Command] = [
             epilog="example:\n  rmqstore dump -c store.conf --keys keys.tsv ./copy-of-store > dump.jsonl"),
     Command("get", "read messages of a queue from a logical offset (getMessage)", cmd_get, _get_args,
             epilog="example:\n  rmqstore get ./my-store TopicA 0 100 -n 8\n"
-                   "the status, next begin offset and min/max offsets go to stderr as one JSON line"),
+                   "the status, next begin offset and min/max offsets go to stderr as one JSON line\n\n"
+                   "exit status: 0 messages printed (or -n 0), 1 none found at OFFSET (the status line says why:\n"
+                   "NO_MATCHED_LOGIC_QUEUE, OFFSET_OVERFLOW_ONE, ...), 2 error"),
     Command("query", "find the messages of a topic that carry a key", cmd_query, _query_args,
             description="Look a key up in the index and print the messages of TOPIC whose KEYS or UNIQ_KEY "
                         "really is KEY, each once (the raw index may also hold hash collisions and other "
                         "topics' messages: see `dump --keys`).",
-            epilog="example:\n  rmqstore query ./my-store TopicA order-42"),
+            epilog="example:\n  rmqstore query ./my-store TopicA order-42\n\n"
+                   "exit status: 0 messages printed, 1 no message of TOPIC carries KEY, 2 error"),
     Command("rebuild", "drop and rebuild consume queues and index from the commitlog", cmd_rebuild,
             _rebuild_args,
             epilog="examples:\n  rmqstore rebuild -c store.conf ./my-store\n"
@@ -738,6 +776,11 @@ COMMANDS: list[Command] = [
             config_overrides=lambda args: __import__("rmqstore.broker.server", fromlist=["x"]).cli_config_overrides(args)),
     Command("bench", "measure put, dispatch and read throughput (JSON on stdout)", cmd_bench, _bench_args,
             epilog="example:\n  rmqstore bench --scale small"),
+    Command("admin", "operate a running broker as mqadmin does (clusterList, topicStatus, brokerStatus, ...)",
+            lambda args, cfg: __import__("rmqstore.tools.admin_cli", fromlist=["x"]).run(args, cfg),
+            lambda p: __import__("rmqstore.tools.admin_cli", fromlist=["x"]).add_arguments(p),
+            epilog="examples:\n  rmqstore admin clusterList -n 127.0.0.1:9876\n"
+                   "  rmqstore admin topicStatus -n 127.0.0.1:9876 -t TopicA"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
     # ---- above, then add one Command(...) line.
 ]
@@ -762,7 +805,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SIZE_KEYS = {"commitlog": "mappedFileSizeCommitLog", "consumequeue": "mappedFileSizeConsumeQueue",
+              "index": "maxHashSlotNum/maxIndexNum"}
+
+
+def _geometry_line(e: BaseException) -> str | None:
+    """A store file whose size is not the configured one (a forgotten -c): the file, its size, the key."""
+    import re
+    from ..errors import CorruptStoreError
+
+    m = re.match(r"file size (\d+) does not match the configured size (\d+)", getattr(e, "reason", "") or "")
+    if not isinstance(e, CorruptStoreError) or m is None:
+        return None
+    parts = Path(e.path).parts
+    key = next((k for d, k in _SIZE_KEYS.items() if d in parts), "the configured file size")
+    return (f"{e.path}: file size {m[1]} does not match {key} {m[2]}: the store was written with another "
+            "configuration; pass its broker.conf with -c broker.conf")
+
+
 def _error_line(e: BaseException) -> str:
+    geometry = _geometry_line(e)
+    if geometry is not None:
+        return geometry
     if isinstance(e, OSError) and not isinstance(e, RmqStoreError):
         where = e.filename if e.filename is not None else ""
         what = e.strerror or str(e)
