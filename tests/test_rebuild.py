@@ -226,3 +226,24 @@ def test_rebuild_with_a_forgotten_config_removes_nothing(tmp_path):
     assert p.returncode == 2 and len(err) == 1 and "-c broker.conf" in err[0], err
     assert "does not match mappedFileSizeCommitLog" in err[0]
     assert cq_files(path) == before
+
+
+def test_open_never_dispatches_accepted_damage_again(tmp_path):
+    """A range check --repair accepted (config/damagedRanges.json) stays out of its queue when an open after
+    a crash dispatches it again, as it stays out of a rebuild."""
+    import shutil
+    from rmqstore.store.damage import DamagedRange, record_ranges
+    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.store import MessageStore
+    path = tmp_path / "store"
+    cfg = _small_store(path)
+    with CommitLogReader(path, cfg) as r:
+        m = [m for m in r.messages() if m.body.startswith(b"m0100")][0]
+    record_ranges(path, [DamagedRange("commitlog/x", m.commit_log_offset, m.store_size, "test", "now")])
+    shutil.rmtree(path / "consumequeue")              # the queues are gone: the open dispatches every record
+    (path / "abort").write_bytes(b"")
+    with MessageStore.open(path, cfg) as s:
+        got = s.get_message("g", "T", m.queue_id, m.queue_offset, 1)
+        assert all(x.commit_log_offset != m.commit_log_offset for x in got.messages)
+        after = s.get_message("g", "T", m.queue_id, m.queue_offset + 1, 1)
+        assert after.messages and after.messages[0].queue_offset == m.queue_offset + 1   # offsets go on

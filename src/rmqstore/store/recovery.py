@@ -162,6 +162,7 @@ class RecoveryInputs:
     clean: bool                                   # no abort file: the last run shut down cleanly
     crash_dispatched: int | None                  # process-only crash: the dispatcher's last note
     checkpoint: tuple[int, int, int] | None       # physic, logics, index timestamps; None: no file
+    accepted_damage: tuple[tuple[int, int], ...] = ()   # commitlog ranges `check --repair` quarantined
 
     @property
     def process_crash(self) -> bool:
@@ -184,8 +185,9 @@ def read_inputs(root: str | Path) -> RecoveryInputs:
     abort = AbortFile(root)
     clean = not abort.exists()
     note = None if clean else abort.read_note()
+    from .damage import accepted_ranges
     return RecoveryInputs(root, clean, None if note is None else note.dispatched,
-                          read_checkpoint(root / "checkpoint"))
+                          read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)))
 
 
 @dataclass(frozen=True)
@@ -405,9 +407,12 @@ def apply_plan(plan: RecoveryPlan, files: StoreFiles, dispatcher, failures: Fail
             raise CorruptStoreError(str(cqs.root / qp.topic / str(qp.queue_id)), 0,
                                     "consume queue changed while the store was being recovered")
         cq.cut(qp.files_kept, qp.end, qp.max_physic_offset, qp.min_logic_offset)
-    if plan.commitlog.skipped:
+    for a, b in plan.inputs.accepted_damage:           # quarantined by check --repair: never dispatched
+        dispatcher.add_skip_range(a, b)
+    ranges = [(r.start, r.end) for r in plan.commitlog.skipped] + list(plan.inputs.accepted_damage)
+    if ranges:
         from .dispatch import blank_units_in
-        blank_units_in(cqs, [(r.start, r.end) for r in plan.commitlog.skipped])
+        blank_units_in(cqs, ranges)
     i = plan.inputs
     idx.load(i.clean or i.process_crash, i._ts(2))
     if plan.index is not None:
