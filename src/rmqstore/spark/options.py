@@ -40,7 +40,7 @@ def _opt(name: str) -> str:
 class ReadOptions:
     paths: list[str]
     brokers: list[str]
-    config: StoreConfig
+    config: StoreConfig | None          # None: not given, the store's files tell its geometry
     mode: str = "queue"
     topics: set[str] | None = None
     pattern: re.Pattern | None = None
@@ -179,7 +179,7 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
                           "is the store directory's name, or its parent's when it is called store)")
     config_path = opts.get("config")
     try:
-        config = StoreConfig.load(config_path) if config_path else StoreConfig()
+        config = StoreConfig.load(config_path) if config_path else None
     except (ConfigError, OSError) as e:
         raise OptionError(f"option 'config': {e}") from None
     ro = ReadOptions(paths, brokers, config, config_path=config_path, raw=opts)

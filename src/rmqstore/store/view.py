@@ -286,7 +286,6 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     """The view of the store at root (see the module docstring). `topics` limits the queues in the view
     (recovery still examines every queue: where the re-dispatch starts depends on all of them)."""
     root = os.path.abspath(root)
-    config = config or StoreConfig()
     cdir = commitlog_dir(root)
     if cdir is None:
         raise StoreError(f"option 'path': {root!r} is not a RocketMQ store directory")
@@ -295,6 +294,8 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     clean = not os.path.exists(os.path.join(root, "abort"))
     files = _cl_files(cdir)
     sizes = [f.size for f in files]
+    if config is None:      # no configuration given: the files tell the geometry
+        config = _geometry_from_files(root, StoreConfig(), sizes)
     file_size = config.mapped_file_size_commit_log
     if files and max(sizes) > file_size:
         file_size = max(sizes)          # the configuration was not given: the files tell their size
@@ -318,6 +319,24 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     finally:
         rec.close()
     return view
+
+
+def _geometry_from_files(root: str, config: StoreConfig, cl_sizes: list[int]) -> StoreConfig:
+    """config with the file sizes the store's files show (the largest commitlog file; the largest consume
+    queue file, a whole number of units): a file is never larger than its configured size, and only the
+    newest file of a queue can be shorter (created by a crash before its resize)."""
+    changes = {}
+    if cl_sizes:
+        changes["mapped_file_size_commit_log"] = max(cl_sizes)
+    cq_max = 0
+    cq_root = os.path.join(root, "consumequeue")
+    for t, qids in list_topics(root).items():
+        for q in qids:
+            for _, _, size in _digit_files(os.path.join(cq_root, t, str(q))):
+                cq_max = max(cq_max, size)
+    if cq_max and cq_max % UNIT == 0:
+        changes["mapped_file_size_consume_queue"] = cq_max
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def store_config(view: StoreView) -> StoreConfig:
