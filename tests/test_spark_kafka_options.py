@@ -34,8 +34,7 @@ def spark():
          .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     register(s)
-    yield s
-    s.stop()
+    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
 
 
 @pytest.fixture(scope="module")

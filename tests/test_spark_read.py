@@ -36,8 +36,7 @@ def spark():
          .getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     register(s)
-    yield s
-    s.stop()
+    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
 
 
 def rows_json(df) -> list[dict]:

@@ -33,8 +33,7 @@ def spark():
     # Spark's default (set again: a session stopped earlier in this process may have left it on)
     s.conf.set("spark.sql.python.filterPushdown.enabled", "false")
     register(s)
-    yield s
-    s.stop()
+    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
 
 
 @pytest.fixture(scope="module")

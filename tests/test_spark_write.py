@@ -55,8 +55,7 @@ def spark():
          .getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     register(s)
-    yield s
-    s.stop()
+    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
 
 
 def visible(store: Path, cfg: StoreConfig, topics) -> int:
@@ -122,7 +121,7 @@ def run_and_kill(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -
 @pytest.mark.parametrize("phase", ["PREPARING", "COMMITTING"])
 def test_killed_write_is_all_or_none_and_rerun_is_exactly_once(spark, tmp_path, phase):
     from rmqstore.spark import recover_writes
-    store, conf, n = tmp_path / "store", tmp_path / "store.conf", 60_000
+    store, conf, n = tmp_path / "store", tmp_path / "store.conf", 40_000
     conf.write_text(CONF)
     cfg = StoreConfig.load(conf)
     topics = ["K0", "K1", "K2"]
