@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.message import Message
 
@@ -103,12 +104,12 @@ def records_in_dir(commitlog_dir: Path) -> list[Rec]:
         base, pos = int(p.name), 0
         while pos < len(data):
             try:
-                kind, size = codec.check_record(data, pos, len(data), True)
+                kind, size = scanner.check_record(data, pos, len(data), True)
             except codec.RecordError:
                 break
-            if kind != codec.KIND_MESSAGE:
+            if kind != scanner.Outcome.MESSAGE:
                 break
-            r = codec.decode_record(data, pos, len(data), read_body=False)
+            r = scanner.decode_record(data, pos, len(data), read_body=False)
             out.append(Rec(base + pos, size, r.topic, r.queue_id, r.queue_offset, r.sys_flag,
                            r.properties.get("KEYS")))
             pos += size
@@ -126,11 +127,11 @@ def walk_commitlog(store) -> list[Rec]:
         pos = 0
         mm = mf.mm
         while pos < limit:
-            kind, size = codec.check_record(mm, pos, limit, True)
-            if kind == codec.KIND_BLANK:
+            kind, size = scanner.check_record(mm, pos, limit, True)
+            if kind == scanner.Outcome.END_OF_FILE:
                 break
-            assert kind == codec.KIND_MESSAGE, f"{mf.path}: no record at {pos} inside the written part (< {limit})"
-            r = codec.decode_record(mm, pos, limit, read_body=False)
+            assert kind == scanner.Outcome.MESSAGE, f"{mf.path}: no record at {pos} inside the written part (< {limit})"
+            r = scanner.decode_record(mm, pos, limit, read_body=False)
             assert r.physical_offset == mf.file_from_offset + pos, f"{mf.path}@{pos}: record says {r.physical_offset}"
             out.append(Rec(r.physical_offset, size, r.topic, r.queue_id, r.queue_offset, r.sys_flag,
                            r.properties.get("KEYS")))

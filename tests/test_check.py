@@ -17,6 +17,7 @@ import pytest
 
 from conftest import run_cli
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.store.check import check_store
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.reader import CommitLogReader
@@ -45,7 +46,7 @@ def test_clean_golden_copies_check_clean_and_are_not_touched(golden, golden_copy
 
 def _record_positions(store: Path, cfg: StoreConfig) -> list[tuple[Path, int, int]]:
     with CommitLogReader(store, cfg) as r:
-        return [(rec.file.path, rec.position, rec.size) for rec in r.records() if rec.kind == codec.KIND_MESSAGE]
+        return [(rec.file.path, rec.position, rec.size) for rec in r.records() if rec.kind == scanner.Outcome.MESSAGE]
 
 
 def _flip(path: Path, at: int) -> None:
@@ -161,7 +162,7 @@ def test_repair_quarantines_commitlog_damage_and_check_is_then_clean(golden, gol
     cfg = StoreConfig.load(conf)
     store = golden_copy(SET)
     with CommitLogReader(store, cfg) as r:       # a message that goes to a consume queue, past the middle
-        m = next(m for i, m in enumerate(r.messages()) if i >= 1500 and codec.is_dispatched(m.sys_flag))
+        m = next(m for i, m in enumerate(r.messages()) if i >= 1500 and scanner.is_dispatched(m.sys_flag))
     topic, qid, qoff = m.topic, m.queue_id, m.queue_offset
     path, pos, size = next(x for x in _record_positions(store, cfg) if int(x[0].name) + x[1] == m.commit_log_offset)
     base = int(path.name)

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import golden_store, read_jsonl, run_cli
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.errors import CorruptStoreError
 from rmqstore.store.reader import CommitLogReader
 
@@ -138,7 +139,7 @@ def test_cat_sample_commitlog(golden):
     assert bytes.fromhex(recs[0]["body"]) == b"Once, there was a chance for me!"
     all_recs = list(CommitLogReader(sample).records(check_crc=True))
     assert len(all_recs) == 48
-    assert (all_recs[-1].kind, all_recs[-1].offset, all_recs[-1].size) == (codec.KIND_BLANK, 8084, 108)
+    assert (all_recs[-1].kind, all_recs[-1].offset, all_recs[-1].size) == (scanner.Outcome.END_OF_FILE, 8084, 108)
 
 
 def test_cat_writes_nothing(golden, tmp_path):

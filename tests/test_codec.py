@@ -57,11 +57,11 @@ def test_encode_decode_round_trip(f):
     topic_b = f["topic"].encode()
     props_b = codec.properties_to_string(f["properties"]).encode()
     assert len(raw) == codec.record_length(len(f["body"]), len(topic_b), len(props_b), want_sys)
-    assert codec.check_record(raw, 0, len(raw), check_crc=True) == (codec.KIND_MESSAGE, len(raw))
+    assert scanner.check_record(raw, 0, len(raw), check_crc=True) == (scanner.Outcome.MESSAGE, len(raw))
     # inside a bigger buffer, at a position, followed by zeros
     buf = b"\xaa" * 13 + raw + bytes(16)
-    assert list(codec.iter_records(buf, 13, len(buf), check_crc=True)) == [(13, codec.KIND_MESSAGE, len(raw))]
-    r = codec.decode_record(buf, 13, len(buf), check_crc=True)
+    assert list(scanner.iter_records(buf, 13, len(buf), check_crc=True)) == [(13, scanner.Outcome.MESSAGE, len(raw))]
+    r = scanner.decode_record(buf, 13, len(buf), check_crc=True)
     assert r.store_size == len(raw)
     assert r.magic == codec.MESSAGE_MAGIC_CODE
     assert r.body_crc == codec.body_crc(f["body"])
@@ -79,7 +79,7 @@ def test_encode_decode_round_trip(f):
     ts_pos = codec.store_timestamp_pos(want_sys)
     assert struct.unpack_from(">q", raw, ts_pos)[0] == f["store_timestamp"]
     # without the body
-    assert codec.decode_record(raw, 0, read_body=False).body is None
+    assert scanner.decode_record(raw, 0, read_body=False).body is None
 
 
 @given(st.dictionaries(prop_text.filter(bool), prop_text, max_size=20))
@@ -94,23 +94,23 @@ def test_properties_round_trip(props):
 # --- garbage never breaks the decoder -------------------------------------------------------------
 def _only_record_errors(buf: bytes, pos: int, check_crc: bool) -> None:
     try:
-        kind, size = codec.check_record(buf, pos, len(buf), check_crc)
+        kind, size = scanner.check_record(buf, pos, len(buf), check_crc)
     except codec.RecordError as e:
         assert e.pos == pos
         kind = None
     else:
-        assert kind in (codec.KIND_MESSAGE, codec.KIND_BLANK, codec.KIND_END)
-        if kind != codec.KIND_END:
+        assert kind in (scanner.Outcome.MESSAGE, scanner.Outcome.END_OF_FILE, scanner.Outcome.END_OF_DATA)
+        if kind != scanner.Outcome.END_OF_DATA:
             assert 8 <= size <= len(buf) - pos
     try:
-        r = codec.decode_record(buf, pos, len(buf), check_crc=check_crc)
+        r = scanner.decode_record(buf, pos, len(buf), check_crc=check_crc)
     except codec.RecordError:
         pass
     else:
-        assert kind == codec.KIND_MESSAGE and r.store_size == size
+        assert kind == scanner.Outcome.MESSAGE and r.store_size == size
     # walking never hangs and never leaves the buffer
     try:
-        for p, k, s in codec.iter_records(buf, pos, len(buf), check_crc):
+        for p, k, s in scanner.iter_records(buf, pos, len(buf), check_crc):
             assert pos <= p < len(buf) and p + s <= len(buf) and s > 0
     except codec.RecordError:
         pass
@@ -148,21 +148,21 @@ def test_specific_errors():
     bad_magic = bytearray(raw)
     bad_magic[4:8] = b"\x12\x34\x56\x78"
     with pytest.raises(codec.RecordError, match="magic"):
-        codec.check_record(bad_magic, 0, len(raw))
+        scanner.check_record(bad_magic, 0, len(raw))
     with pytest.raises(codec.RecordError, match="total size"):
-        codec.check_record(raw[:-1], 0, len(raw) - 1)
+        scanner.check_record(raw[:-1], 0, len(raw) - 1)
     bad_crc = bytearray(raw)
     bad_crc[codec.HEADER_V4.size] ^= 1
-    assert codec.check_record(bad_crc, 0, len(raw))[0] == codec.KIND_MESSAGE
+    assert scanner.check_record(bad_crc, 0, len(raw))[0] == scanner.Outcome.MESSAGE
     with pytest.raises(codec.RecordError, match="CRC"):
-        codec.check_record(bad_crc, 0, len(raw), check_crc=True)
-    assert codec.check_record(bytes(64), 0, 64) == (codec.KIND_END, 0)
+        scanner.check_record(bad_crc, 0, len(raw), check_crc=True)
+    assert scanner.check_record(bytes(64), 0, 64) == (scanner.Outcome.END_OF_DATA, 0)
     blank = codec.encode_blank(64) + bytes(56)
-    assert codec.check_record(blank, 0, 64) == (codec.KIND_BLANK, 64)
+    assert scanner.check_record(blank, 0, 64) == (scanner.Outcome.END_OF_FILE, 64)
     with pytest.raises(codec.RecordError):
-        codec.check_record(blank, 0, 63)
+        scanner.check_record(blank, 0, 63)
     with pytest.raises(codec.RecordError):
-        codec.decode_record(blank, 0)
+        scanner.decode_record(blank, 0)
 
 
 # --- Java hash codes ------------------------------------------------------------------------------
@@ -251,8 +251,8 @@ def test_v2_records_decode(f, long_topic):
                                            len(codec.properties_to_string(f["properties"]).encode()),
                                            f["sys_flag"] & ~0x30 | (0x10 if "[" in f["born_host"] else 0)
                                            | (0x20 if "[" in f["store_host"] else 0), v2=True)
-    assert codec.check_record(raw, 0, len(raw), check_crc=True) == (codec.KIND_MESSAGE, len(raw))
-    r = codec.decode_record(raw, 0, check_crc=True)
+    assert scanner.check_record(raw, 0, len(raw), check_crc=True) == (scanner.Outcome.MESSAGE, len(raw))
+    r = scanner.decode_record(raw, 0, check_crc=True)
     assert r.magic == codec.MESSAGE_MAGIC_CODE_V2
     assert r.topic == long_topic
     assert r.properties == f["properties"]
@@ -270,13 +270,13 @@ def test_v2_record_with_200_byte_topic_fixed():
     raw = encode_v2(f)
     tpos = codec.header_struct(0x20).size + 3
     assert raw[tpos:tpos + 2] == b"\x00\xc8"
-    r = codec.decode_record(raw, 0)
+    r = scanner.decode_record(raw, 0)
     assert (r.topic, r.store_host, r.sys_flag) == (topic, "[2001:db8::1]:10911", 0x20)
     # the same record with the v1 magic cannot be read: its topic length byte would be 0
     v1 = bytearray(raw)
     struct.pack_into(">I", v1, 4, codec.MESSAGE_MAGIC_CODE)
     with pytest.raises(codec.RecordError):
-        codec.decode_record(bytes(v1), 0)
+        scanner.decode_record(bytes(v1), 0)
 
 
 # --- walk_records: the batched walk recovery uses, against check_record one record at a time --------------
@@ -284,20 +284,20 @@ def _walk_one_by_one(buf, limit: int, check_crc: bool):
     pos = 0
     try:
         while pos < limit:
-            kind, size = codec.check_record(buf, pos, limit, check_crc)
-            if kind == codec.KIND_END:
+            kind, size = scanner.check_record(buf, pos, limit, check_crc)
+            if kind == scanner.Outcome.END_OF_DATA:
                 return pos, kind, 0
-            if kind == codec.KIND_BLANK:
+            if kind == scanner.Outcome.END_OF_FILE:
                 return pos, kind, size
             pos += size
-        return pos, codec.KIND_END, 0
+        return pos, scanner.Outcome.END_OF_DATA, 0
     except codec.RecordError as e:
         return "error", e.pos, e.reason
 
 
 def _walk_batched(buf, limit: int, check_crc: bool):
     try:
-        return codec.walk_records(buf, 0, limit, check_crc)
+        return scanner.walk_records(buf, 0, limit, check_crc)
     except codec.RecordError as e:
         return "error", e.pos, e.reason
 

@@ -20,6 +20,7 @@ import pytest
 from conftest import golden_dir
 
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.store.config import StoreConfig
 from rmqstore.errors import CorruptStoreError
 from rmqstore.store.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, IndexService, key_hash, key_hashes, time_millis_to_human_string
@@ -57,8 +58,8 @@ def golden(tmp_path_factory):
         for fname in sorted(os.listdir(cl)):       # files in name order; a blank record ends a file
             buf = (cl / fname).read_bytes()
             base = int(fname)
-            for pos, kind, _size in codec.iter_records(buf, 0, len(buf)):
-                if kind == codec.KIND_BLANK:
+            for pos, kind, _size in scanner.iter_records(buf, 0, len(buf)):
+                if kind == scanner.Outcome.END_OF_FILE:
                     break
                 reqs.append(codec.dispatch_request_at(buf, pos, base))
         cp = struct.unpack_from(">qqq", (copy / "checkpoint").read_bytes())

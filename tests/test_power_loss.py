@@ -35,6 +35,7 @@ import pytest
 
 from kill_child import Zygote, check_acked, read_side, wait_acked, wait_ready
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.store.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import Acked, small_config, verify_store
@@ -59,10 +60,10 @@ def _records(store: Path) -> dict[int, tuple[int, int]]:
         base, pos = int(p.name), 0
         while pos < len(data):
             try:
-                kind, size = codec.check_record(data, pos, len(data), True)
-                if kind != codec.KIND_MESSAGE:
+                kind, size = scanner.check_record(data, pos, len(data), True)
+                if kind != scanner.Outcome.MESSAGE:
                     break
-                r = codec.decode_record(data, pos, len(data), read_body=False)
+                r = scanner.decode_record(data, pos, len(data), read_body=False)
             except codec.RecordError:
                 break
             out[base + pos] = (size, r.store_timestamp)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from conftest import golden_store, read_jsonl
 
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.store.commit_log import CommitLog
 from rmqstore.store.message_batch import MessageBatch
 from rmqstore.store.config import StoreConfig
@@ -110,8 +111,8 @@ def _records_masked(commitlog_dir: Path) -> dict[str, bytes]:
         return out
     for p in sorted(commitlog_dir.iterdir()):
         buf = bytearray(p.read_bytes())
-        for pos, kind, size in codec.iter_records(buf, 0, len(buf)):
-            if kind == codec.KIND_MESSAGE:
+        for pos, kind, size in scanner.iter_records(buf, 0, len(buf)):
+            if kind == scanner.Outcome.MESSAGE:
                 sys_flag = struct.unpack_from(">i", buf, pos + codec.POS_SYSFLAG)[0]
                 ts = pos + codec.store_timestamp_pos(sys_flag)
                 buf[ts:ts + 8] = bytes(8)

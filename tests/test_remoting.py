@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.remoting import FrameDecoder, FrameError, FrameTooLarge, RemotingCommand, fastjson
 from rmqstore.remoting.body import BodyError, UniqIdGenerator, decode_batch, encode_batch
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType, code_name
@@ -202,7 +202,7 @@ def test_capture_frames_decode_and_reencode_identically():
         if not cmd.ext_fields or len(cmd.ext_fields) <= 1:
             assert cmd.encode() == f.raw
     bodies = [f.command for f in frames if f.src[1] == 10911 and f.command.is_response and f.command.body]
-    recs = [codec.decode_record(c.body, 0) for c in bodies if c.body]
+    recs = [scanner.decode_record(c.body, 0) for c in bodies if c.body]
     assert recs and all(r.topic == "CapTopic" for r in recs)
     routes = [f.command for f in frames if f.src[1] == 9876 and f.command.code == 0 and f.command.body]
     route = fastjson.loads(routes[0].body)

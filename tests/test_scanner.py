@@ -1,4 +1,4 @@
-"""scanner.next_valid_record against a reference: the record boundaries a real store wrote.
+"""resync.next_valid_record against a reference: the record boundaries a real store wrote.
 
 Seeded random damage (bit flips, zeroed ranges, random bytes) inside one record or across several: the
 resynchronisation must land exactly on the first intact record whose successors are intact too, never
@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from rmqstore.store import codec, scanner
+from rmqstore.store import codec, resync, scanner
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.message import Message
 from rmqstore.store.store import MessageStore
@@ -60,7 +60,7 @@ def test_next_valid_record_matches_the_written_boundaries(written):
         j = i + rnd.choice([0, 0, 0, 1, 3])         # damage spans records i..j
         _damage(rnd, buf, starts[i], bounds[j + 1])
         base = rnd.choice([None, 0])
-        got = scanner.next_valid_record(buf, starts[i], end, base=base)
+        got = resync.next_valid_record(buf, starts[i], end, base=base)
         # the reference: the first boundary after i whose record and the next two check (CRC included), or
         # fewer followed by a zero header (what the end of the written data looks like)
         expect = next((starts[k] for k in range(i + 1, len(starts)) if _chains(buf, data, bounds, k, base)), None)
@@ -82,7 +82,7 @@ def _intact(buf, data, a: int, b: int, base=None) -> bool:
     if base is not None and int.from_bytes(buf[a + 28:a + 36], "big") != base + a:
         return False        # PHYSICALOFFSET must name the record's own position
     try:
-        return codec.check_record(buf, a, len(buf), True) == (codec.KIND_MESSAGE, b - a)
+        return scanner.check_record(buf, a, len(buf), True) == (scanner.Outcome.MESSAGE, b - a)
     except codec.RecordError:
         return False
 
@@ -91,21 +91,21 @@ def test_torn_tail_has_no_next_record(written):
     data, starts, end = written
     buf = bytearray(data)
     buf[starts[-2] + 30:end] = bytes(end - starts[-2] - 30)
-    assert scanner.next_valid_record(buf, starts[-2], len(buf)) is None
+    assert resync.next_valid_record(buf, starts[-2], len(buf)) is None
     buf = bytearray(data)
     buf[starts[-1] + 9] ^= 0x10       # the last record damaged: nothing valid after it
-    assert scanner.next_valid_record(buf, starts[-1], end) is None
+    assert resync.next_valid_record(buf, starts[-1], end) is None
 
 
 def test_chain_and_end_of_data(written):
     data, starts, end = written
     # the last record followed by the end of the data chains (nothing after it to contradict it)
-    assert scanner.chains_from(data, starts[-1], end)
-    assert scanner.next_valid_record(data, starts[-2], end) == starts[-1]
+    assert resync.chains_from(data, starts[-1], end)
+    assert resync.next_valid_record(data, starts[-2], end) == starts[-1]
     # a record carrying another offset than where it lies is rejected when base is given
-    assert scanner.chains_from(data, starts[5], end, base=0)
-    assert not scanner.chains_from(data, starts[5], end, base=1)
+    assert resync.chains_from(data, starts[5], end, base=0)
+    assert not resync.chains_from(data, starts[5], end, base=1)
     # an END_OF_FILE blank reaching the end of the buffer is a valid resync point
     blank = bytearray(data[:end]) + codec.encode_blank(64) + bytes(56)
     blank[starts[-1] + 4] ^= 0xFF
-    assert scanner.next_valid_record(blank, starts[-1], len(blank)) == end
+    assert resync.next_valid_record(blank, starts[-1], len(blank)) == end

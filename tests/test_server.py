@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.store import codec
+from rmqstore.store import scanner
 from rmqstore.remoting import FrameDecoder, RemotingCommand, fastjson
 from rmqstore.remoting.body import encode_batch
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType
@@ -120,7 +121,7 @@ def _records(body: bytes) -> list[bytes]:
     out, pos = [], 0
     while pos < len(body):
         size = struct.unpack_from(">i", body, pos)[0]
-        codec.decode_record(body, pos, pos + size)
+        scanner.decode_record(body, pos, pos + size)
         out.append(body[pos:pos + size])
         pos += size
     return out
@@ -319,7 +320,7 @@ def test_batch_send_and_pull_and_query(server):
         r = m.rpc(req(RequestCode.PULL_MESSAGE, pull))
         pull["sysFlag"] = 4
         assert r.code == 0 and r.remark == "FOUND"
-        recs = [codec.decode_record(x, 0) for x in _records(r.body)]
+        recs = [scanner.decode_record(x, 0) for x in _records(r.body)]
         assert [x.properties["KEYS"] for x in recs] == ["bk1", "bk3"]
         assert r.ext_fields["nextBeginOffset"] == "5" and r.ext_fields["maxOffset"] == "5"
         # no messages past the end, no suspend flag: PULL_NOT_FOUND (19) at once
@@ -335,12 +336,12 @@ def test_batch_send_and_pull_and_query(server):
             if r.code == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        assert r.code == 0 and [codec.decode_record(x, 0).properties["KEYS"] for x in _records(r.body)] == ["bk3"]
+        assert r.code == 0 and [scanner.decode_record(x, 0).properties["KEYS"] for x in _records(r.body)] == ["bk3"]
         r = b.rpc(req(RequestCode.QUERY_MESSAGE, {"topic": "BatchT", "key": "nokey", "maxNum": 32, "beginTimestamp": 0,
                                                   "endTimestamp": 2 ** 63 - 1}))
         assert r.code == ResponseCode.QUERY_NOT_FOUND and "indexLastUpdatePhyoffset" in r.ext_fields
         r = b.rpc(req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offs[2]}))
-        assert r.code == 0 and codec.decode_record(r.body, 0).properties["KEYS"] == "bk2" and r.ext_fields is None
+        assert r.code == 0 and scanner.decode_record(r.body, 0).properties["KEYS"] == "bk2" and r.ext_fields is None
         r = b.rpc(req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offs[2] + 1}))
         assert r.code == ResponseCode.SYSTEM_ERROR and "can not find message by the offset" in r.remark
         # consumer offsets
@@ -375,7 +376,7 @@ def test_long_polling_suspends_and_wakes(server):
         assert b.rpc(send_v2("PollT", b"second", 0)).code == 0
         r = m.wait(held.opaque, timeout=5)
         assert r is not None and r.code == 0 and time.monotonic() - t0 < 0.5
-        assert codec.decode_record(r.body, 0).body == b"second"
+        assert scanner.decode_record(r.body, 0).body == b"second"
     finally:
         m.close()
         b.close()
@@ -711,7 +712,7 @@ def test_send_message_v1_header(server):
             "batch": "false"}, b"v1 body"))
         assert r.code == 0 and r.ext_fields["queueId"] == "1" and r.ext_fields["queueOffset"] == "0"
         _, off = codec.decode_message_id(r.ext_fields["msgId"])
-        rec = codec.decode_record(c.rpc(req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": off})).body, 0)
+        rec = scanner.decode_record(c.rpc(req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": off})).body, 0)
         assert (rec.topic, rec.queue_id, rec.body, rec.properties) == ("V1Topic", 1, b"v1 body",
                                                                        {"TAGS": "T1", "KEYS": "v1key"})
         assert rec.born_host.startswith("127.0.0.1:") and rec.store_host == server.broker_addr
@@ -798,7 +799,7 @@ def test_pipelined_sends_answer_as_the_general_path(server):
                         "subscription": "*", "subVersion": 1, "expressionType": "TAG"}
                 r = m.rpc(req(RequestCode.PULL_MESSAGE, pull))
                 if r.code == 0:
-                    recs += [codec.decode_record(x, 0) for x in _records(r.body)]
+                    recs += [scanner.decode_record(x, 0) for x in _records(r.body)]
                 else:
                     time.sleep(0.05)
             assert [(x.body, x.properties, x.queue_offset) for x in recs] == \

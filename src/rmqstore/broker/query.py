@@ -7,6 +7,7 @@ import struct
 from ..remoting.codes import UNIQUE_MSG_QUERY_FLAG, ResponseCode
 from ..remoting.command import RemotingCommand
 from ..store import codec
+from ..store import scanner
 from .context import BrokerContext
 from .header import Header
 from .net import Channel
@@ -40,7 +41,7 @@ def one_message(store, max_message_size: int, offset: int) -> bytes | None:
     if raw is None:
         return None
     try:
-        codec.check_record(raw, 0, len(raw))
+        scanner.check_record(raw, 0, len(raw))
     except codec.RecordError:
         return None
     return raw

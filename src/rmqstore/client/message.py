@@ -7,6 +7,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..store import codec
+from ..store import scanner
 from ..remoting.codes import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, ResponseCode)
 
@@ -212,7 +213,7 @@ def decode_messages(data: bytes, broker_name: str | None = None) -> list[Message
     out = []
     pos, n = 0, len(data)
     while pos < n:
-        r = codec.decode_record(data, pos, n)
+        r = scanner.decode_record(data, pos, n)
         out.append(MessageExt.from_record(r, broker_name))
         pos += r.store_size
     return out

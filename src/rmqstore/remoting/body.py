@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..store import codec
+from ..store import scanner
 
 _BATCH_HEAD = struct.Struct(">iiiii")
 _H = struct.Struct(">h")
@@ -91,7 +92,7 @@ def iter_records(data: bytes) -> Iterator[codec.DecodedRecord]:
     """The message records of a pull / query / view body (MessageDecoder.decodes)."""
     pos, n = 0, len(data)
     while pos < n:
-        rec = codec.decode_record(data, pos, n)
+        rec = scanner.decode_record(data, pos, n)
         yield rec
         pos += rec.store_size
 

@@ -78,7 +78,7 @@ def bench_spark(scale: int = 200_000, *, body_size: int = 512, repeat: int = 2, 
     """Measure (see the module docstring); returns a dict of numbers."""
     from ..store.reader import CommitLogReader
     from ..store.rebuild import rebuild_store
-    from . import spark_session
+    from .session import spark_session
     from .rebuild import rebuild_spark
     from .stats import local_scan
     spark = spark or spark_session(master, app_name="rmqstore-bench")

@@ -12,7 +12,7 @@ def demo_pipeline(store_path, config=None, spark=None, out=print) -> dict:
     stream (maxOffsetsPerTrigger 500, Trigger.AvailableNow) into a memory sink, batch sizes shown.
     Reads only (no lock taken, nothing written to the store). Returns what it showed."""
     from pyspark.sql import functions as F
-    from . import spark_session
+    from .session import spark_session
     spark = spark or spark_session(app_name="rmqstore-demo")
     path = os.path.abspath(str(store_path))
     r = spark.read.format("rocketmq")

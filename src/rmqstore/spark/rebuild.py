@@ -3,7 +3,7 @@
 1. driver: take the store's lock (held to the end), finish or remove what a killed rebuild left
    (staging.recover_stale), recover the commitlog as MessageStore.open does
    (rmqstore.store.recovery.recover_commit_log: invalid data after the last valid record is cut off);
-2. one task per commitlog file parses it (codec.parse_dispatch_columns, the local dispatcher's parser) and
+2. one task per commitlog file parses it (scanner.parse_dispatch_columns, the local dispatcher's parser) and
    writes its pieces into the staging directory `{store}/.rebuild-<pid>/parts/<file>/`: per (topic,
    queue) the units in commitlog order, and its index entries (key hash, offset, store time); it returns
    only a summary (counts and piece names), so the driver never holds the records' columns;
@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..store import codec
+from ..store import scanner
 from ..store.config import StoreConfig
 from ..store.index_file import time_millis_to_human_string
 from . import staging
@@ -55,14 +56,14 @@ ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 
 # --- tasks (executors) --------------------------------------------------------------------------------
 def _parse_columns(path: str, base: int, limit: int, delay_levels, with_index: bool):
-    """codec.parse_dispatch_columns over one commitlog file (read-only map): (columns, summary)."""
+    """scanner.parse_dispatch_columns over one commitlog file (read-only map): (columns, summary)."""
     from .storeview import map_read_only
     mm = map_read_only(path)
     if mm is None:
-        return None, {"base": base, "n": 0, "pos": 0, "outcome": codec.PARSE_END, "reason": None}
+        return None, {"base": base, "n": 0, "pos": 0, "outcome": scanner.Outcome.END_OF_DATA, "reason": None}
     try:
         view = memoryview(mm)[:min(limit, len(mm))]
-        batch, pos, outcome, reason = codec.parse_dispatch_columns(view, base, True, delay_levels)
+        batch, pos, outcome, reason = scanner.parse_dispatch_columns(view, base, True, delay_levels)
         del view
     finally:
         try:
@@ -192,7 +193,7 @@ def _session(master: str | None, spark, conf: dict | None = None):
     if spark is not None:
         return spark, False
     from pyspark.sql import SparkSession
-    from . import spark_session
+    from .session import spark_session
     made = SparkSession.getActiveSession() is None or master is not None
     return spark_session(master, app_name="rmqstore-rebuild", conf=conf), made
 
@@ -202,7 +203,7 @@ def usable_parts(parts: list[dict], tasks: list[tuple], end: int) -> list[dict]:
     usable = []
     for r, t in zip(sorted(parts, key=lambda r: r["base"]), tasks):
         usable.append(r)
-        if r["outcome"] == codec.PARSE_ERROR or (r["outcome"] == codec.PARSE_END and t[1] + r["pos"] < end):
+        if r["outcome"] == scanner.Outcome.INVALID or (r["outcome"] == scanner.Outcome.END_OF_DATA and t[1] + r["pos"] < end):
             log.error("%s: dispatch stops at offset %d: %s", t[0], t[1] + r["pos"],
                       r["reason"] or "zero bytes inside the written part of the commitlog")
             break

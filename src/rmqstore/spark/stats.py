@@ -70,10 +70,10 @@ def local_scan(store_path, config: StoreConfig | None = None):
 def spark_scan(store_path, config_path: str | None = None, spark=None):
     from pyspark.sql import functions as F
     if spark is None:
-        from . import spark_session
+        from .session import spark_session
         spark = spark_session(app_name="rmqstore-stats")
     else:
-        from . import register
+        from .session import register
         register(spark)
     r = spark.read.format("rocketmq").option("includeBody", "false")
     if config_path:

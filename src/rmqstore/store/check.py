@@ -10,7 +10,7 @@ What is checked, read-only (files are opened O_RDONLY and mapped ACCESS_READ; no
 written, and a store another process has open is read as it is, the check says so):
 
 * commitlog: every record (magic code, sizes, body CRC), file sizes and missing files. After a record that
-  fails, the scan resumes at the next record whose successors chain (scanner.next_valid_record) and the
+  fails, the scan resumes at the next record whose successors chain (resync.next_valid_record) and the
   skipped byte range is reported;
 * consume queues: file sizes, missing files, every unit against the record it points at (recovery.
   unit_problems: record start, size, topic, queue id, queue offset), and against the commitlog: messages of

@@ -2,7 +2,7 @@
 files; the valid records as columns (Records) for the checks of what is derived from them.
 
 After a record that fails, or zero bytes inside a file's written data, the scan resumes at the next record
-whose successors chain (scanner.next_valid_record) and the skipped range is reported (a DamagedSpan, what
+whose successors chain (resync.next_valid_record) and the skipped range is reported (a DamagedSpan, what
 `--repair` quarantines). A range recorded as accepted damage (damage.py, damagedRanges.json) is one note.
 A torn tail after a crash, or the end of the data a live store is writing, is a note: recovery cuts it.
 """
@@ -18,7 +18,8 @@ from .check_report import CheckReport, DamagedSpan, Progress, digit_files
 from .config import StoreConfig
 from .damage import covered
 from .mapped_file import FileCache
-from .scanner import DispatchBatch, Outcome, RecordError, is_dispatched, next_valid_record, parse_dispatch, \
+from .resync import next_valid_record
+from .scanner import DispatchBatch, Outcome, RecordError, is_dispatched, parse_dispatch, \
     walk_records
 
 

@@ -545,30 +545,3 @@ def message_id_prefix(addr: bytes, port: int) -> str:
     """The part of create_message_id that depends on the store host: create_message_id(a, p, o) ==
     message_id_prefix(a, p) + f"{o:016X}" for every offset 0 <= o < 2**63."""
     return (addr + _I.pack(port)).hex().upper()
-
-
-# --- old names of what moved to scanner.py (the record rule and the walks) ---------------------------
-# Thin aliases, resolved on first use (scanner imports this module): kept until every caller uses the
-# scanner. KIND_* are scanner.Outcome members with the old int values; PARSE_* the Outcome members
-# parse_dispatch answers.
-_MOVED = {"check_record": "check_record", "iter_records": "iter_records", "walk_records": "walk_records",
-          "decode_record": "decode_record", "is_dispatched": "is_dispatched", "WALK_BATCH": "WALK_BATCH",
-          "parse_dispatch": "parse_dispatch", "parse_dispatch_batch": "parse_dispatch_batch",
-          "parse_dispatch_columns": "parse_dispatch_columns", "_parse_dispatch_scalar": "parse_dispatch_scalar",
-          "_v4_columns": "_v4_columns", "_parse_v4_prefix": "_parse_v4_prefix"}
-_MOVED_OUTCOMES = {"KIND_MESSAGE": "MESSAGE", "KIND_BLANK": "END_OF_FILE", "KIND_END": "END_OF_DATA",
-                   "PARSE_MORE": "MORE", "PARSE_BLANK": "END_OF_FILE", "PARSE_END": "END_OF_DATA",
-                   "PARSE_ERROR": "INVALID"}
-
-
-def __getattr__(name: str):
-    from . import scanner
-    if name in _MOVED:
-        value = getattr(scanner, _MOVED[name])
-    elif name in _MOVED_OUTCOMES:
-        value = scanner.Outcome[_MOVED_OUTCOMES[name]]
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name != "WALK_BATCH":
-        globals()[name] = value     # later uses are plain attribute reads
-    return value

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from . import codec
+from . import scanner
 from .config import StoreConfig
 from ..errors import CorruptStoreError
 from .mapped_file import MappedFile, MappedFileQueue
@@ -382,7 +383,7 @@ class CommitLog:
         if raw is None:
             return None
         try:
-            return MessageExt.from_record(codec.decode_record(raw, 0, len(raw), read_body=read_body,
+            return MessageExt.from_record(scanner.decode_record(raw, 0, len(raw), read_body=read_body,
                                                               check_crc=read_body))
         except codec.RecordError as e:
             log.warning("%s: no message at offset %d (%s)", mf.path, offset, e.reason)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import codec
+from . import scanner
 from .consume_queue import UNIT, ConsumeQueue
 from .message import GetMessageResult, GetMessageStatus, MessageExt
 
@@ -141,7 +142,7 @@ class StoreReadAPI:
             return None
         where = f" (unit {logical} of {cq.topic}/{cq.queue_id})" if cq is not None else ""
         try:
-            rec = codec.decode_record(raw, 0, len(raw), check_crc=True)   # a damaged body is not an answer
+            rec = scanner.decode_record(raw, 0, len(raw), check_crc=True)   # a damaged body is not an answer
         except codec.RecordError as e:
             log.warning("%s: commitlog offset %d%s holds no valid message: %s",
                         self.commit_log.queue.store_path, off, where, e.reason)
@@ -208,7 +209,7 @@ class StoreReadAPI:
         msg = self.commit_log.look_message_by_offset(commit_log_offset, size)
         if msg is None or commit_log_offset >= self.dispatcher.reput_from_offset:
             return msg      # not dispatched yet: no unit to agree with
-        if not codec.is_dispatched(msg.sys_flag):
+        if not scanner.is_dispatched(msg.sys_flag):
             return msg      # never in a consume queue
         cq = self.consume_queues.find(msg.topic, msg.queue_id)
         unit = cq.get_unit(msg.queue_offset) if cq is not None and 0 <= msg.queue_offset < 1 << 62 else None

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import codec, scanner
+from . import codec, resync, scanner
 from .checkpoint import StoreCheckpoint, read_checkpoint
 from .commit_log import CommitLog
 from .config import StoreConfig
@@ -453,7 +453,7 @@ def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int
         if got is None or not got[0]:
             break
         data, base = got
-        batch, used, outcome, _ = codec.parse_dispatch(data, base, True)
+        batch, used, outcome, _ = scanner.parse_dispatch(data, base, True)
         reqs = batch.requests() if isinstance(batch, codec.DispatchBatch) else batch
         for r in reqs:
             if scanner.is_dispatched(r.sys_flag):
@@ -506,7 +506,7 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
     """Walk records to the last valid one, cut the rest; returns the commitlog's new end offset.
 
     Damage stays in its damaged range: a record that fails its checks (or zeros inside the written data)
-    followed by valid records that chain (scanner.next_valid_record) is skipped, not cut; the skipped
+    followed by valid records that chain (resync.next_valid_record) is skipped, not cut; the skipped
     range is reported (report.dropped, report.skipped_ranges, the failure channel, a warning) and its
     bytes are left in place. Only when no valid chain resumes after it (a torn tail) is everything from
     it cut, exactly as RocketMQ cuts. Missing middle files (gaps) are reported the same way."""
@@ -598,11 +598,11 @@ def _walk_file(mf: MappedFile, check_crc: bool, nxt: MappedFile | None, report: 
 def _resume_after(mf: MappedFile, pos: int, data_end: int, nxt: MappedFile | None) -> int | None:
     """Where valid records resume after the invalid data at pos: in this file, else at the next file's
     start (file_size) when its first records check and chain; None when they do not (a torn tail)."""
-    found = scanner.next_valid_record(mf.mm, pos, data_end, check_crc=True, base=mf.file_from_offset)
+    found = resync.next_valid_record(mf.mm, pos, data_end, check_crc=True, base=mf.file_from_offset)
     if found is not None:
         return found
     if nxt is not None and nxt.file_from_offset == mf.file_from_offset + mf.file_size and \
-            scanner.chains_from(nxt.mm, 0, nxt.data_end(), base=nxt.file_from_offset):
+            resync.chains_from(nxt.mm, 0, nxt.data_end(), base=nxt.file_from_offset):
         return mf.file_size
     return None
 

@@ -33,7 +33,7 @@ Back-ends: the scalar one (check_record, iter_records, the scalar dispatch parse
 
 Rules on SYSFLAG: is_dispatched (goes to a consume queue) and is_indexed (goes to the index). The store
 timestamp of a record: store_timestamp. Resynchronisation after damage (next_valid_record, chains_from)
-is in resync.py (importable from here too).
+is in resync.py.
 """
 from __future__ import annotations
 
@@ -709,10 +709,3 @@ def parse_dispatch_columns(buf, base_offset: int, at_read_end: bool, delay_level
     batch, pos, outcome, reason = parse_dispatch(buf, base_offset, at_read_end, delay_levels)
     return (DispatchBatch.from_requests(batch) if isinstance(batch, list) else batch), pos, outcome, reason
 
-
-def __getattr__(name: str):
-    # the resync functions live in resync.py (which imports this module); importable from here as before
-    if name in ("next_valid_record", "chains_from", "DEFAULT_CHAIN"):
-        from . import resync
-        return getattr(resync, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,35 @@
+"""The SparkSession side of rmqstore.spark: register the data source, or make a session set up for it."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def register(spark) -> None:
+    """Register the `rocketmq` data source with this SparkSession."""
+    from .datasource import RocketMQDataSource
+    spark.dataSource.register(RocketMQDataSource)
+
+
+def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):
+    """The active SparkSession, or a new one (master default local[*]) set up for rmqstore: executors run
+    this Python (PYSPARK_PYTHON), Python filter pushdown on, UI off, few shuffle partitions. The data
+    source is registered."""
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        register(active)
+        return active
+    b = (SparkSession.builder.appName(app_name).master(master or "local[*]")
+         .config("spark.sql.python.filterPushdown.enabled", "true")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.sql.session.timeZone", "UTC"))
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    register(spark)
+    return spark
