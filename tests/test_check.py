@@ -343,3 +343,19 @@ def test_repair_never_writes_through_a_symlink_out_of_the_store(tmp_path):
     err = p.stderr.decode().strip().splitlines()
     assert p.returncode == 2 and len(err) == 1 and str(cq) in err[0] and "symbolic link" in err[0], err
     assert outside.read_bytes() == before and cq.is_symlink()
+
+
+def test_message_store_check_repair_keeps_commitlog_damage_in_its_report(golden, golden_copy):
+    """check(repair=True) on an open store repairs what is derived, never touches the commitlog, and a body
+    flip stays in the report it returns (not ok, naming the commitlog file): it is not said repaired."""
+    conf = golden / SET / "store.conf"
+    cfg = StoreConfig.load(conf)
+    store = golden_copy(SET)
+    path, pos, _ = _record_positions(store, cfg)[1500]
+    _flip(path, pos + codec.HEADER_V4.size)
+    damaged = _commitlog_bytes(store)
+    with MessageStore.open(store, cfg) as s:
+        rep = s.check(repair=True)
+        assert not rep.ok
+        assert any(path.name in str(p) for p in rep.problems), [str(p) for p in rep.problems]
+    assert _commitlog_bytes(store) == damaged

@@ -321,7 +321,9 @@ class MessageStore(StoreReadAPI):
         the commitlog by the dispatcher, malformed config files are quarantined (FILE.corrupt-<time>, the
         .bak restored); then the check runs again and its report is returned (`repaired` says what was
         done). Index damage is repaired at the next open, or by `rmqstore check --repair` on the closed
-        store. Nothing in the commitlog is ever deleted."""
+        store. Commitlog damage stays in the returned report (not ok): quarantining it needs the closed
+        store (`rmqstore check --repair`, which records it in config/damagedRanges.json). Nothing in the
+        commitlog is ever deleted."""
         from .check import _repair_config, check_store
         self._check_open()
         self.wait_dispatched()
