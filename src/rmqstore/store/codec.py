@@ -285,16 +285,9 @@ class RecordError(ValueError):
         super().__init__(f"offset {pos}: {reason}")
 
 
-def decode_fields(buf, pos: int, read_body: bool = True) -> DecodedRecord:
-    """Every field of the message record at pos, which the rule has passed (scanner.decode_record checks
-    first; this only reads the layout)."""
-    sys_flag = _I.unpack_from(buf, pos + POS_SYSFLAG)[0]
-    hs = header_struct(sys_flag)
-    (total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_addr, born_port,
-     store_ts, store_addr, store_port, reconsume, prep, body_len) = hs.unpack_from(buf, pos)
-    p = pos + hs.size
-    body = bytes(buf[p:p + body_len]) if read_body else None
-    p += body_len
+def topic_and_properties(buf, p: int, magic: int) -> tuple[str, dict[str, str]]:
+    """The tail of a message record from p (just after the body): the topic (its length one byte in a v1
+    record, two in a v2 one) and the properties."""
     if magic == MESSAGE_MAGIC_CODE:
         tl = buf[p]
         p += 1
@@ -304,8 +297,20 @@ def decode_fields(buf, pos: int, read_body: bool = True) -> DecodedRecord:
     topic = bytes(buf[p:p + tl]).decode("utf-8", "replace")
     p += tl
     pl = _H.unpack_from(buf, p)[0]
-    p += 2
-    props = string_to_properties(bytes(buf[p:p + pl]).decode("utf-8", "replace"))
+    props = string_to_properties(bytes(buf[p + 2:p + 2 + pl]).decode("utf-8", "replace")) if pl else {}
+    return topic, props
+
+
+def decode_fields(buf, pos: int, read_body: bool = True) -> DecodedRecord:
+    """Every field of the message record at pos, which the rule has passed (scanner.decode_record checks
+    first; this only reads the layout)."""
+    sys_flag = _I.unpack_from(buf, pos + POS_SYSFLAG)[0]
+    hs = header_struct(sys_flag)
+    (total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_addr, born_port,
+     store_ts, store_addr, store_port, reconsume, prep, body_len) = hs.unpack_from(buf, pos)
+    p = pos + hs.size
+    body = bytes(buf[p:p + body_len]) if read_body else None
+    topic, props = topic_and_properties(buf, p + body_len, magic)
     return DecodedRecord(total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
                          format_host(born_addr, born_port), store_ts, format_host(store_addr, store_port),
                          reconsume, prep, body, topic, props, store_addr, store_port)
@@ -353,17 +358,7 @@ def dispatch_request_at(buf, pos: int, base_offset: int, delay_levels: list[int]
     hs = header_struct(sys_flag)
     f = hs.unpack_from(buf, pos)
     total, magic, queue_id, queue_offset, store_ts, prep, body_len = f[0], f[1], f[3], f[5], f[11], f[15], f[16]
-    p = pos + hs.size + body_len
-    if magic == MESSAGE_MAGIC_CODE:
-        tl = buf[p]
-        p += 1
-    else:
-        tl = struct.unpack_from(">H", buf, p)[0]
-        p += 2
-    topic = bytes(buf[p:p + tl]).decode("utf-8", "replace")
-    p += tl
-    pl = _H.unpack_from(buf, p)[0]
-    props = string_to_properties(bytes(buf[p + 2:p + 2 + pl]).decode("utf-8", "replace")) if pl else {}
+    topic, props = topic_and_properties(buf, pos + hs.size + body_len, magic)
     tags = props.get(PROPERTY_TAGS)
     code = java_string_hash(tags) if tags else 0
     if topic == SCHEDULE_TOPIC:
