@@ -74,9 +74,7 @@ class ServerProcess:
         return (self.ready or {}).get("grpc")
 
     def start(self) -> "ServerProcess":
-        import os
         import subprocess
-        import tempfile
         import threading
         self.store.mkdir(parents=True, exist_ok=True)
         conf_path = self.store.parent / f"{self.store.name}.broker.conf"
@@ -85,8 +83,8 @@ class ServerProcess:
         if "grpcListenPort" not in self.conf:
             lines.append(f"grpcListenPort={free_port()}")     # never 8081: servers of parallel tests
         conf_path.write_text("\n".join(lines) + "\n")
-        fd, self.stderr_path = tempfile.mkstemp(prefix="rmqstore-server-", suffix=".log")
-        os.close(fd)
+        # The child's stderr beside its conf file (not in /tmp, where every run would leave one behind).
+        self.stderr_path = self.store.parent / f"{self.store.name}.server.log"
         args = [sys.executable, "-m", "rmqstore.broker.server", str(self.store), "-c", str(conf_path)]
         if self.log_level == "INFO":
             args.append("-v")
