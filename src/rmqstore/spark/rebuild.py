@@ -43,7 +43,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store import codec
 from ..store import scanner
 from ..store.config import StoreConfig
 from ..store.index_file import time_millis_to_human_string
@@ -51,7 +50,6 @@ from . import staging
 
 log = logging.getLogger(__name__)
 
-ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 
 
 # --- tasks (executors) --------------------------------------------------------------------------------
@@ -82,7 +80,7 @@ def _index_keys(batch, tids: np.ndarray, sfs: np.ndarray) -> tuple[np.ndarray, n
     names = batch.topic_names
     tl, sl = tids.tolist(), sfs.tolist()
     for i, (k, u) in enumerate(zip(batch.keys, batch.uniq_keys)):
-        if sl[i] & ROLLBACK == ROLLBACK:
+        if not scanner.is_indexed(sl[i]):
             continue
         prefix = names[tl[i]] + "#"
         c = 0
@@ -113,8 +111,7 @@ def parse_file(task: tuple) -> dict:
            for name in ("topic_ids", "queue_ids", "offsets", "sizes", "tags_codes", "store_timestamps",
                         "queue_offsets", "sys_flags")}
     out["last_store_timestamp"] = int(col["store_timestamps"][-1])
-    tran = col["sys_flags"] & codec.TRANSACTION_TYPE_MASK
-    idx = np.flatnonzero((tran != codec.TRANSACTION_PREPARED_TYPE) & (tran != codec.TRANSACTION_ROLLBACK_TYPE))
+    idx = np.flatnonzero(scanner.is_dispatched(col["sys_flags"]))
     group = col["topic_ids"][idx] * (1 << 32) + (col["queue_ids"][idx] & 0xFFFFFFFF)
     order = np.argsort(group, kind="stable")
     sidx = idx[order]

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import codec, scanner
+from ..store import scanner
 from ..store.scanner import Outcome
 from . import records as R
 from . import storeview as SV
@@ -38,7 +38,6 @@ except ImportError:  # pragma: no cover
 
 BATCH_ROWS = 8192
 BATCH_BYTES = 32 << 20
-ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 
 # Columns whose values are fixed header fields: name -> Records attribute (timestamps in ms).
 NUMERIC = {

@@ -20,7 +20,7 @@ from itertools import chain
 
 import numpy as np
 
-from . import codec, validation
+from . import codec, scanner, validation
 from .message import DEFAULT_HOST, Message
 
 _HEADER_V4 = codec.HEADER_V4
@@ -266,7 +266,7 @@ def encode_columns(n: int, topic: str, ti: tuple, born: tuple, store: tuple, que
 
     # queue offsets: each message's rank among the earlier ones of its queue that take an offset
     # (prepared and rolled-back messages take none); the lock adds each queue's next offset
-    take = (sys_flags & codec.TRANSACTION_PREPARED_TYPE) == 0
+    take = scanner.is_dispatched(sys_flags)
     keys_of = ti[1]
     if isinstance(queue_ids, int):
         keys = [keys_of.get(queue_ids) or keys_of.setdefault(queue_ids, f"{topic}-{queue_ids}")]

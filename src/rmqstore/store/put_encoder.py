@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import codec, validation
+from . import codec, scanner, validation
 from .config import StoreConfig
 from .message import Message, PutMessageResult, PutMessageStatus
 from .message_batch import (INT32, INT64, EncodedBatch, MessageBatch, encode_columns, int_column, props_from_columns,
@@ -161,8 +161,8 @@ class MessageEncoder:
         if size > self.config.max_message_size or size + _BLANK_MIN > self.file_size:
             return refuse(_ILLEGAL, f"message of {size} bytes (body {len(body)}) exceeds maxMessageSize "
                                     f"{self.config.max_message_size} or the file size {self.file_size}")
-        if sys_flag & codec.TRANSACTION_PREPARED_TYPE:     # prepared (0x4) and rolled back (0xc)
-            key = None                                      # take no queue offset
+        if not scanner.is_dispatched(sys_flag):            # prepared and rolled back: no queue offset
+            key = None
         return (hs, size, _crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, sys_flag, msg.born_timestamp,
                 born[0], born[1], store[0], store[1], msg.reconsume_times, msg.prepared_transaction_offset, body,
                 tail, key, store[4])
