@@ -23,7 +23,7 @@ written, and a store another process has open is read as it is, the check says s
 After a crash (an `abort` file) or while another process has the store open, queues and index behind the
 commitlog and a torn last record are what recovery repairs at the next open: they are listed as notes, not
 problems. A store another process has open is checked as far as the commitlog scan saw it (units and
-index entries written after it are left out), with a note naming the process. repair_store()
+index entries written after it are left out), with a note naming the process. check_repair.repair_store()
 (`check --repair`, check_repair.py) takes the lock, rebuilds what is derived (consume queues and index)
 and quarantines what is not (a malformed config file goes to `FILE.corrupt-<time>`, its `.bak` takes its
 place; damaged commitlog bytes are copied to `quarantine/` and recorded as accepted damage, damage.py);
@@ -46,7 +46,7 @@ from .config import StoreConfig
 from .mapped_file import FileCache
 
 __all__ = ["CheckReport", "NotAStoreError", "Problem", "Records", "check_store", "config_problem",
-           "repair_store", "store_open_by"]
+           "store_open_by"]
 
 
 def store_open_by(root: Path) -> str | None:
@@ -125,14 +125,3 @@ def check_store(path: str | os.PathLike, config: StoreConfig | None = None, *, p
     return report
 
 
-def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
-                 progress: Progress | None = None) -> tuple[CheckReport, CheckReport]:
-    """check_repair.repair_store: check, repair, check again; (the first report, the report after)."""
-    from .check_repair import repair_store as repair
-    return repair(path, config, progress=progress)
-
-
-def _repair_config(bad: list[tuple[Path, bool]], out: list[str]) -> None:
-    """check_repair._repair_config (MessageStore.check(repair=True) calls it)."""
-    from .check_repair import _repair_config as repair
-    repair(bad, out)

@@ -6,6 +6,8 @@ store: `--repair` never writes through one).
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -87,6 +89,30 @@ def check_config(root: Path, report: CheckReport) -> list[tuple[Path, bool]]:
                                           if bak_ok else "; no usable .bak"))
         bad.append((p, bak_ok))
     return bad
+
+
+def quarantine(path: Path, stamp: str | None = None) -> Path:
+    """Move path aside as PATH.corrupt-<time> (never deleted); returns the new name."""
+    stamp = stamp or time.strftime("%Y%m%d%H%M%S")
+    dst = path.with_name(f"{path.name}.corrupt-{stamp}")
+    i = 1
+    while dst.exists():
+        dst = path.with_name(f"{path.name}.corrupt-{stamp}.{i}")
+        i += 1
+    os.replace(path, dst)
+    return dst
+
+
+def repair_config(bad: list[tuple[Path, bool]], out: list[str]) -> None:
+    """Each malformed config file (check_config's list): moved aside, its .bak restored when usable; what
+    was done appended to out."""
+    for p, bak_ok in bad:
+        aside = quarantine(p)
+        if bak_ok:
+            shutil.copy2(p.with_name(p.name + ".bak"), p)
+            out.append(f"{p}: moved aside as {aside.name}; restored from {p.name}.bak")
+        else:
+            out.append(f"{p}: moved aside as {aside.name}; no usable backup: the store starts from defaults")
 
 
 def check_file_kinds(root: Path, report: CheckReport) -> None:

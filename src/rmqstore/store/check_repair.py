@@ -17,14 +17,13 @@ when commitlog files are not of the configured size (a wrong `-c` is likelier th
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 from . import codec
 from .check import check_store
 from .check_commitlog import check_commitlog
-from .check_files import links_out_of_store
+from .check_files import links_out_of_store, quarantine, repair_config
 from .check_report import CheckReport, DamagedSpan, Progress, store_root
 from .config import StoreConfig
 from .mapped_file import FileCache
@@ -33,28 +32,6 @@ from ..errors import RmqStoreError
 
 class RepairRefusedError(RmqStoreError):
     """The repair would write outside the store or on a misread store: nothing was done."""
-
-
-def quarantine(path: Path, stamp: str | None = None) -> Path:
-    """Move path aside as PATH.corrupt-<time> (never deleted); returns the new name."""
-    stamp = stamp or time.strftime("%Y%m%d%H%M%S")
-    dst = path.with_name(f"{path.name}.corrupt-{stamp}")
-    i = 1
-    while dst.exists():
-        dst = path.with_name(f"{path.name}.corrupt-{stamp}.{i}")
-        i += 1
-    os.replace(path, dst)
-    return dst
-
-
-def _repair_config(bad: list[tuple[Path, bool]], out: list[str]) -> None:
-    for p, bak_ok in bad:
-        aside = quarantine(p)
-        if bak_ok:
-            shutil.copy2(p.with_name(p.name + ".bak"), p)
-            out.append(f"{p}: moved aside as {aside.name}; restored from {p.name}.bak")
-        else:
-            out.append(f"{p}: moved aside as {aside.name}; no usable backup: the store starts from defaults")
 
 
 def _refuse_links(root: Path) -> None:
@@ -86,7 +63,7 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
         first = check_store(root, cfg, progress=progress, live=False)
         _refuse_misread(first, cfg.mapped_file_size_commit_log)
         done: list[str] = []
-        _repair_config(first.bad_config, done)
+        repair_config(first.bad_config, done)
         _quarantine_misfit_index(root, cfg, done)
         _quarantine_commitlog(root, first.damaged, done)
     finally:

@@ -324,14 +324,15 @@ class MessageStore(StoreReadAPI):
         store. Commitlog damage stays in the returned report (not ok): quarantining it needs the closed
         store (`rmqstore check --repair`, which records it in config/damagedRanges.json). Nothing in the
         commitlog is ever deleted."""
-        from .check import _repair_config, check_store
+        from .check import check_store
+        from .check_files import repair_config
         self._check_open()
         self.wait_dispatched()
         report = check_store(self.path, self.config, live=True)
         if not repair or report.ok:
             return report
         done: list[str] = []
-        _repair_config(report.bad_config, done)
+        repair_config(report.bad_config, done)
         done.extend(self._repair_queues())
         after = check_store(self.path, self.config, live=True)
         after.repaired = done

@@ -567,7 +567,8 @@ def _spark_conf(text: str) -> tuple[str, str]:
 def cmd_check(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """A full consistency check (rmqstore.store.check): one line per problem, then a summary line; exit 0 when
     clean, 1 when not. Read only, unless --repair (which takes the store's lock)."""
-    from ..store.check import NotAStoreError, check_store, repair_store
+    from ..store.check import NotAStoreError, check_store
+    from ..store.check_repair import repair_store
     from .progress import ProgressBar
 
     bar = ProgressBar("check")
