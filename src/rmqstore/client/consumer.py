@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from ..remoting.subscription import SubscriptionData
-from .allocate import allocate_averagely  # AllocateMessageQueueAveragely
+from ..common.allocate import allocate_averagely  # AllocateMessageQueueAveragely
 from ..remoting.codes import (PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
                               PROPERTY_RETRY_TOPIC, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND,
                               RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode)

@@ -15,40 +15,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+from ..common.allocate import allocate_averagely
 
 if TYPE_CHECKING:  # pragma: no cover
     from .topic_config import MessageQueue
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 REBALANCE_INTERVAL_S = 20.0
-
-
-def allocate_averagely(consumer_group: str, current_cid: str, mq_all: Sequence[T], cid_all: Sequence[str]) -> list[T]:
-    """AllocateMessageQueueAveragely.allocate (mq_all and cid_all already sorted)."""
-    if not current_cid:
-        raise ValueError("currentCID is empty")
-    if not mq_all:
-        return []
-    if not cid_all:
-        raise ValueError("cidAll is null or cidAll empty")
-    if current_cid not in cid_all:
-        log.info("[BUG] ConsumerGroup: %s The consumerId: %s not in cidAll: %s", consumer_group, current_cid, cid_all)
-        return []
-    index = list(cid_all).index(current_cid)
-    n_mq, n_cid = len(mq_all), len(cid_all)
-    mod = n_mq % n_cid
-    if n_mq <= n_cid:
-        average = 1
-    elif mod > 0 and index < mod:
-        average = n_mq // n_cid + 1
-    else:
-        average = n_mq // n_cid
-    start = index * average if (mod > 0 and index < mod) else index * average + mod
-    rng = min(average, n_mq - start)
-    return [mq_all[(start + i) % n_mq] for i in range(max(rng, 0))]
 
 
 class RebalanceMember(Protocol):
