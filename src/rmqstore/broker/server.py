@@ -29,10 +29,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .app import BrokerServer
 from .process import ServerProcess, free_port, free_port_pair  # noqa: F401  (where tests and benchmarks find them)
 from ..store.config import StoreConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import BrokerServer
 
 log = logging.getLogger("rmqstore.broker.server")
 
@@ -40,6 +43,8 @@ log = logging.getLogger("rmqstore.broker.server")
 async def run_server(store_path: str | Path, config: StoreConfig | None = None, *, namesrv: bool = True,
                      ready=None, stop_event: asyncio.Event | None = None) -> None:
     """Serve until stop_event is set (or SIGTERM / SIGINT when running in the main thread)."""
+    from .app import BrokerServer
+
     server = BrokerServer(store_path, config or StoreConfig(), namesrv=namesrv)
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
