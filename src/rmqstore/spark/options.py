@@ -163,11 +163,33 @@ def offsets_topics(spec) -> set[str]:
 
 
 def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
+    """The data source's options, checked: a ReadOptions, or an OptionError naming the option."""
     opts = {str(k).lower(): v for k, v in dict(options).items()}
     unknown = sorted(set(opts) - KNOWN)
     if unknown:
         raise OptionError(f"unknown option {unknown[0]!r} of the rocketmq data source "
                           f"(known: {', '.join(sorted(SPELLING.values()))})")
+    ro = _parse_stores(opts)
+    mode = str(opts.get("mode", "queue")).strip().lower()
+    if mode not in ("queue", "commitlog"):
+        raise OptionError(f"option 'mode' must be queue or commitlog, got {opts['mode']!r}")
+    ro.mode = mode
+    all_topics: set[str] = set()
+    have_cq = True
+    for p in ro.paths:
+        all_topics.update(SV.list_topics(p))
+        if not os.path.isdir(os.path.join(p, "consumequeue")):
+            have_cq = False
+    _parse_selection(ro, opts, all_topics, have_cq)
+    _parse_range(ro, opts, all_topics, have_cq, streaming)
+    _parse_kafka_extras(ro, opts, ro.brokers, all_topics, have_cq, streaming)
+    _parse_switches(ro, opts)
+    _check_mode(ro, opts, streaming)
+    return ro
+
+
+def _parse_stores(opts: dict) -> ReadOptions:
+    """path / paths (each a store, broker names distinct) and config."""
     try:
         paths = SV.resolve_paths(opts.get("path"), opts.get("paths"))
     except SV.StoreError as e:
@@ -182,20 +204,13 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
         config = StoreConfig.load(config_path) if config_path else None
     except (ConfigError, OSError) as e:
         raise OptionError(f"option 'config': {e}") from None
-    ro = ReadOptions(paths, brokers, config, config_path=config_path, raw=opts)
-    mode = str(opts.get("mode", "queue")).strip().lower()
-    if mode not in ("queue", "commitlog"):
-        raise OptionError(f"option 'mode' must be queue or commitlog, got {opts['mode']!r}")
-    ro.mode = mode
+    return ReadOptions(paths, brokers, config, config_path=config_path, raw=opts)
+
+
+def _parse_selection(ro: ReadOptions, opts: dict, all_topics: set[str], have_cq: bool) -> None:
+    """topics / subscribePattern and queueIds: which queues are read."""
     if "topics" in opts and "subscribepattern" in opts:
         raise OptionError("options 'topics' and 'subscribePattern' exclude each other: give one")
-    all_topics: set[str] = set()
-    have_cq = True
-    for p in paths:
-        tq = SV.list_topics(p)
-        if not os.path.isdir(os.path.join(p, "consumequeue")):
-            have_cq = False
-        all_topics.update(tq)
     if "topics" in opts:
         ts = [t.strip() for t in str(opts["topics"]).split(",") if t.strip()]
         if not ts:
@@ -215,9 +230,13 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
             ro.queue_ids = {int(x) for x in str(opts["queueids"]).split(",") if x.strip()}
         except ValueError:
             raise OptionError(f"option 'queueIds' must be a comma list of integers, got {opts['queueids']!r}") from None
+
+
+def _parse_range(ro: ReadOptions, opts: dict, all_topics: set[str], have_cq: bool, streaming: bool) -> None:
+    """startingOffsets / endingOffsets and startingTimestamp / endingTimestamp."""
     for name, attr in (("startingoffsets", "starting"), ("endingoffsets", "ending")):
         if name in opts:
-            spec = parse_offsets(name, opts[name], brokers)
+            spec = parse_offsets(name, opts[name], ro.brokers)
             missing = [t for t in offsets_topics(spec) if t not in all_topics]
             if missing and have_cq:
                 raise OptionError(f"option {_opt(name)!r}: unknown topic {missing[0]!r}")
@@ -233,7 +252,10 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
         raise OptionError("options 'startingTimestamp' and 'startingOffsets' exclude each other: give one")
     if ro.ending_ts is not None and "endingoffsets" in opts:
         raise OptionError("options 'endingTimestamp' and 'endingOffsets' exclude each other: give one")
-    _parse_kafka_extras(ro, opts, brokers, all_topics, have_cq, streaming)
+
+
+def _parse_switches(ro: ReadOptions, opts: dict) -> None:
+    """includeBody, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition."""
     if "includebody" in opts:
         ro.include_body = _bool("includebody", opts["includebody"])
     if "key" in opts:
@@ -246,6 +268,10 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
         ro.push_filters = _bool("pushfilters", opts["pushfilters"])
     if "rowsperpartition" in opts:
         ro.rows_per_partition = _int("rowsperpartition", opts["rowsperpartition"], 1)
+
+
+def _check_mode(ro: ReadOptions, opts: dict, streaming: bool) -> None:
+    """What mode=commitlog and a stream exclude."""
     if ro.mode == "commitlog":
         for name in ("startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp"):
             if name in opts:
@@ -255,7 +281,6 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
             raise OptionError("option 'mode': streams read mode=queue (offsets per topic and queue)")
     if ro.key is not None and streaming:
         raise OptionError("option 'key' is for batch reads only")
-    return ro
 
 
 def _parse_kafka_extras(ro: ReadOptions, opts: dict, brokers: list[str], all_topics: set[str], have_cq: bool,
