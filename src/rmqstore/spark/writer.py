@@ -117,6 +117,32 @@ def _col(batch: pa.RecordBatch, name: str):
 def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.RecordBatch:
     """Check and normalise rows: one NORMAL row per input row, or WriteError naming the column and row."""
     n = batch.num_rows
+    topic, tlen = _topics(batch)
+    body = _bodies(batch)
+    props = _properties(batch, n)
+    qid = _queue_ids(batch, n)
+    flag = _col(batch, "flag")
+    flag = flag.cast(pa.int32()).fill_null(0) if flag is not None else pa.array(np.zeros(n, dtype=np.int32))
+    born = _col(batch, "bornTimestamp")
+    if born is None:
+        born = pa.array(np.full(n, now_ms, dtype=np.int64))
+    elif pa.types.is_timestamp(born.type):
+        born = pc.cast(pc.cast(born, pa.timestamp("ms", tz="UTC")), pa.int64()).fill_null(now_ms)
+    else:
+        born = born.cast(pa.int64()).fill_null(now_ms)
+    host = _born_hosts(batch, n)
+    sizes = (codec.HEADER_STRUCTS[3].size + pc.binary_length(body).to_numpy(zero_copy_only=False) + 3 + tlen
+             + pc.binary_length(props.cast(pa.binary())).to_numpy(zero_copy_only=False))
+    big = np.flatnonzero(sizes > max_message_size)
+    if len(big):
+        raise WriteError(f"row {int(big[0])}: a message of {int(sizes[big[0]])} bytes exceeds maxMessageSize "
+                         f"{max_message_size}")
+    return pa.RecordBatch.from_arrays([topic.cast(pa.string()), qid, flag, born, host.cast(pa.string()), props, body],
+                                      schema=NORMAL)
+
+
+def _topics(batch: pa.RecordBatch):
+    """The topic column, checked (not null, 1..MAX_TOPIC_LENGTH bytes, the store's rule), and its lengths."""
     topic = _col(batch, "topic")
     if topic.null_count:
         raise WriteError(f"column 'topic' is null in row {int(np.flatnonzero(topic.is_null().to_numpy(zero_copy_only=False))[0])}")
@@ -129,6 +155,11 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
         why = validation.topic_problem(t)
         if why:
             raise WriteError(f"column 'topic': {why}")
+    return topic, tlen
+
+
+def _bodies(batch: pa.RecordBatch):
+    """The body column as binary (a string column is taken as its UTF-8 bytes); never null."""
     body = _col(batch, "body")
     if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
         body = pc.cast(body, pa.binary())
@@ -136,6 +167,12 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
         body = body.cast(pa.binary())
     if body.null_count:
         raise WriteError("column 'body' is null in some row")
+    return body
+
+
+def _properties(batch: pa.RecordBatch, n: int) -> pa.Array:
+    """Each row's properties string: the properties map, then tags (TAGS) and keys (KEYS, words joined by a
+    space), checked by the store's rule and against MAX_PROPERTIES_LENGTH."""
     tags = _col(batch, "tags")
     keys = _col(batch, "keys")
     props_col = _col(batch, "properties")
@@ -165,40 +202,32 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
         if len(s.encode("utf-8")) > codec.MAX_PROPERTIES_LENGTH:
             raise WriteError(f"row {i}: properties of {len(s.encode())} bytes exceed {codec.MAX_PROPERTIES_LENGTH}")
         out_props.append(s)
-    props = pa.array(out_props, type=pa.string())
+    return pa.array(out_props, type=pa.string())
+
+
+def _queue_ids(batch: pa.RecordBatch, n: int) -> pa.Array:
+    """The queueId column as int32 (null: the writer picks), each in [0, MAX_QUEUE_ID]."""
     qid = _col(batch, "queueId")
     qid = qid.cast(pa.int32()) if qid is not None else pa.nulls(n, pa.int32())
     if qid.null_count < n and pc.min(qid).as_py() is not None and pc.min(qid).as_py() < 0:
         raise WriteError("column 'queueId' has a negative queue id")
     if qid.null_count < n and pc.max(qid).as_py() is not None and pc.max(qid).as_py() > validation.MAX_QUEUE_ID:
         raise WriteError(f"column 'queueId' has queue id {pc.max(qid).as_py()}, above {validation.MAX_QUEUE_ID}")
-    flag = _col(batch, "flag")
-    flag = flag.cast(pa.int32()).fill_null(0) if flag is not None else pa.array(np.zeros(n, dtype=np.int32))
-    born = _col(batch, "bornTimestamp")
-    if born is None:
-        born = pa.array(np.full(n, now_ms, dtype=np.int64))
-    elif pa.types.is_timestamp(born.type):
-        born = pc.cast(pc.cast(born, pa.timestamp("ms", tz="UTC")), pa.int64()).fill_null(now_ms)
-    else:
-        born = born.cast(pa.int64()).fill_null(now_ms)
+    return qid
+
+
+def _born_hosts(batch: pa.RecordBatch, n: int) -> pa.Array:
+    """The bornHost column, each non-null value a host:port the codec can encode."""
     host = _col(batch, "bornHost")
-    if host is not None:
-        for i, h in enumerate(host.to_pylist()):
-            if h is not None:
-                try:
-                    codec.parse_host(h)
-                except ValueError as e:
-                    raise WriteError(f"column 'bornHost', row {i}: {e}") from None
-    else:
-        host = pa.nulls(n, pa.string())
-    sizes = (codec.HEADER_STRUCTS[3].size + pc.binary_length(body).to_numpy(zero_copy_only=False) + 3 + tlen
-             + pc.binary_length(props.cast(pa.binary())).to_numpy(zero_copy_only=False))
-    big = np.flatnonzero(sizes > max_message_size)
-    if len(big):
-        raise WriteError(f"row {int(big[0])}: a message of {int(sizes[big[0]])} bytes exceeds maxMessageSize "
-                         f"{max_message_size}")
-    return pa.RecordBatch.from_arrays([topic.cast(pa.string()), qid, flag, born, host.cast(pa.string()), props, body],
-                                      schema=NORMAL)
+    if host is None:
+        return pa.nulls(n, pa.string())
+    for i, h in enumerate(host.to_pylist()):
+        if h is not None:
+            try:
+                codec.parse_host(h)
+            except ValueError as e:
+                raise WriteError(f"column 'bornHost', row {i}: {e}") from None
+    return host
 
 
 def encode_task(iterator, max_message_size: int) -> EncodedRows:
