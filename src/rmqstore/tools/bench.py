@@ -392,7 +392,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="store config (broker.conf properties); default commitlog files of 1 GiB")
 
 
-def run(args: argparse.Namespace) -> dict:
+def _checked(args: argparse.Namespace) -> list[str]:
+    """The workload names asked for; SystemExit naming a bad argument."""
     names = [w.strip() for w in (args.workload or DEFAULT_WORKLOADS).split(",") if w.strip()]
     unknown = [w for w in names if w not in WORKLOADS]
     if unknown:
@@ -402,6 +403,29 @@ def run(args: argparse.Namespace) -> dict:
     if min(args.messages, args.queues, args.batch, args.threads, args.repeat) <= 0 or args.body_size < 0:
         raise SystemExit("bench: --messages, --queues, --batch, --threads and --repeat must be positive, "
                          "--body-size >= 0")
+    return names
+
+
+def _run_workload(ctx: BenchContext, name: str, repeat: int, temporary: bool, step) -> dict:
+    """Run one workload `repeat` times; the median run (by msg/s) with every run when more than one."""
+    runs = []
+    for r in range(repeat):
+        ctx.run = r
+        runs.append(WORKLOADS[name].fn(ctx))
+        step(r)
+        if temporary:         # free the page cache of a temporary store before the next run
+            for d in ctx._dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        ctx._dirs.clear()
+        gc.collect()
+    if len(runs) == 1:
+        return runs[0]
+    ranked = sorted(runs, key=lambda x: x.get("msgs_per_s") or 0)
+    return {**ranked[(len(ranked) - 1) // 2], "runs": runs}
+
+
+def run(args: argparse.Namespace) -> dict:
+    names = _checked(args)
     config = StoreConfig.load(args.config)
     config.flush_disk_type = SYNC_FLUSH if args.flush == "sync" else ASYNC_FLUSH
 
@@ -431,22 +455,9 @@ def run(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         ctx.messages()
         result["params"]["generate_seconds"] = round(time.perf_counter() - t0, 3)
-        for name in names:
-            runs = []
-            for r in range(args.repeat):
-                ctx.run = r
-                runs.append(WORKLOADS[name].fn(ctx))
-                bar.update(names.index(name) * args.repeat + r + 1)
-                if tmp is not None:         # free the page cache of a temporary store before the next run
-                    for d in ctx._dirs:
-                        shutil.rmtree(d, ignore_errors=True)
-                ctx._dirs.clear()
-                gc.collect()
-            if len(runs) == 1:
-                result["workloads"][name] = runs[0]
-            else:
-                ranked = sorted(runs, key=lambda x: x.get("msgs_per_s") or 0)
-                result["workloads"][name] = {**ranked[(len(ranked) - 1) // 2], "runs": runs}
+        for k, name in enumerate(names):
+            result["workloads"][name] = _run_workload(ctx, name, args.repeat, tmp is not None,
+                                                      lambda r, k=k: bar.update(k * args.repeat + r + 1))
     finally:
         bar.close()
         if tmp is not None:
