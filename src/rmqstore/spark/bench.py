@@ -76,11 +76,7 @@ def _agg(df):
 def bench_spark(scale: int = 200_000, *, body_size: int = 512, repeat: int = 2, work_dir: str | None = None,
                 master: str | None = None, spark=None, keep: bool = False) -> dict:
     """Measure (see the module docstring); returns a dict of numbers."""
-    from ..store.reader import CommitLogReader
-    from ..store.rebuild import rebuild_store
     from .session import spark_session
-    from .rebuild import rebuild_spark
-    from .stats import local_scan
     spark = spark or spark_session(master, app_name="rmqstore-bench")
     work = tempfile.mkdtemp(prefix="rmqstore-bench-", dir=work_dir)
     config = bench_config()
@@ -94,61 +90,77 @@ def bench_spark(scale: int = 200_000, *, body_size: int = 512, repeat: int = 2, 
                  "cores": spark.sparkContext.defaultParallelism}
     try:
         out.update(write_store(store, scale, config, body_size))
-        mb = out["bytes"] / 1e6
-
-        def rates(prefix: str, seconds: float, n: int):
-            out[f"{prefix}_seconds"] = round(seconds, 3)
-            out[f"{prefix}_msgs_per_s"] = round(n / seconds)
-            out[f"{prefix}_MB_per_s"] = round(mb / seconds, 1)
-
-        # local: reader.py (a MessageExt per message, body included)
-        def local_reader():
-            n = body = 0
-            for m in CommitLogReader(store, config).messages():
-                n += 1
-                body += len(m.body)
-            return n
-        s, n = _best(local_reader, 1)
-        rates("local_reader", s, n)
-        # local: the data source's batch parser without Spark (headers only, as stats(engine=local))
-        s, _ = _best(lambda: local_scan(store, config), repeat)
-        rates("local_vectorised_headers", s, scale)
-        # spark: the data source, mode=queue and mode=commitlog
-        df = spark.read.format("rocketmq").option("config", conf_path).load(store)
-        s, row = _best(lambda: _agg(df), repeat)
-        rates("spark_queue", s, row["n"])
-        dfc = spark.read.format("rocketmq").option("config", conf_path).option("mode", "commitlog").load(store)
-        s, row2 = _best(lambda: _agg(dfc), repeat)
-        rates("spark_commitlog", s, row2["n"])
-        # spark: the same messages from Parquet
-        pq = os.path.join(work, "messages.parquet")
-        t = time.perf_counter()
-        df.write.mode("overwrite").parquet(pq)
-        out["parquet_write_seconds"] = round(time.perf_counter() - t, 3)
-        out["parquet_MB"] = round(sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(pq)
-                                      for f in fs) / 1e6, 1)
-        dfp = spark.read.parquet(pq)
-        s, row3 = _best(lambda: _agg(dfp), repeat)
-        rates("spark_parquet", s, row3["n"])
-        out["same_answer"] = (tuple(row) == tuple(row3)) and row["n"] == scale
-        # rebuild: local vs spark, on copies
-        a, b = os.path.join(work, "rebuild-local"), os.path.join(work, "rebuild-spark")
-        shutil.copytree(store, a)
-        shutil.copytree(store, b)
-        t = time.perf_counter()
-        rebuild_store(a, config)
-        out["rebuild_local_seconds"] = round(time.perf_counter() - t, 3)
-        t = time.perf_counter()
-        rs = rebuild_spark(b, config, spark=spark)
-        out["rebuild_spark_seconds"] = round(time.perf_counter() - t, 3)
-        out["rebuild_spark_tasks"] = rs["tasks"]
-        out["rebuild_same_queues"] = _same_tree(os.path.join(a, "consumequeue"), os.path.join(b, "consumequeue"))
+        _bench_local(out, store, config, scale, repeat)
+        _bench_reads(out, spark, work, store, conf_path, scale, repeat)
+        _bench_rebuild(out, spark, work, store, config)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
             out["work_dir"] = work
     return out
+
+
+def _rates(out: dict, prefix: str, seconds: float, n: int) -> None:
+    """{prefix}_seconds, _msgs_per_s and _MB_per_s (of the commitlog's bytes) into out."""
+    out[f"{prefix}_seconds"] = round(seconds, 3)
+    out[f"{prefix}_msgs_per_s"] = round(n / seconds)
+    out[f"{prefix}_MB_per_s"] = round(out["bytes"] / 1e6 / seconds, 1)
+
+
+def _bench_local(out: dict, store: str, config, scale: int, repeat: int) -> None:
+    """Without Spark: reader.py (a MessageExt per message, body included), and the data source's batch
+    parser (headers only, as stats(engine=local))."""
+    from ..store.reader import CommitLogReader
+    from .stats import local_scan
+
+    def local_reader():
+        n = body = 0
+        for m in CommitLogReader(store, config).messages():
+            n += 1
+            body += len(m.body)
+        return n
+    s, n = _best(local_reader, 1)
+    _rates(out, "local_reader", s, n)
+    s, _ = _best(lambda: local_scan(store, config), repeat)
+    _rates(out, "local_vectorised_headers", s, scale)
+
+
+def _bench_reads(out: dict, spark, work: str, store: str, conf_path: str, scale: int, repeat: int) -> None:
+    """The data source, mode=queue and mode=commitlog, and Spark reading the same messages from Parquet."""
+    df = spark.read.format("rocketmq").option("config", conf_path).load(store)
+    s, row = _best(lambda: _agg(df), repeat)
+    _rates(out, "spark_queue", s, row["n"])
+    dfc = spark.read.format("rocketmq").option("config", conf_path).option("mode", "commitlog").load(store)
+    s, row2 = _best(lambda: _agg(dfc), repeat)
+    _rates(out, "spark_commitlog", s, row2["n"])
+    pq = os.path.join(work, "messages.parquet")
+    t = time.perf_counter()
+    df.write.mode("overwrite").parquet(pq)
+    out["parquet_write_seconds"] = round(time.perf_counter() - t, 3)
+    out["parquet_MB"] = round(sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(pq)
+                                  for f in fs) / 1e6, 1)
+    dfp = spark.read.parquet(pq)
+    s, row3 = _best(lambda: _agg(dfp), repeat)
+    _rates(out, "spark_parquet", s, row3["n"])
+    out["same_answer"] = (tuple(row) == tuple(row3)) and row["n"] == scale
+
+
+def _bench_rebuild(out: dict, spark, work: str, store: str, config) -> None:
+    """Rebuilding consume queues and index: the local engine and Spark, on copies of the store."""
+    from ..store.rebuild import rebuild_store
+    from .rebuild import rebuild_spark
+    a, b = os.path.join(work, "rebuild-local"), os.path.join(work, "rebuild-spark")
+    shutil.copytree(store, a)
+    shutil.copytree(store, b)
+    t = time.perf_counter()
+    rebuild_store(a, config)
+    out["rebuild_local_seconds"] = round(time.perf_counter() - t, 3)
+    t = time.perf_counter()
+    rs = rebuild_spark(b, config, spark=spark)
+    out["rebuild_spark_seconds"] = round(time.perf_counter() - t, 3)
+    out["rebuild_spark_tasks"] = rs["tasks"]
+    out["rebuild_same_queues"] = _same_tree(os.path.join(a, "consumequeue"), os.path.join(b, "consumequeue"))
 
 
 def _same_tree(a: str, b: str) -> bool:
