@@ -52,29 +52,18 @@ def _gather(raw: np.ndarray, dtype, pos: np.ndarray) -> np.ndarray:
 _UNIT_HEAD = np.dtype(codec.HEADER_V4_FIELDS[:8])
 
 
-def _topic_matches(raw: np.ndarray, pos: np.ndarray, total: np.ndarray, sys_flag: np.ndarray, magic: np.ndarray,
-                   topic: bytes) -> np.ndarray:
-    """For records at pos (whole inside raw): is their topic exactly `topic`? The length field and the
-    topic's bytes are compared as one fixed-width item per record."""
-    sys_flag = sys_flag.astype(np.int64)
-    hs = codec.HEADER_V4.size + 12 * ((sys_flag & codec.SYSFLAG_BORNHOST_V6) != 0) \
-        + 12 * ((sys_flag & codec.SYSFLAG_STOREHOST_V6) != 0)
-    end = pos + total
-    ok = pos + hs <= end
-    body_len = np.full(len(pos), -1, dtype=np.int64)
-    body_len[ok] = _gather(raw, ">i4", pos[ok] + hs[ok] - 4)
-    tpos = pos + hs + body_len
-    v1 = magic == codec.MESSAGE_MAGIC_CODE
-    ok &= body_len >= 0
-    out = np.zeros(len(pos), dtype=bool)
+def _topic_matches(topics: list[bytes | None], tpos: np.ndarray, end: np.ndarray, v1: np.ndarray, topic: bytes) -> np.ndarray:
+    """For records whose topic field starts at tpos (its end at end, within the record): is their topic
+    exactly `topic`? topics: per unit, the bytes read there for the longest form (see unit_problems).
+    The length field and the topic's bytes are compared as one fixed-width item per record."""
+    out = np.zeros(len(tpos), dtype=bool)
     for is_v1, length in ((True, struct.pack(">B", len(topic) & 0xFF)), (False, struct.pack(">H", len(topic) & 0xFFFF))):
         if is_v1 and len(topic) > 127:
             continue
         want = length + topic
-        sel = np.flatnonzero(ok & (v1 == is_v1) & (tpos + len(want) <= end))
+        sel = np.flatnonzero((v1 == is_v1) & (tpos + len(want) <= end))
         if len(sel):
-            got = _gather(raw, f"V{len(want)}", tpos[sel])
-            out[sel] = got == np.void(want)
+            out[sel] = topics[is_v1][sel] == np.void(want)
     return out
 
 
@@ -84,40 +73,82 @@ def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_
     unit (UNIT_OK or why not, see UNIT_REASONS). off, size: the units' int64 columns; logical: their logical
     offsets (the record's QUEUEOFFSET must equal it); topic: the queue's topic as UTF-8 (None: not checked);
     files: the commitlog files as (first offset, end offset, a function giving the file's readable bytes as
-    a uint8 array). A unit must point at a record start inside a file (magic code, PHYSICALOFFSET = the
-    unit's offset), its size must be the record's TOTALSIZE, and the record's queue id, queue offset and
-    topic must be the queue's. Filler units (offset 0, size 0x7fffffff) and units below cl_min (cleaned)
-    are not checked. Pure: reads only what load() returns."""
-    codes = np.zeros(len(off), dtype=np.uint8)
+    a uint8 array), in offset order. A unit must point at a record start inside a file (magic code,
+    PHYSICALOFFSET = the unit's offset), its size must be the record's TOTALSIZE, and the record's queue id,
+    queue offset and topic must be the queue's. Filler units (offset 0, size 0x7fffffff) and units below
+    cl_min (cleaned) are not checked. Pure: reads only what load() returns.
+
+    The bytes are gathered file by file (only the files some unit points into; a unit goes to the last file
+    starting at or before it), the comparisons run once over all units: a queue's sampled units spread over
+    hundreds of files cost a few gathers per file, not a dozen array operations."""
+    n = len(off)
+    codes = np.zeros(n, dtype=np.uint8)
     skip = ((size == codec.CQ_BLANK_SIZE) & (off == 0)) | (off < max(cl_min, 0))
-    covered = skip.copy()
-    for lo, hi, load in files:
-        sel = np.flatnonzero((off >= lo) & (off < hi) & ~skip)
-        if not len(sel):
-            continue
-        covered[sel] = True
-        raw = load()
-        pos = off[sel] - lo
-        inside = pos + codec.HEADER_V4.size <= len(raw)
-        codes[sel[~inside]] = UNIT_NOT_A_RECORD
-        sel, pos = sel[inside], pos[inside]
-        h = _gather(raw, _UNIT_HEAD, pos)
-        total = h["total"].astype(np.int64)
-        magic = h["magic"]
-        c = np.zeros(len(sel), dtype=np.uint8)
-        c[h["queue_offset"] != logical[sel]] = UNIT_OTHER_OFFSET
-        c[h["queue_id"] != queue_id] = UNIT_OTHER_QUEUE
-        c[total != size[sel]] = UNIT_SIZE
-        rec = ((magic == _MAGICS[0]) | (magic == _MAGICS[1])) & (h["phys"] == off[sel]) & (pos + total <= len(raw))
-        c[~rec] = UNIT_NOT_A_RECORD
-        if topic is not None:
-            t = np.flatnonzero(c == 0)
-            if len(t):
-                same = _topic_matches(raw, pos[t], total[t], h["sys_flag"][t], magic[t], topic)
-                c[t[~same]] = UNIT_OTHER_QUEUE
-        codes[sel] = c
+    cand = np.flatnonzero(~skip)
+    starts = np.fromiter((f[0] for f in files), np.int64, len(files))
+    ends = np.fromiter((f[1] for f in files), np.int64, len(files))
+    fi = np.searchsorted(starts, off[cand], side="right") - 1
+    hit = fi >= 0
+    hit[hit] = off[cand[hit]] < ends[fi[hit]]
+    codes[cand[~hit]] = UNIT_OUTSIDE
+    cand, fi = cand[hit], fi[hit]
+    order = np.argsort(fi, kind="stable")
+    cand, fi = cand[order], fi[order]
+    m = len(cand)
+    head = np.zeros(m, dtype=_UNIT_HEAD)
+    inside = np.zeros(m, dtype=bool)
+    room = np.zeros(m, dtype=np.int64)           # bytes of the file from the record's start
+    body_len = np.full(m, -1, dtype=np.int64)
+    tl = len(topic) if topic is not None else 0
+    topics = {True: np.zeros(m, dtype=f"V{tl + 1}"), False: np.zeros(m, dtype=f"V{tl + 2}")}
+    hs_all = np.zeros(m, dtype=np.int64)
+    cuts = np.flatnonzero(np.diff(fi)) + 1
+    for grp in np.split(np.arange(m), cuts) if m else []:
+        raw = files[int(fi[grp[0]])][2]()
+        pos = off[cand[grp]] - starts[fi[grp[0]]]
+        room[grp] = len(raw) - pos
+        ok = pos + codec.HEADER_V4.size <= len(raw)
+        g, p = grp[ok], pos[ok]
+        inside[g] = True
+        h = _gather(raw, _UNIT_HEAD, p)
+        head[g] = h
+        if topic is not None and len(g):
+            sf = h["sys_flag"].astype(np.int64)
+            hs = codec.HEADER_V4.size + 12 * ((sf & codec.SYSFLAG_BORNHOST_V6) != 0) \
+                + 12 * ((sf & codec.SYSFLAG_STOREHOST_V6) != 0)
+            hs_all[g] = hs
+            rec_end = np.minimum(p + h["total"].astype(np.int64), len(raw))
+            b_ok = p + hs <= rec_end
+            bl = np.full(len(g), -1, dtype=np.int64)
+            bl[b_ok] = _gather(raw, ">i4", p[b_ok] + hs[b_ok] - 4)
+            body_len[g] = bl
+            tpos = p + hs + bl
+            for is_v1, width in ((True, tl + 1), (False, tl + 2)):
+                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= len(raw)))
+                if len(t_ok):
+                    topics[is_v1][g[t_ok]] = _gather(raw, f"V{width}", tpos[t_ok])
         del h, raw
-    codes[~covered] = UNIT_OUTSIDE
+    sel = cand
+    codes[sel[~inside]] = UNIT_NOT_A_RECORD
+    keep = np.flatnonzero(inside)
+    sel, h = sel[keep], head[keep]
+    total = h["total"].astype(np.int64)
+    magic = h["magic"]
+    c = np.zeros(len(sel), dtype=np.uint8)
+    c[h["queue_offset"] != logical[sel]] = UNIT_OTHER_OFFSET
+    c[h["queue_id"] != queue_id] = UNIT_OTHER_QUEUE
+    c[total != size[sel]] = UNIT_SIZE
+    rec = ((magic == _MAGICS[0]) | (magic == _MAGICS[1])) & (h["phys"] == off[sel]) & (total <= room[keep])
+    c[~rec] = UNIT_NOT_A_RECORD
+    if topic is not None:
+        t = np.flatnonzero(c == 0)
+        if len(t):
+            k = keep[t]
+            tpos = hs_all[k] + body_len[k]          # from the record's start
+            same = (body_len[k] >= 0) & _topic_matches({True: topics[True][k], False: topics[False][k]}, tpos,
+                                                       total[t], magic[t] == codec.MESSAGE_MAGIC_CODE, topic)
+            c[t[~same]] = UNIT_OTHER_QUEUE
+    codes[sel] = c
     return codes
 
 
