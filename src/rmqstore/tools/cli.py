@@ -787,7 +787,10 @@ COMMANDS: list[Command] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; only=NAME: only that command's options are declared (the others keep their name
+    and help line: the command list, --help and a misspelt command read the same). Every command's own
+    parser costs ~0.5 ms, admin's ~20 subcommands 10 ms: a run builds only the one it runs."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="A RocketMQ 4.4.0-compatible message store: tools over a store directory.",
         epilog=f"Run '{PROG} COMMAND --help' for a command's options.")
@@ -801,7 +804,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(c.name, parents=[common], help=c.help,
                            description=textwrap.fill(c.description or c.help, 79),
                            epilog=c.epilog or None, formatter_class=argparse.RawDescriptionHelpFormatter)
-        c.add_arguments(p)
+        if only is None or only == c.name:
+            c.add_arguments(p)
         p.set_defaults(_command=c)
     return parser
 
@@ -838,7 +842,8 @@ def _error_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser(only=argv[0] if argv else "")
     args = parser.parse_args(argv)
     command: Command | None = getattr(args, "_command", None)
     if command is None:
