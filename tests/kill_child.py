@@ -3,7 +3,10 @@
     python tests/kill_child.py            # a zygote: one job a line on stdin, answers on stdout
 
 The zygote imports rmqstore once, then for `RUN STORE FLUSH RUN_ID SEED MAX_SECONDS SIDE_FILE` forks a
-writer and answers `PID n`; for `WAIT n` it reaps writer n and answers `EXIT n code` (code as
+writer and answers `PID n`; for `CRASH STORE FLUSH RUN_ID SEED MAX_SECONDS SIDE_FILE` it forks
+tests/crash_child.py's main() instead (the single-threaded writer of tests/test_crash.py, unchanged: its
+stdout, the READY and PUT_OK lines, goes to SIDE_FILE opened O_APPEND, its stderr to SIDE_FILE.err) and
+answers `PID n`; for `WAIT n` it reaps writer n and answers `EXIT n code` (code as
 os.waitstatus_to_exitcode: -9 after a SIGKILL). Forking an interpreter that has imported everything
 (and has no threads) starts a writer in milliseconds instead of a second, so the loops afford many kills.
 
@@ -123,7 +126,31 @@ def writer(store_dir: str, flush: str, run_id: str, seed: int, max_seconds: floa
         return 1
 
 
+def _crash_child(args: list[str]) -> int:
+    """In a forked child: crash_child.main() with argv STORE FLUSH RUN_ID SEED MAX_SECONDS, stdout to the
+    side file (O_APPEND; main writes and flushes its lines batch by batch, as to the pipe it has when run as a
+    script), stderr to SIDE_FILE.err."""
+    import crash_child
+    side = args[5]
+    out = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    err = os.open(side + ".err", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = ["crash_child.py"] + args[:5]
+    try:
+        return crash_child.main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+
+
 def zygote() -> int:
+    import crash_child  # noqa: F401 - imported once here, so that a CRASH fork starts at once
     for line in sys.stdin:
         p = line.split()
         if not p:
@@ -135,6 +162,16 @@ def zygote() -> int:
                 try:
                     sys.stdin.close()
                     code = writer(p[1], p[2], p[3], int(p[4]), float(p[5]), p[6])
+                finally:
+                    os._exit(code)
+            print(f"PID {pid}", flush=True)
+        elif p[0] == "CRASH":
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    sys.stdin.close()
+                    code = _crash_child(p[1:7])
                 finally:
                     os._exit(code)
             print(f"PID {pid}", flush=True)
@@ -167,6 +204,10 @@ class Zygote:
 
     def run(self, store: Path, flush: str, run_id: str, seed: int, max_seconds: float, side: Path) -> int:
         return int(self._ask(f"RUN {store} {flush} {run_id} {seed} {max_seconds} {side}")[1])
+
+    def crash(self, store: Path, flush: str, run_id: str, seed: int, max_seconds: float, side: Path) -> int:
+        """Fork tests/crash_child.py's writer (see the module docstring); returns its pid."""
+        return int(self._ask(f"CRASH {store} {flush} {run_id} {seed} {max_seconds} {side}")[1])
 
     def wait(self, pid: int) -> int:
         return int(self._ask(f"WAIT {pid}")[2])

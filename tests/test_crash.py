@@ -17,9 +17,10 @@ import signal
 import time
 from pathlib import Path
 
+from kill_child import Zygote, read_side, wait_ready
 from rmqstore.store.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
-from store_checks import Acked, Child, body_for, small_config, verify_store
+from store_checks import Acked, WalkCache, body_for, small_config, verify_store
 
 
 SEED = int(os.environ.get("RMQSTORE_CRASH_SEED", "0"))   # another value explores other kill moments
@@ -48,41 +49,59 @@ def _crash_loop(tmp_path: Path, flush: str, kills: int, seed: int, max_run: floa
     store_dir = tmp_path / "store"
     acked: list[Acked] = []
     total_puts = 0
-    for k in range(kills):
-        child = Child(store_dir, flush, f"r{k}", seed * 1000 + k)
-        try:
-            assert child.ready.wait(60), "child did not open the store"
-            assert child.proc.poll() is None, f"child died: {child.err.decode()[-2000:]}"
-            # kill at a random moment: right away, mid-stream, or after a file roll or two
-            time.sleep(rng.choice((0.0, 0.01, 0.05)) + rng.uniform(0.0, max_run))
-        finally:
-            child.kill()
-        assert child.proc.returncode == -signal.SIGKILL, child.err.decode()[-2000:]
-        new = child.acked()
-        assert not child.failures(), child.failures()[:5]
-        total_puts += len(new)
-        acked += new
-        in_place = k % 2 == 1
-        target = store_dir
-        if not in_place:            # check a copy: the next child then recovers from this crash itself
-            target = tmp_path / "copy"
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(store_dir, target)
-        t0 = time.monotonic()
-        with MessageStore.open(target, small_config(flush)) as store:
-            rep = store.recovery_report
-            assert not rep.clean_shutdown, "a killed store must recover as after a crash"
-            if starts is not None:
-                starts.append(rep.commitlog_checked_from)
-            verify_store(store, acked, index_sample=300, rng=rng)
-            added = _next_offsets_continue(store, f"p{k}")
-            verify_store(store, added)
-        if in_place:
-            acked += added
-        else:
-            shutil.rmtree(target)
-        assert time.monotonic() - t0 < 30
+    walk = WalkCache()          # commitlog files walked before, byte for byte the same, are not decoded again
+    # The writer is tests/crash_child.py's main(), forked by kill_child's zygote (which imported rmqstore once)
+    # instead of a new interpreter per kill: the same process code from the same store, started in ms, not 1 s.
+    zygote = Zygote(tmp_path / "zygote.err")
+    try:
+        for k in range(kills):
+            side = tmp_path / f"child-{k}.out"
+            err = Path(str(side) + ".err")
+            pid = zygote.crash(store_dir, flush, f"r{k}", seed * 1000 + k, 30, side)
+            try:
+                assert wait_ready(side), f"child did not open the store: {_tail(err)}"
+                # kill at a random moment: right away, mid-stream, or after a file roll or two
+                time.sleep(rng.choice((0.0, 0.01, 0.05)) + rng.uniform(0.0, max_run))
+            finally:
+                os.kill(pid, signal.SIGKILL)
+                code = zygote.wait(pid)
+            assert code == -signal.SIGKILL, f"child ended with {code} before the kill: {_tail(err)}"
+            new, failures, _, _ = read_side(side)      # PUT_OK lines written whole before the kill
+            assert not failures, failures[:5]
+            total_puts += len(new)
+            acked += new
+            _check_after_kill(tmp_path, store_dir, flush, k, acked, rng, walk, starts)
+    finally:
+        zygote.close()
     return acked, total_puts
+
+
+def _tail(p: Path) -> str:
+    return p.read_text(errors="replace")[-2000:] if p.exists() else ""
+
+
+def _check_after_kill(tmp_path: Path, store_dir: Path, flush: str, k: int, acked: list[Acked], rng: random.Random,
+                      walk: WalkCache, starts: list | None) -> None:
+    in_place = k % 2 == 1
+    target = store_dir
+    if not in_place:            # check a copy: the next child then recovers from this crash itself
+        target = tmp_path / "copy"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(store_dir, target)
+    t0 = time.monotonic()
+    with MessageStore.open(target, small_config(flush)) as store:
+        rep = store.recovery_report
+        assert not rep.clean_shutdown, "a killed store must recover as after a crash"
+        if starts is not None:
+            starts.append(rep.commitlog_checked_from)
+        verify_store(store, acked, index_sample=300, rng=rng, walk_cache=walk)
+        added = _next_offsets_continue(store, f"p{k}")
+        verify_store(store, added, walk_cache=walk)
+    if in_place:
+        acked += added
+    else:
+        shutil.rmtree(target)
+    assert time.monotonic() - t0 < 30
 
 
 def test_sync_flush_survives_sigkill(tmp_path):
