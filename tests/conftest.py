@@ -77,3 +77,27 @@ def rmqstore_cmd() -> list[str]:
 
 def run_cli(*args: str, input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*rmqstore_cmd(), *map(str, args)], input=input, capture_output=True, timeout=timeout)
+
+
+# Runtime SQL settings every Spark test module starts from (then its own): a module never inherits what an
+# earlier module of the same pytest worker set on the shared session.
+SPARK_SQL_DEFAULTS = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC",
+                      "spark.sql.python.filterPushdown.enabled": "false",      # Spark's default
+                      "spark.sql.streaming.pollingDelay": "10ms"}               # Spark's default
+
+
+def local_spark(app: str, **sql_conf: str):
+    """This pytest worker's one local[2] SparkSession with the rocketmq source registered: getOrCreate, never
+    stopped (a JVM costs ~10 s to start and ~10 s to warm up here; the next Spark module reuses it), with
+    SPARK_SQL_DEFAULTS and then sql_conf (dotted Spark keys) set on it. A module's fixture:
+    `return local_spark("rmqstore-test-x", **{"spark.sql.python.filterPushdown.enabled": "true"})`."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from rmqstore.spark import register
+    s = (SparkSession.builder.master("local[2]").appName(app)
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    for k, v in {**SPARK_SQL_DEFAULTS, **sql_conf}.items():
+        s.conf.set(k, v)
+    register(s)
+    return s

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,25 +19,15 @@ from rmqstore.store.message import Message
 from rmqstore.store.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
 
-from conftest import golden_store, read_jsonl
+from conftest import golden_store, local_spark, read_jsonl
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    from rmqstore.spark import register
-    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-jobs")
-         .config("spark.sql.python.filterPushdown.enabled", "true")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-         .config("spark.sql.streaming.pollingDelay", "100ms")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
+    return local_spark("rmqstore-test-jobs", **{"spark.sql.python.filterPushdown.enabled": "true",
+                          "spark.sql.streaming.pollingDelay": "100ms"})
 
 
 def writable_copy(src: Path, dst: Path) -> Path:

@@ -5,12 +5,12 @@ failOnDataLoss both ways (commitlog files deleted, a middle commitlog file zeroe
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 import time
 
 import pytest
+
+from conftest import local_spark
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
@@ -26,15 +26,7 @@ ROUNDS, PER_ROUND = 4, 60           # messages of topic T (2 queues), stored in 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    from rmqstore.spark import register
-    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-kafka-options")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
+    return local_spark("rmqstore-test-kafka-options")
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,7 @@ pushed filters, key lookups, option errors at planning."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +15,7 @@ from rmqstore.store.config import StoreConfig
 from rmqstore.store.reader import CommitLogReader
 from rmqstore.store.store import MessageStore
 
-from conftest import golden_store, read_jsonl
+from conftest import golden_store, local_spark, read_jsonl
 
 pytestmark = pytest.mark.spark
 SETS = ("rmq440-clean", "rmq440-crash")
@@ -26,17 +23,7 @@ SETS = ("rmq440-clean", "rmq440-crash")
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    from rmqstore.spark import register
-    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-read")
-         .config("spark.sql.python.filterPushdown.enabled", "true")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
+    return local_spark("rmqstore-test-read", **{"spark.sql.python.filterPushdown.enabled": "true"})
 
 
 def rows_json(df) -> list[dict]:

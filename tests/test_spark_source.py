@@ -4,11 +4,11 @@ and a read that selects nothing gives 0 rows."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 
 import pytest
+
+from conftest import local_spark
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
@@ -23,17 +23,7 @@ TOPICS = {"TopicA": 60, "TopicB": 30, "TopicC": 10}     # messages per queue (2 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    from rmqstore.spark import register
-    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-source")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    # Spark's default (set again: a session stopped earlier in this process may have left it on)
-    s.conf.set("spark.sql.python.filterPushdown.enabled", "false")
-    register(s)
-    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
+    return local_spark("rmqstore-test-source")
 
 
 @pytest.fixture(scope="module")
