@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import local_spark
+
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
@@ -26,14 +28,19 @@ pytestmark = pytest.mark.spark
 
 CONF = "mapedFileSizeCommitLog=33554432\nmapedFileSizeConsumeQueue=600000\ndefaultTopicQueueNums=4\n"
 
+# for a JVM that lives one small job: C1 only and one GC thread halve its CPU time (measured: about 30 s
+# -> 15 s of JVM CPU for session start plus this write); the code under test is Python
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 DRIVER = r'''
 import os, sys
 os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark.sql import SparkSession
 from rmqstore.spark import register
-store, conf, n, write_id = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+store, conf, n, write_id, JVM_OPTIONS = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 s = (SparkSession.builder.master("local[2]").appName("killed-writer").config("spark.ui.enabled", "false")
-     .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+     .config("spark.ui.showConsoleProgress", "false")
+     .config("spark.driver.extraJavaOptions", JVM_OPTIONS).getOrCreate())
 s.sparkContext.setLogLevel("ERROR")
 register(s)
 df = s.range(n, numPartitions=4).selectExpr("concat('K', cast(id % 3 as string)) as topic",
@@ -46,16 +53,7 @@ print("WRITTEN", flush=True)
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    from rmqstore.spark import register
-    s = (SparkSession.builder.master("local[2]").appName("rmqstore-test-write")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.streaming.pollingDelay", "100ms")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    yield s     # not stopped: the next Spark module of this worker reuses the JVM (getOrCreate)
+    return local_spark("rmqstore-test-write", **{"spark.sql.streaming.pollingDelay": "100ms"})
 
 
 def visible(store: Path, cfg: StoreConfig, topics) -> int:
@@ -69,6 +67,18 @@ def committed_seqs(store: Path) -> list[int]:
     with CommitLogReader(store) as r:
         return sorted(int(m.properties["seq"]) for m in r.messages()
                       if m.sys_flag & codec.TRANSACTION_TYPE_MASK == codec.TRANSACTION_COMMIT_TYPE)
+
+
+def commit_records(store: Path) -> tuple[list[int], list[int]]:
+    """(committed_seqs(store), the transaction type of every record), from one read of the commitlog."""
+    kinds, seqs = [], []
+    with CommitLogReader(store) as r:
+        for m in r.messages():
+            k = m.sys_flag & codec.TRANSACTION_TYPE_MASK
+            kinds.append(k)
+            if k == codec.TRANSACTION_COMMIT_TYPE:
+                seqs.append(int(m.properties["seq"]))
+    return sorted(seqs), kinds
 
 
 def tx_state(store: Path) -> str | None:
@@ -89,47 +99,61 @@ def has_records(store: Path) -> bool:
         return False
 
 
-def run_and_kill(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
-    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(store), str(conf), str(n), write_id], env=env,
+GATE_DIR = Path(__file__).resolve().parent / "spark_kill_gate"
+
+
+def run_and_kill(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -> int:
+    """Run DRIVER in a child process and SIGKILL it in the middle of phase kill_in of its two-phase append;
+    returns how many records of that phase it had written. The child's Python processes load
+    spark_kill_gate/sitecustomize.py, which stops the append in that phase after one and a half chunks
+    (transaction.CHUNK rows each) until the kill: so the kill lands mid-phase on any machine, however fast
+    (no race with a poll loop), and n needs only be more than two chunks."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    gate = store.parent / f"gate-{kill_in}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(GATE_DIR)]),
+               RMQSTORE_TEST_GATE=f"{kill_in}:{gate}")
+    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(store), str(conf), str(n), write_id, JVM_OPTIONS], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and p.poll() is None:
-            if tx_state(store) == kill_in and has_records(store):
-                time.sleep(0.3)               # some records of this phase are written
-                break
+        while time.time() < deadline and p.poll() is None and not gate.exists():
             time.sleep(0.02)
-        assert p.poll() is None, "the writer finished before it could be killed: use more rows"
-        assert tx_state(store) == kill_in
+        assert p.poll() is None, "the writer finished before it could be killed"
+        assert gate.exists(), "the writer did not reach the phase to kill in"
+        assert tx_state(store) == kill_in and has_records(store)
         os.kill(p.pid, signal.SIGKILL)        # the driver process only
         p.wait(60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    deadline = time.time() + 60               # its JVM notices and exits, releasing nothing we need
+    deadline = time.time() + 60               # its JVM notices and exits, ending the worker that appends
     from rmqstore.errors import StoreLockedError
     while True:
         try:
             MessageStore.open(store, StoreConfig.load(conf), start_services=False).close()
-            return
+            return int(gate.read_text())
         except StoreLockedError:
             assert time.time() < deadline
-            time.sleep(0.5)
+            time.sleep(0.2)
 
 
 @pytest.mark.parametrize("phase", ["PREPARING", "COMMITTING"])
 def test_killed_write_is_all_or_none_and_rerun_is_exactly_once(spark, tmp_path, phase):
     from rmqstore.spark import recover_writes
-    store, conf, n = tmp_path / "store", tmp_path / "store.conf", 40_000
+    from rmqstore.spark.transaction import CHUNK
+    # more than two chunks: the kill lands after one and a half chunks of the phase (run_and_kill), so
+    # each phase is cut inside a chunk with whole chunks before and after, and the rollback spans 2 chunks
+    store, conf, n = tmp_path / "store", tmp_path / "store.conf", 2 * CHUNK + 1808
     conf.write_text(CONF)
     cfg = StoreConfig.load(conf)
     topics = ["K0", "K1", "K2"]
-    run_and_kill(store, conf, n, "job-1", phase)
+    written = run_and_kill(store, conf, n, "job-1", phase)
+    assert 0 < written < n
     if phase == "PREPARING":
         assert visible(store, cfg, topics) == 0          # only halves: nothing visible, before any repair
     got = recover_writes(store, cfg)                     # what the next write does first
     assert [("rolledBack" if phase == "PREPARING" else "committed") in g for g in got] == [True]
+    assert got[0].get("rolledBack", got[0].get("committed")) == (written if phase == "PREPARING" else n - written)
     assert tx_state(store) == "NONE"
     expect = 0 if phase == "PREPARING" else n
     assert visible(store, cfg, topics) == expect
@@ -140,9 +164,9 @@ def test_killed_write_is_all_or_none_and_rerun_is_exactly_once(spark, tmp_path, 
         "map('seq', cast(id as string)) as properties")
     df.write.format("rocketmq").mode("append").option("config", str(conf)).option("writeId", "job-1").save(str(store))
     assert visible(store, cfg, topics) == n
-    assert committed_seqs(store) == list(range(n))
-    with CommitLogReader(store) as r:                    # every half ended: a commit or a rollback record
-        kinds = [m.sys_flag & codec.TRANSACTION_TYPE_MASK for m in r.messages()]
+    seqs, kinds = commit_records(store)                  # one read of the commitlog for both checks
+    assert seqs == list(range(n))
+    # every half ended: a commit or a rollback record
     assert kinds.count(codec.TRANSACTION_PREPARED_TYPE) == kinds.count(codec.TRANSACTION_COMMIT_TYPE) \
         + kinds.count(codec.TRANSACTION_ROLLBACK_TYPE)
 

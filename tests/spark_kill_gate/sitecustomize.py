@@ -1,0 +1,42 @@
+"""Put on the PYTHONPATH of a killed-writer child of test_spark_write.py (every Python process of that
+child's Spark reads it: driver, Spark's Python workers, the worker running the writer's commit). With
+RMQSTORE_TEST_GATE="PHASE:FILE" the Spark writer's two-phase append (rmqstore.spark.transaction) stops
+in the middle of PHASE: it writes the phase's first chunk and half of its second one, as usual, then
+writes FILE (the number of that phase's records written) and sleeps until the test kills the driver
+(Spark's shutdown then ends this worker). So the kill lands mid-phase however fast the machine is, and
+the records written before it are known exactly. Without that variable: nothing."""
+import os
+
+_SPEC = os.environ.get("RMQSTORE_TEST_GATE")
+
+
+def _install(spec: str) -> None:
+    import time
+    from rmqstore.spark import transaction as T
+    phase, gate = spec.split(":", 1)
+    what = {"PREPARING": "appending half messages", "COMMITTING": "appending commit records"}[phase]
+    put_all = T._put_all
+    state = {"calls": 0, "written": 0}
+
+    def gated(store, msgs, w, delay_rewrite):
+        if w != what:
+            return put_all(store, msgs, w, delay_rewrite)
+        state["calls"] += 1
+        if state["calls"] < 2:
+            out = put_all(store, msgs, w, delay_rewrite)
+            state["written"] += len(msgs)
+            return out
+        put_all(store, msgs[:len(msgs) // 2], w, delay_rewrite)
+        state["written"] += len(msgs) // 2
+        tmp = gate + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(state["written"]))
+        os.rename(tmp, gate)
+        time.sleep(900)                   # killed long before (the test's deadlines are shorter)
+        os._exit(3)
+
+    T._put_all = gated
+
+
+if _SPEC:
+    _install(_SPEC)
