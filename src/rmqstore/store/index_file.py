@@ -525,7 +525,10 @@ class IndexFile:
     def put_hashes(self, hashes: np.ndarray, phy_offsets: np.ndarray, timestamps: np.ndarray,
                    lo: int = 0, hi: int | None = None) -> int:
         """Put keys lo..hi-1 (int64 arrays of key hashes, offsets, store timestamps) while there is room,
-        with exactly put_hash's result; returns the index of the first key not put (hi when all were)."""
+        with exactly put_hash's result; returns the index of the first key not put (hi when all were).
+
+        One function on purpose (a measured hot path: the key index of the e2e and put + dispatch rows of
+        BENCHMARKS.md): slots, entries and chains of a whole batch are computed with numpy in one place."""
         if hi is None:
             hi = len(hashes)
         c0 = self.index_count

@@ -67,6 +67,48 @@ def _topic_matches(topics: list[bytes | None], tpos: np.ndarray, end: np.ndarray
     return out
 
 
+def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, topic: bytes | None):
+    """What unit_problems compares, read file by file (units sorted by file index fi): each record's head
+    (TOTALSIZE .. SYSFLAG), whether the head lies inside the file's readable bytes, the bytes from the record
+    to the file's end, the header size and body length, and the bytes where a topic of `topic`'s length
+    would be, in the v1 and the v2 form (zero where they cannot be read)."""
+    m = len(uoff)
+    head = np.zeros(m, dtype=_UNIT_HEAD)
+    inside = np.zeros(m, dtype=bool)
+    room = np.zeros(m, dtype=np.int64)
+    body_len = np.full(m, -1, dtype=np.int64)
+    tl = len(topic) if topic is not None else 0
+    topics = {True: np.zeros(m, dtype=f"V{tl + 1}"), False: np.zeros(m, dtype=f"V{tl + 2}")}
+    hs_all = np.zeros(m, dtype=np.int64)
+    cuts = np.flatnonzero(np.diff(fi)) + 1
+    for grp in np.split(np.arange(m), cuts) if m else []:
+        raw = files[int(fi[grp[0]])][2]()
+        pos = uoff[grp] - starts[fi[grp[0]]]
+        room[grp] = len(raw) - pos
+        ok = pos + codec.HEADER_V4.size <= len(raw)
+        g, p = grp[ok], pos[ok]
+        inside[g] = True
+        h = _gather(raw, _UNIT_HEAD, p)
+        head[g] = h
+        if topic is not None and len(g):
+            sf = h["sys_flag"].astype(np.int64)
+            hs = codec.HEADER_V4.size + 12 * ((sf & codec.SYSFLAG_BORNHOST_V6) != 0) \
+                + 12 * ((sf & codec.SYSFLAG_STOREHOST_V6) != 0)
+            hs_all[g] = hs
+            rec_end = np.minimum(p + h["total"].astype(np.int64), len(raw))
+            b_ok = p + hs <= rec_end
+            bl = np.full(len(g), -1, dtype=np.int64)
+            bl[b_ok] = _gather(raw, ">i4", p[b_ok] + hs[b_ok] - 4)
+            body_len[g] = bl
+            tpos = p + hs + bl
+            for is_v1, width in ((True, tl + 1), (False, tl + 2)):
+                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= len(raw)))
+                if len(t_ok):
+                    topics[is_v1][g[t_ok]] = _gather(raw, f"V{width}", tpos[t_ok])
+        del h, raw
+    return head, inside, room, hs_all, body_len, topics
+
+
 def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_id: int, topic: bytes | None,
                   files, cl_min: int) -> np.ndarray:
     """Check consume queue units against the commitlog records they point at, vectorised: returns one code a
@@ -94,40 +136,7 @@ def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_
     cand, fi = cand[hit], fi[hit]
     order = np.argsort(fi, kind="stable")
     cand, fi = cand[order], fi[order]
-    m = len(cand)
-    head = np.zeros(m, dtype=_UNIT_HEAD)
-    inside = np.zeros(m, dtype=bool)
-    room = np.zeros(m, dtype=np.int64)           # bytes of the file from the record's start
-    body_len = np.full(m, -1, dtype=np.int64)
-    tl = len(topic) if topic is not None else 0
-    topics = {True: np.zeros(m, dtype=f"V{tl + 1}"), False: np.zeros(m, dtype=f"V{tl + 2}")}
-    hs_all = np.zeros(m, dtype=np.int64)
-    cuts = np.flatnonzero(np.diff(fi)) + 1
-    for grp in np.split(np.arange(m), cuts) if m else []:
-        raw = files[int(fi[grp[0]])][2]()
-        pos = off[cand[grp]] - starts[fi[grp[0]]]
-        room[grp] = len(raw) - pos
-        ok = pos + codec.HEADER_V4.size <= len(raw)
-        g, p = grp[ok], pos[ok]
-        inside[g] = True
-        h = _gather(raw, _UNIT_HEAD, p)
-        head[g] = h
-        if topic is not None and len(g):
-            sf = h["sys_flag"].astype(np.int64)
-            hs = codec.HEADER_V4.size + 12 * ((sf & codec.SYSFLAG_BORNHOST_V6) != 0) \
-                + 12 * ((sf & codec.SYSFLAG_STOREHOST_V6) != 0)
-            hs_all[g] = hs
-            rec_end = np.minimum(p + h["total"].astype(np.int64), len(raw))
-            b_ok = p + hs <= rec_end
-            bl = np.full(len(g), -1, dtype=np.int64)
-            bl[b_ok] = _gather(raw, ">i4", p[b_ok] + hs[b_ok] - 4)
-            body_len[g] = bl
-            tpos = p + hs + bl
-            for is_v1, width in ((True, tl + 1), (False, tl + 2)):
-                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= len(raw)))
-                if len(t_ok):
-                    topics[is_v1][g[t_ok]] = _gather(raw, f"V{width}", tpos[t_ok])
-        del h, raw
+    head, inside, room, hs_all, body_len, topics = _gather_units(off[cand], fi, starts, files, topic)
     sel = cand
     codes[sel[~inside]] = UNIT_NOT_A_RECORD
     keep = np.flatnonzero(inside)
