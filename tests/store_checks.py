@@ -487,3 +487,19 @@ def wait_until(pred, timeout: float = 5.0, step: float = 0.005):
             return v
         time.sleep(step)
     return pred()
+
+
+def tree_files(root: Path, sub: str) -> dict[str, bytes]:
+    """Every file under root/sub, by its path relative to it: its bytes."""
+    base = root / sub
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def index_parts(root: Path) -> list:
+    """root's index files without their names and hashSlotCount (the local engine names files by the clock)."""
+    out = []
+    for p in sorted((root / "index").iterdir()):
+        raw = p.read_bytes()
+        b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack_from(raw, 0)
+        out.append(((b_ts, e_ts, b_phy, e_phy, count), raw[codec.INDEX_HEADER_SIZE:]))
+    return out

@@ -20,6 +20,7 @@ from rmqstore.store.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
 
 from conftest import golden_store, local_spark, read_jsonl
+from store_checks import index_parts, tree_files
 
 pytestmark = pytest.mark.spark
 
@@ -170,17 +171,7 @@ def test_write_errors(spark, tmp_path):
 
 # --- rebuild ------------------------------------------------------------------------------------------
 def _cq_files(root: Path) -> dict[str, bytes]:
-    base = root / "consumequeue"
-    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
-
-
-def _index_parts(root: Path) -> list:
-    out = []
-    for p in sorted((root / "index").iterdir()):
-        raw = p.read_bytes()
-        b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack_from(raw, 0)
-        out.append(((b_ts, e_ts, b_phy, e_phy, count), raw[codec.INDEX_HEADER_SIZE:]))
-    return out
+    return tree_files(root, "consumequeue")
 
 
 @pytest.mark.parametrize("name", ["rmq440-clean", "rmq440-crash"])
@@ -204,9 +195,9 @@ def test_rebuild_spark_equals_rocketmq_and_local(spark, golden, tmp_path, name):
             n = len(data.rstrip(b"\0"))
             n += -n % codec.CQ_STORE_UNIT_SIZE
             assert ours[f][:n] == data[:n], f
-    assert _index_parts(dist) == _index_parts(local)        # headers (but hashSlotCount), slots, entries
+    assert index_parts(dist) == index_parts(local)        # headers (but hashSlotCount), slots, entries
     if name == "rmq440-clean":
-        assert _index_parts(dist) == _index_parts(golden_store(golden, name))
+        assert index_parts(dist) == index_parts(golden_store(golden, name))
     names = sorted(os.listdir(dist / "index"))
     firsts = [codec.INDEX_HEADER.unpack_from((dist / "index" / n).read_bytes(), 0)[0] for n in names]
     assert names == index_file_names(firsts)                # named by their first store time

@@ -18,29 +18,14 @@ pytest.importorskip("pyspark")
 
 from rmqstore.errors import StoreLockedError
 from rmqstore.spark import staging
-from rmqstore.store import codec
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.message_batch import MessageBatch
 from rmqstore.store.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
+from store_checks import index_parts, tree_files
 
 CONF = ("mapedFileSizeCommitLog=4194304\nmapedFileSizeConsumeQueue=120000\nmaxHashSlotNum=5000\n"
         "maxIndexNum=40000\n")
-
-
-def files(root: Path, sub: str) -> dict[str, bytes]:
-    base = root / sub
-    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
-
-
-def index_parts(root: Path) -> list:
-    """Index files without their names and hashSlotCount (named by the clock by the local engine)."""
-    out = []
-    for p in sorted((root / "index").iterdir()):
-        raw = p.read_bytes()
-        b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack_from(raw, 0)
-        out.append(((b_ts, e_ts, b_phy, e_phy, count), raw[codec.INDEX_HEADER_SIZE:]))
-    return out
 
 
 def make_store(path: Path, cfg: StoreConfig, n: int) -> None:
@@ -84,7 +69,7 @@ def test_killed_rebuild_leaves_store_then_rebuild_with_small_driver(tmp_path):
     store, local = tmp_path / "store", tmp_path / "local"
     make_store(store, cfg, 100_000)
     shutil.copytree(store, local)
-    before = {sub: files(store, sub) for sub in ("consumequeue", "index")}
+    before = {sub: tree_files(store, sub) for sub in ("consumequeue", "index")}
     assert len(before["index"]) >= 4 and len(before["consumequeue"]) >= 16
     p = rebuild_cli(store, conf)
     try:
@@ -100,7 +85,7 @@ def test_killed_rebuild_leaves_store_then_rebuild_with_small_driver(tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     wait_unlocked(store, cfg)                                  # ... and the store opens
-    assert {sub: files(store, sub) for sub in ("consumequeue", "index")} == before, "store changed"
+    assert {sub: tree_files(store, sub) for sub in ("consumequeue", "index")} == before, "store changed"
     assert list(store.glob(".rebuild-*")), "the killed rebuild's staging directory is left"
     # a full rebuild now, with a 512 MB driver (Spark's minimum is 450 MB): removes the stale staging
     # directory, equals the local engine
@@ -110,7 +95,7 @@ def test_killed_rebuild_leaves_store_then_rebuild_with_small_driver(tmp_path):
     assert b'"messages":200000' in out
     assert not list(store.glob(".rebuild-*"))
     rebuild_store(local, cfg)
-    assert files(store, "consumequeue") == files(local, "consumequeue")
+    assert tree_files(store, "consumequeue") == tree_files(local, "consumequeue")
     assert index_parts(store) == index_parts(local)
     with MessageStore.open(store, cfg, start_services=False) as st:
         assert st.recovery_report.redispatched_messages == 0
