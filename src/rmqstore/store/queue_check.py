@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import codec
+from .scanner import gather_rows
 from .consume_queue import _CQ_NP as _CQ_UNIT_NP
 from .consume_queue import UNIT, ConsumeQueue
 
@@ -39,13 +40,18 @@ UNIT_REASONS = {
 CQ_CHECK_SAMPLE = 256
 
 
-def _gather(raw: np.ndarray, dtype, pos: np.ndarray) -> np.ndarray:
-    """dtype values at each byte position pos of the uint8 array raw (pos + itemsize <= len(raw))."""
-    dt = np.dtype(dtype)
-    if not len(pos):
-        return np.empty(0, dtype=dt)
-    view = np.ndarray((len(raw) - dt.itemsize + 1,), dtype=np.dtype(f"V{dt.itemsize}"), buffer=raw, strides=(1,))
-    return view[pos].view(dt)
+def _part(a: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
+    """a[idx], or a itself when idx is all of range(n) in order (the usual case: fancy indexing of a
+    structured array copies field by field, and is most of the check's time on a million units)."""
+    return a if len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1)) else a[idx]
+
+
+def _put(dst: np.ndarray, idx: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """dst with dst[idx] = src; src itself when idx covers every row of dst in order."""
+    if len(idx) == len(dst) and (len(idx) == 0 or (idx[0] == 0 and idx[-1] == len(dst) - 1)):
+        return src
+    dst[idx] = src
+    return dst
 
 
 # what unit_problems reads of a record: TOTALSIZE .. SYSFLAG (every variant has them there)
@@ -71,7 +77,7 @@ def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, t
     """What unit_problems compares, read file by file (units sorted by file index fi): each record's head
     (TOTALSIZE .. SYSFLAG), whether the head lies inside the file's readable bytes, the bytes from the record
     to the file's end, the header size and body length, and the bytes where a topic of `topic`'s length
-    would be, in the v1 and the v2 form (zero where they cannot be read)."""
+    would be, in the v1 form for v1 records and the v2 form for the others (zero where not read)."""
     m = len(uoff)
     head = np.zeros(m, dtype=_UNIT_HEAD)
     inside = np.zeros(m, dtype=bool)
@@ -88,8 +94,8 @@ def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, t
         ok = pos + codec.HEADER_V4.size <= len(raw)
         g, p = grp[ok], pos[ok]
         inside[g] = True
-        h = _gather(raw, _UNIT_HEAD, p)
-        head[g] = h
+        h = gather_rows(raw, p, _UNIT_HEAD)
+        head = _put(head, g, h)
         if topic is not None and len(g):
             sf = h["sys_flag"].astype(np.int64)
             hs = codec.HEADER_V4.size + 12 * ((sf & codec.SYSFLAG_BORNHOST_V6) != 0) \
@@ -98,13 +104,14 @@ def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, t
             rec_end = np.minimum(p + h["total"].astype(np.int64), len(raw))
             b_ok = p + hs <= rec_end
             bl = np.full(len(g), -1, dtype=np.int64)
-            bl[b_ok] = _gather(raw, ">i4", p[b_ok] + hs[b_ok] - 4)
+            bl[b_ok] = gather_rows(raw, p[b_ok] + hs[b_ok] - 4, ">i4")
             body_len[g] = bl
             tpos = p + hs + bl
+            v1 = h["magic"] == codec.MESSAGE_MAGIC_CODE      # each record's topic is read in its own form
             for is_v1, width in ((True, tl + 1), (False, tl + 2)):
-                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= len(raw)))
+                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= len(raw)) & (v1 == is_v1))
                 if len(t_ok):
-                    topics[is_v1][g[t_ok]] = _gather(raw, f"V{width}", tpos[t_ok])
+                    topics[is_v1] = _put(topics[is_v1], g[t_ok], gather_rows(raw, tpos[t_ok], f"V{width}"))
         del h, raw
     return head, inside, room, hs_all, body_len, topics
 
@@ -134,13 +141,14 @@ def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_
     hit[hit] = off[cand[hit]] < ends[fi[hit]]
     codes[cand[~hit]] = UNIT_OUTSIDE
     cand, fi = cand[hit], fi[hit]
-    order = np.argsort(fi, kind="stable")
-    cand, fi = cand[order], fi[order]
+    if len(fi) and (np.diff(fi) < 0).any():        # units in offset order are in file order already
+        order = np.argsort(fi, kind="stable")
+        cand, fi = cand[order], fi[order]
     head, inside, room, hs_all, body_len, topics = _gather_units(off[cand], fi, starts, files, topic)
     sel = cand
     codes[sel[~inside]] = UNIT_NOT_A_RECORD
     keep = np.flatnonzero(inside)
-    sel, h = sel[keep], head[keep]
+    sel, h = sel[keep], _part(head, keep, len(head))
     total = h["total"].astype(np.int64)
     magic = h["magic"]
     c = np.zeros(len(sel), dtype=np.uint8)
@@ -206,6 +214,28 @@ def read_queue_units(cq: ConsumeQueue) -> QueueUnits:
         expect = end
     cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))
     return QueueUnits(lo, cat(offs), cat(sizes), missing)
+
+
+def unit_offsets_from(cqs, start: int) -> np.ndarray:
+    """The commitlog offsets, sorted and unique, that the units of every queue in cqs point at from `start`
+    on (filler units left out): where records probably start, the commitlog walk's hint
+    (scanner.walk_records). Only each queue's files from the last one whose units begin before `start`
+    are read (a queue's offsets increase); unreadable bytes (holes) are not read."""
+    parts = []
+    for cq in cqs:
+        for mf in reversed(list(cq.queue.files)):
+            n = min(mf.read_position, mf.data_end(), mf.file_size) // UNIT
+            if n <= 0:
+                continue
+            off = np.frombuffer(mf.mm, dtype=_CQ_UNIT_NP, count=n)["offset"].astype(np.int64)
+            parts.append(off[off >= max(start, 1)])
+            if off[0] < start:
+                break
+    a = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    if len(a) < 2:
+        return a
+    a.sort(kind="stable")               # a merge of increasing runs, one per queue
+    return a[np.concatenate(([True], a[1:] != a[:-1]))]
 
 
 def structure_problem(off: np.ndarray, size: np.ndarray) -> tuple[int, int] | None:

@@ -60,7 +60,7 @@ from ..errors import CorruptStoreError
 from .failure import FailureChannel, FailureKind
 from .index_file import cut_entries, repair_slots as repair_index_slots
 from .lock import AbortFile
-from .queue_check import CQ_CHECK_SAMPLE, UNIT_REASONS, _commitlog_sources, check_queue
+from .queue_check import CQ_CHECK_SAMPLE, UNIT_REASONS, _commitlog_sources, check_queue, unit_offsets_from
 from .queue_check import (  # noqa: F401 - older importers (check, Spark) take these from here
     UNIT_MISSING, _checked_positions, structure_problem, unit_problems)
 from .mapped_file import MappedFile, MappedFileQueue, offset_to_file_name
@@ -342,7 +342,8 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     idx.load(inputs.clean or inputs.process_crash, inputs._ts(2))
     newer = tuple(p.name for p in idx.destroyed_files)
     collected = _Collect()
-    end = recover_commit_log(cl, inputs, inputs.clean, report, collected)
+    end = recover_commit_log(cl, inputs, inputs.clean, report, collected,
+                             hints=lambda start: unit_offsets_from(cqs, start))
     recover_consume_queues(cqs, end, report, cl)
     if report.skipped_ranges:       # units of skipped records: fillers (never answered with damaged bytes)
         from .dispatch import blank_units_in
@@ -502,8 +503,11 @@ def choose_start_file(files: list[MappedFile], clean: bool, checkpoint: StoreChe
 
 
 def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean: bool,
-                       report: RecoveryReport, failures: FailureChannel | None = None) -> int:
+                       report: RecoveryReport, failures: FailureChannel | None = None, hints=None) -> int:
     """Walk records to the last valid one, cut the rest; returns the commitlog's new end offset.
+    hints(start): sorted commitlog offsets where records probably start from `start` on (the consume
+    queues' units, queue_check.unit_offsets_from); the walk checks every record all the same, they only
+    let it take runs of records at once (scanner.walk_records).
 
     Damage stays in its damaged range: a record that fails its checks (or zeros inside the written data)
     followed by valid records that chain (resync.next_valid_record) is skipped, not cut; the skipped
@@ -521,10 +525,11 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
     report.commitlog_checked_from = files[idx].file_from_offset
     check_crc = commit_log.config.check_crc_on_recover
     process = files[idx].file_from_offset
+    hint = hints(process) if hints is not None else None
     while idx < len(files):
         mf = files[idx]
         nxt = files[idx + 1] if idx + 1 < len(files) else None
-        pos, blank, reason = _walk_file(mf, check_crc, nxt, report, failures)
+        pos, blank, reason = _walk_file(mf, check_crc, nxt, report, failures, _file_part(hint, mf))
         if reason is not None:
             report.dropped_at = mf.file_from_offset + pos
             report.dropped_reason = reason
@@ -562,8 +567,16 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
     return process
 
 
+def _file_part(hint, mf: MappedFile):
+    """The hinted offsets inside mf, as positions in the file (None: no hint)."""
+    if hint is None:
+        return None
+    lo, hi = np.searchsorted(hint, [mf.file_from_offset, mf.file_from_offset + mf.file_size])
+    return hint[lo:hi] - mf.file_from_offset
+
+
 def _walk_file(mf: MappedFile, check_crc: bool, nxt: MappedFile | None, report: RecoveryReport,
-               failures: FailureChannel | None) -> tuple[int, bool, str | None]:
+               failures: FailureChannel | None, hint=None) -> tuple[int, bool, str | None]:
     """Walk one file's records, skipping damaged ranges after which valid records resume: returns (where
     the valid data ends, whether an END_OF_FILE blank ends it, why the data ends there when it is
     invalid data rather than zeros or a blank)."""
@@ -573,7 +586,7 @@ def _walk_file(mf: MappedFile, check_crc: bool, nxt: MappedFile | None, report: 
     pos = 0
     while True:
         try:
-            pos, kind, _ = scanner.walk_records(mf.mm, pos, data_end, check_crc)
+            pos, kind, _ = scanner.walk_records(mf.mm, pos, data_end, check_crc, hint)
             if kind == scanner.Outcome.END_OF_FILE:
                 return pos, True, None
             why = "zero bytes inside the written data" if pos + 8 <= data_end else None
