@@ -123,7 +123,7 @@ def test_batched_walk_agrees_with_scalar_walk(small_batches, cl, check_crc):
     assert got == ((stop, outcome, reason) if outcome is Outcome.INVALID else (stop, outcome, want_size))
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=100)
 @given(commitlog(), st.booleans(), st.data())
 def test_hinted_walk_agrees_with_scalar_walk(small_batches, cl, check_crc, data):
     """walk_records with a hint (where recovery passes the consume queues' units): a subset of the true
