@@ -1,6 +1,7 @@
 """Timer messages (rmqstore.store.timer, RIP-43): parked in rmq_sys_wheel_timer by the put-message hook,
 delivered to the real topic no earlier than their time, refused when malformed or too far, and kept across
-a restart (delivered once)."""
+a restart (delivered once after a clean close; store/timer_service.py keeps the progress in RocketMQ 5's
+files)."""
 from __future__ import annotations
 
 import time
@@ -61,20 +62,23 @@ def test_bad_or_too_far_timer_refused(tmp_path):
 
 
 def test_timer_survives_restart_and_is_delivered_once(tmp_path):
+    from rmqstore import StoreConfig
     path = tmp_path / "s"
-    due = now_ms() + 1200
-    with MessageStore.open(path) as store:
+    cfg = StoreConfig(timer_precision_ms=100)       # the default precision: the tests above
+    due = now_ms() + 1000
+    with MessageStore.open(path, cfg) as store:
         assert store.put_message(Message("T", b"t", properties={"TIMER_DELIVER_MS": str(due)})).ok
         assert store.wait_dispatched(10)
         assert store.get_message("g", "T", 0, 0, 8).messages == []
     time.sleep(max(0.0, (due - now_ms()) / 1000))
-    with MessageStore.open(path) as store:
+    with MessageStore.open(path, cfg) as store:
         got = wait_count(store, "T", 1)
         assert [m.body for m in got] == [b"t"]
-        time.sleep(0.5)
-    assert (path / "config" / "timerProgress.json").exists()
-    with MessageStore.open(path) as store:
-        time.sleep(1.5)                      # the service ran: nothing delivered twice
+        assert got[0].store_timestamp >= due
+        time.sleep(0.2)
+    assert (path / "config" / "timercheck").exists() and (path / "timerwheel").exists()
+    with MessageStore.open(path, cfg) as store:
+        time.sleep(1.0)                      # the service ran (ten rounds): nothing delivered twice
         assert len(store.get_message("g", "T", 0, 0, 8).messages) == 1
 
 
@@ -86,3 +90,35 @@ def test_delay_level_and_timer_together_keep_the_real_topic(tmp_path):
         assert r.ok
         got = wait_count(store, "T", 1)
         assert [m.body for m in got] == [b"both"]
+
+
+def test_delete_message_cancels_a_timer_message_of_its_slot(tmp_path):
+    """RocketMQ 5's TIMER_DEL_UNIQKEY: a delete message parked for the same time ({topic}+{UNIQ_KEY})
+    cancels that message; the delete message itself is never put; a delete due now is refused."""
+    from rmqstore import StoreConfig
+    with MessageStore.open(tmp_path / "s", StoreConfig(timer_precision_ms=100)) as store:
+        due = str(now_ms() + 1500)      # time enough to link all three in the wheel (a delete works there)
+        for body, uniq in ((b"cancelled", "u1"), (b"kept", "u2")):
+            assert store.put_message(Message("T", body, properties={"TIMER_DELIVER_MS": due, "UNIQ_KEY": uniq})).ok
+        assert store.put_message(Message("T", b"del", properties={"TIMER_DELIVER_MS": due, "UNIQ_KEY": "u3",
+                                                                  "TIMER_DEL_UNIQKEY": "T+u1"})).ok
+        r = store.put_message(Message("T", b"d", properties={"TIMER_DELIVER_MS": str(now_ms() - 1),
+                                                             "TIMER_DEL_UNIQKEY": "T+u2"}))
+        assert r.status is PutMessageStatus.MESSAGE_ILLEGAL
+        wait_count(store, "T", 1)
+        time.sleep(0.5)
+        assert [m.body for m in store.get_message("g", "T", 0, 0, 8).messages] == [b"kept"]
+
+
+def test_parked_message_without_real_topic_is_skipped_with_an_error(tmp_path, caplog):
+    """A parked message that cannot be delivered (no REAL_TOPIC) is logged, naming it, and does not stop
+    the messages behind it."""
+    from rmqstore import StoreConfig
+    with MessageStore.open(tmp_path / "s", StoreConfig(timer_precision_ms=100)) as store:
+        past = str(now_ms() - 1000)
+        bad = Message(TIMER_TOPIC, b"bad", properties={"TIMER_OUT_MS": past})
+        good = Message(TIMER_TOPIC, b"good", properties={"TIMER_OUT_MS": past, "REAL_TOPIC": "T", "REAL_QID": "0"})
+        r_bad, _ = store.put_messages([bad, good], run_hooks=False)
+        got = wait_count(store, "T", 1)
+        assert [m.body for m in got] == [b"good"]
+        assert f"commitlog {r_bad.append_result.wrote_offset}" in caplog.text and "REAL_TOPIC" in caplog.text

@@ -51,8 +51,9 @@ def _install_schedule(store) -> None:
 
 
 def _install_timer(store) -> None:
-    """Timer messages (RIP-43): TIMER_DELIVER_MS / __STARTDELIVERTIME parked until due (store/timer.py)."""
-    from .store.timer import install
+    """Timer messages (RIP-43): TIMER_DELIVER_MS / __STARTDELIVERTIME parked until due (store/timer.py,
+    store/timer_service.py)."""
+    from .store.timer_service import install
     install(store)
 
 

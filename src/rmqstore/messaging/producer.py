@@ -16,6 +16,11 @@ Topics come from `{store}/config/topics.json`; an unknown topic is created on fi
 autoCreateTopicEnable (min(default_topic_queue_nums = 4, the store's defaultTopicQueueNums) queues,
 as the broker's createTopicInSendMessageMethod), else send raises TopicNotExistError.
 
+send(..., deliver_at=t) sends a timer message (RocketMQ 5's delivery timestamp: TIMER_DELIVER_MS, parked
+by store/timer.py until t): t is an aware datetime or epoch ms; a naive datetime, deliver_at with
+delay_level, or a time beyond the store's timerMaxDelaySec is a ValueError naming it; a time already past
+sends a plain message (delivered now).
+
 send() returns a SendResult whose send_status mirrors RocketMQ's SendStatus (SEND_OK,
 FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE); a refused put raises SendError carrying
 the store's PutMessageStatus (as the Java client throws MQBrokerException).
@@ -33,6 +38,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
 from ..store import codec, validation
@@ -40,6 +46,7 @@ from ..errors import RmqStoreError
 from ..store.java_map import JavaHashMap
 from .local_broker import PROPERTY_WAIT_STORE_MSG_OK, LocalBroker
 from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
+from ..store.timer import PROPERTY_TIMER_DELIVER_MS
 from .topic_config import AUTO_CREATE_TOPIC_KEY_TOPIC, PERM_WRITE, MessageQueue, TopicNotExistError
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,21 @@ __all__ = ["Producer", "SendResult", "SendStatus", "SendError", "MessageQueue", 
 DEFAULT_PRODUCER_GROUP = "DEFAULT_PRODUCER"
 MAX_MESSAGE_SIZE = 1024 * 1024 * 4
 COMPRESS_LEVEL = 5
+
+
+def deliver_at_ms(deliver_at: datetime | int | float) -> int:
+    """Epoch ms of a deliver_at argument: an aware datetime or a number of epoch ms. A naive datetime
+    (no tzinfo: which zone?), a bool or anything else is a ValueError naming deliver_at."""
+    if isinstance(deliver_at, datetime):
+        if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+            raise ValueError(f"deliver_at={deliver_at!r} is a naive datetime: give it a tzinfo "
+                             f"(e.g. datetime.now(timezone.utc) + timedelta(seconds=10)) or pass epoch ms")
+        return int(deliver_at.timestamp() * 1000)
+    if isinstance(deliver_at, bool) or not isinstance(deliver_at, (int, float)):
+        raise ValueError(f"deliver_at={deliver_at!r}: an aware datetime or epoch milliseconds expected")
+    if not deliver_at >= 0 or deliver_at == float("inf"):
+        raise ValueError(f"deliver_at={deliver_at!r}: epoch milliseconds must be a finite number >= 0")
+    return int(deliver_at)
 
 
 class SendStatus(enum.Enum):
@@ -298,6 +320,26 @@ class Producer:
         return Message(topic=topic, body=body, flag=flag, sys_flag=sys_flag, born_timestamp=int(time.time() * 1000),
                        born_host=self.born_host, properties=m.to_dict())
 
+    def _deliver_at_properties(self, deliver_at, delay_level: int) -> dict[str, str]:
+        """TIMER_DELIVER_MS for deliver_at (none for None or a time already past: delivered now), checked
+        against the store's timer extension (its timerMaxDelaySec)."""
+        if deliver_at is None:
+            return {}
+        hooks = {h.hook_name: h for h in self.store.put_message_hook_list}
+        timer = hooks.get("timer")
+        if timer is None:
+            raise ValueError("deliver_at: this store has no timer extension (store/timer.py) installed")
+        if delay_level:
+            raise ValueError("deliver_at and delay_level together: a message has one delivery time")
+        deliver_ms = deliver_at_ms(deliver_at)
+        now = int(time.time() * 1000)
+        if deliver_ms <= now:
+            return {}
+        if deliver_ms - now > timer.max_delay_ms:
+            raise ValueError(f"deliver_at={deliver_at!r} is {(deliver_ms - now) // 1000} s ahead, beyond "
+                             f"timerMaxDelaySec={timer.max_delay_ms // 1000}")
+        return {PROPERTY_TIMER_DELIVER_MS: str(deliver_ms)}
+
     @staticmethod
     def _check_topic(topic: str) -> None:
         """RocketMQ's Validators.checkTopic: InvalidMessageError (a ValueError) naming the topic."""
@@ -312,15 +354,22 @@ class Producer:
     # --- sending --------------------------------------------------------------------------------
     def send(self, topic: str, body: bytes | str, tags: str | None = None, keys: str | Iterable[str] | None = None,
              properties: dict[str, str] | None = None, delay_level: int = 0, queue: int | MessageQueue | None = None,
-             *, sharding_key: Any = None, queue_selector: QueueSelector | None = None, flag: int = 0) -> SendResult:
-        """Send one message; see the module docstring. Raises SendError when the store refuses it."""
-        msg = self.build_message(topic, body, tags, keys, properties, delay_level, flag)
+             *, sharding_key: Any = None, queue_selector: QueueSelector | None = None, flag: int = 0,
+             deliver_at: datetime | int | float | None = None) -> SendResult:
+        """Send one message; see the module docstring. Raises SendError when the store refuses it.
+        deliver_at: a timer message's delivery time (an aware datetime or epoch ms; see the module docstring)."""
+        extra = self._deliver_at_properties(deliver_at, delay_level)
+        msg = self.build_message(topic, body, tags, keys, properties, delay_level, flag, extra)
         return self._send_built([msg], topic, queue, sharding_key, queue_selector)
 
     def send_message(self, msg: Message, queue: int | MessageQueue | None = None, *, sharding_key: Any = None,
-                     queue_selector: QueueSelector | None = None) -> SendResult:
+                     queue_selector: QueueSelector | None = None,
+                     deliver_at: datetime | int | float | None = None) -> SendResult:
         """Send a Message built by the caller (or by build_message); it gets a UNIQ_KEY if it has none."""
         self._check_topic(msg.topic)
+        timer = self._deliver_at_properties(deliver_at, int(msg.properties.get(codec.PROPERTY_DELAY, "0") or 0))
+        if timer:
+            msg.properties = {**msg.properties, **timer}
         validation.check_message(msg)
         if codec.PROPERTY_UNIQ_KEY not in msg.properties:
             m = JavaHashMap(msg.properties)

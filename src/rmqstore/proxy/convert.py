@@ -31,7 +31,9 @@ SYSTEM_KEYS = frozenset({codec.PROPERTY_TAGS, codec.PROPERTY_KEYS, codec.PROPERT
                          PROPERTY_TRANSACTION_ID, PROPERTY_CHECK_IMMUNITY, PROPERTY_TRACE_CONTEXT,
                          codec.PROPERTY_REAL_TOPIC, codec.PROPERTY_REAL_QUEUE_ID, "MIN_OFFSET", "MAX_OFFSET",
                          "CONSUME_START_TIME", "WAIT", "CLUSTER", "MSG_REGION", "TRACE_ON", "RETRY_TOPIC",
-                         "ORIGIN_MESSAGE_ID", "REAL_TOPIC", "POP_CK", "1ST_POP_TIME", codec.PROPERTY_DELAY})
+                         "ORIGIN_MESSAGE_ID", "REAL_TOPIC", "POP_CK", "1ST_POP_TIME", codec.PROPERTY_DELAY,
+                         "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
+                         "TIMER_DEL_UNIQKEY"})
 
 
 class BadMessageError(ValueError):

@@ -67,6 +67,11 @@ class StoreConfig:
     # schedule
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     flush_delay_offset_interval: int = 1000 * 10
+    # timer messages (RocketMQ 5's MessageStoreConfig; store/timer_service.py)
+    timer_precision_ms: int = 1000
+    timer_max_delay_sec: int = 3600 * 24 * 3
+    timer_roll_window_slot: int = 3600 * 24 * 2
+    mapped_file_size_timer_log: int = 100 * 1024 * 1024
     # broker keys rmqstore uses
     broker_name: str = "broker-a"
     broker_cluster_name: str = "DefaultCluster"
@@ -161,6 +166,10 @@ class StoreConfig:
         need(self.file_reserved_time >= 0, "file_reserved_time", "must not be negative")
         need(self.sync_flush_timeout > 0, "sync_flush_timeout", "must be positive")
         need(self.transient_store_pool_size > 0, "transient_store_pool_size", "must be positive")
+        need(self.timer_precision_ms > 0, "timer_precision_ms", "must be positive")
+        need(self.timer_max_delay_sec > 0, "timer_max_delay_sec", "must be positive")
+        need(self.mapped_file_size_timer_log >= 68, "mapped_file_size_timer_log",
+             "must be at least 68 (a unit and a blank)")
         try:
             self.delay_levels_ms()
         except ValueError as e:
