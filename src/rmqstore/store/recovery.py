@@ -504,10 +504,8 @@ def choose_start_file(files: list[MappedFile], clean: bool, checkpoint: StoreChe
 
 def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean: bool,
                        report: RecoveryReport, failures: FailureChannel | None = None, hints=None) -> int:
-    """Walk records to the last valid one, cut the rest; returns the commitlog's new end offset.
-    hints(start): sorted commitlog offsets where records probably start from `start` on (the consume
-    queues' units, queue_check.unit_offsets_from); the walk checks every record all the same, they only
-    let it take runs of records at once (scanner.walk_records).
+    """Walk records to the last valid one, cut the rest; returns the commitlog's new end offset. hints(start):
+    sorted offsets where records probably start from `start` on (queue_check.unit_offsets_from): faster.
 
     Damage stays in its damaged range: a record that fails its checks (or zeros inside the written data)
     followed by valid records that chain (resync.next_valid_record) is skipped, not cut; the skipped
@@ -542,6 +540,16 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
         if blank:
             process = mf.file_from_offset + mf.file_size
         break
+    _report_cut(q, process, report)
+    q.truncate_dirty_files(process)
+    q.set_positions_from(process)
+    report.commitlog_end = process
+    return process
+
+
+def _report_cut(q: MappedFileQueue, process: int, report: RecoveryReport) -> None:
+    """Into report: what cutting the commitlog at `process` drops (later files, data after a gap)."""
+    files = q.files
     removed = [mf for mf in files if mf.file_from_offset > process]
     report.commitlog_files_removed = len(removed)
     if report.dropped_at is None and process < files[-1].file_from_offset + files[-1].file_size:
@@ -561,10 +569,6 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
         if _has_data(mf, 0):
             report.dropped.append(Dropped("commitlog", str(mf.path), mf.file_from_offset,
                                           "file after the commitlog's end removed"))
-    q.truncate_dirty_files(process)
-    q.set_positions_from(process)
-    report.commitlog_end = process
-    return process
 
 
 def _file_part(hint, mf: MappedFile):
