@@ -4,6 +4,7 @@
 - make_message(): deterministic messages (body derived from the key, so a reader can check it).
 - walk_commitlog(): every record of the commitlog as the bytes say, independent of the store's queues.
 - verify_store(): the consistency checks every durability test runs (see its docstring).
+- wait_count(): the messages of a topic's queue 0 once there are n (timer and delivery tests).
 """
 from __future__ import annotations
 
@@ -503,3 +504,14 @@ def index_parts(root: Path) -> list:
         b_ts, e_ts, b_phy, e_phy, _slots, count = codec.INDEX_HEADER.unpack_from(raw, 0)
         out.append(((b_ts, e_ts, b_phy, e_phy, count), raw[codec.INDEX_HEADER_SIZE:]))
     return out
+
+
+def wait_count(store, topic: str, n: int, timeout: float = 30.0) -> list:
+    """The messages of queue 0 of topic (up to 64) as soon as there are n, or what there is after timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = store.get_message("g", topic, 0, 0, 64).messages
+        if len(got) >= n:
+            return got
+        time.sleep(0.05)
+    return store.get_message("g", topic, 0, 0, 64).messages

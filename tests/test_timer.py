@@ -9,20 +9,11 @@ import time
 from rmqstore import Message, MessageStore
 from rmqstore.store.message import PutMessageStatus
 from rmqstore.store.timer import TIMER_TOPIC
+from store_checks import wait_count
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def wait_count(store, topic, n, timeout=30.0) -> list:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = store.get_message("g", topic, 0, 0, 64).messages
-        if len(got) >= n:
-            return got
-        time.sleep(0.05)
-    return store.get_message("g", topic, 0, 0, 64).messages
 
 
 def test_timer_message_parked_then_delivered_no_earlier(tmp_path):

@@ -9,16 +9,7 @@ import pytest
 
 from rmqstore import Message, MessageStore, Producer, StoreConfig
 from rmqstore.store.timer import TIMER_TOPIC
-
-
-def wait_count(store, topic, n, timeout=30.0) -> list:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = store.get_message("g", topic, 0, 0, 32).messages
-        if len(got) >= n:
-            return got
-        time.sleep(0.05)
-    return store.get_message("g", topic, 0, 0, 32).messages
+from store_checks import wait_count
 
 
 def test_deliver_at_datetime_and_epoch_ms_arrive_no_earlier(tmp_path):
