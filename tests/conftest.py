@@ -107,6 +107,32 @@ def local_spark(app: str, **sql_conf: str):
     return s
 
 
+# --- `rmqstore serve` for a whole module -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    """`rmqstore serve` (a real process: broker.server.ServerProcess) over a fresh store configured with the
+    requesting module's CONF, for the whole module; it must stop cleanly (exit 0)."""
+    from rmqstore.broker.server import ServerProcess
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    srv = ServerProcess(tmp_path_factory.mktemp(name) / "store", request.module.CONF).start()
+    try:
+        yield srv
+    finally:
+        rc = srv.stop()
+        assert rc == 0, srv.log_tail()
+
+
+@pytest.fixture(scope="module")
+def admin(server):
+    """A started rmqstore.client Admin on the module's server (modules may define their own)."""
+    from rmqstore.client import Admin
+    a = Admin(server.namesrv_addr).start()
+    try:
+        yield a
+    finally:
+        a.shutdown()
+
+
 # --- the order modules are handed to the two workers -----------------------------------------------------
 # Seconds each module took in one `make test` run (two workers, a loaded 2-core machine, 2026-11-24);
 # modules not listed count as 1 s. The Makefile passes --no-loadscope-reorder, so xdist hands modules out in

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from rmqstore.broker.server import ServerProcess
 from rmqstore.client import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from rmqstore.client.message import MQBrokerError, MQClientError
 from rmqstore.remoting import fastjson
@@ -41,25 +40,6 @@ DISTRIBUTION_RE = re.compile(r"^(\[[^\]]+\]:\d+ ){13}$")
 OFFSET_WRAPPER_KEYS = {"brokerOffset", "consumerOffset", "lastTimestamp"}
 TOPIC_OFFSET_KEYS = {"lastUpdateTimestamp", "maxOffset", "minOffset"}
 STATS_ITEM_KEYS = {"sum", "tps", "avgpt"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("admin") / "store", CONF).start()
-    try:
-        yield srv
-    finally:
-        rc = srv.stop()
-        assert rc == 0, srv.log_tail()
-
-
-@pytest.fixture(scope="module")
-def admin(server):
-    a = Admin(server.namesrv_addr).start()
-    try:
-        yield a
-    finally:
-        a.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +198,7 @@ def test_subscription_groups_and_topic_deletion(server, admin):
 def test_unknown_request_code_answers_not_supported(server, admin):
     """An unknown or unsupported request gets REQUEST_CODE_NOT_SUPPORTED with a remark, and the connection
     stays usable."""
-    for code in (9999, RequestCode.GET_CONSUMER_RUNNING_INFO):
+    for code in (9999, RequestCode.CONSUME_MESSAGE_DIRECTLY):
         r = _raw(admin, server.broker_addr, code)
         assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         assert r.remark == f" request type {int(code)} not supported"

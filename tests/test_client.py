@@ -30,16 +30,6 @@ def wait_until(cond, timeout: float, step: float = 0.01) -> bool:
     return cond()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("client") / "store", CONF).start()
-    try:
-        yield srv
-    finally:
-        rc = srv.stop()
-        assert rc == 0, srv.log_tail()
-
-
 @pytest.fixture
 def admin(server):
     a = Admin(server.namesrv_addr).start()

@@ -2,14 +2,18 @@
 connections and the ordered-consumption locks. Its statistics requests are in admin_stats.py."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
 import os
+from pathlib import Path
 
+from ..errors import ConfigError
 from ..remoting import fastjson
 from ..remoting.codes import RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand
+from ..store import queue_clean
 from .admin_stats import message_queue_key
 from .context import BrokerContext
 from .header import Header
@@ -24,6 +28,9 @@ log = logging.getLogger(__name__)
 RUNTIME_KEYS = frozenset({"longPollingEnable", "shortPollingTimeMills", "autoCreateTopicEnable",
                           "defaultTopicQueueNums", "maxMessageSize",
                           "fileReservedTime", "deleteWhen", "diskMaxUsedSpaceRatio", "defaultQueryMaxNum"})
+
+CALL_CLIENT_TIMEOUT = 10.0      # Broker2Client.callClient's invokeSync timeout
+V3_1_8_SNAPSHOT = 77            # MQVersion.Version.V3_1_8_SNAPSHOT.ordinal(): callConsumer's oldest client
 
 
 def connection_json(info) -> dict:
@@ -60,6 +67,42 @@ def parse_properties(text: str) -> dict[str, str]:
     return out
 
 
+def apply_runtime_properties(cfg, props: dict[str, str], source: str | None = None) -> None:
+    """Set RUNTIME_KEYS values on the live configuration: all of them or, when one is wrong, none (the
+    ConfigError names the key, the value and source)."""
+    trial = copy.deepcopy(cfg).update(props, source)
+    for k in props:
+        attr = cfg.attr_name(k)
+        if attr is not None:
+            setattr(cfg, attr, getattr(trial, attr))
+        else:
+            cfg.extra[k] = props[k]
+
+
+def persisted_config_path(store_root) -> Path:
+    """Where UPDATE_BROKER_CONFIG persists the configuration (RocketMQ: Configuration.persist)."""
+    return Path(store_root) / "config" / "broker.properties"
+
+
+def load_persisted_config(store_root, cfg) -> dict[str, str]:
+    """At start (`rmqstore serve`): the RUNTIME_KEYS of <store>/config/broker.properties (what
+    updateBrokerConfig set before a restart) over broker.conf's values; the other keys in that file are
+    copies of broker.conf's and are not read. Returns what it applied; a ConfigError names the file."""
+    path = persisted_config_path(store_root)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("broker.properties", str(path), f"cannot read the persisted broker config: {e}",
+                          str(path)) from e
+    props = {k: v for k, v in parse_properties(text).items() if k in RUNTIME_KEYS}
+    if props:
+        apply_runtime_properties(cfg, props, str(path))
+        log.info("broker config from %s: %s", path, props)
+    return props
+
+
 class AdminBrokerProcessor:
     def __init__(self, ctx: BrokerContext):
         self.ctx = ctx
@@ -86,9 +129,15 @@ class AdminBrokerProcessor:
         return req.make_response(ResponseCode.SUCCESS)
 
     def delete_topic(self, ch: Channel, req: RemotingCommand):
+        """DELETE_TOPIC_IN_BROKER: the topic's config goes, and its consume queues with it. RocketMQ runs the
+        whole cleanUnusedTopic here; this broker removes only the deleted topic's queues, since a store
+        written through the library may hold topics that never had a config (cleanUnusedTopic, asked
+        for, removes those too)."""
         topic = Header(req.ext_fields).str("topic")
         self.ctx.topics.delete_topic(topic)
-        return req.make_response(ResponseCode.SUCCESS)
+        store = self.ctx.store
+        return self.ctx.in_executor(lambda: queue_clean.remove_topic_queues(store, topic),
+                                    lambda removed: req.make_response(ResponseCode.SUCCESS))
 
     def get_all_topic_config(self, ch: Channel, req: RemotingCommand):
         return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.ctx.topics.encode()))
@@ -145,17 +194,10 @@ class AdminBrokerProcessor:
         if fixed:
             return req.make_response(ResponseCode.SYSTEM_ERROR, f"not changeable at run time: {', '.join(fixed)} "
                                      f"(changeable: {', '.join(sorted(RUNTIME_KEYS))})")
-        cfg = self.ctx.cfg
         try:
-            trial = copy.deepcopy(cfg).update(props)
+            apply_runtime_properties(self.ctx.cfg, props)
         except Exception as e:                 # ConfigError: the key and value that are wrong
             return req.make_response(ResponseCode.SYSTEM_ERROR, str(e))
-        for k in props:
-            attr = cfg.attr_name(k)
-            if attr is not None:
-                setattr(cfg, attr, getattr(trial, attr))
-            else:
-                cfg.extra[k] = props[k]
         try:
             self._persist_config()
         except OSError as e:
@@ -167,7 +209,7 @@ class AdminBrokerProcessor:
         root = getattr(self.ctx.store, "path", None)
         if root is None:
             return
-        path = root / "config" / "broker.properties"
+        path = persisted_config_path(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(properties_text(self.config_properties()))
@@ -261,6 +303,59 @@ class AdminBrokerProcessor:
         groups = {g for g, gi in self.ctx.clients.consumers.items() if topic in gi.subscriptions}
         groups |= groups_with_offsets(self.ctx.offsets, topic)
         return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes({"groupList": sorted(groups)}))
+
+    # --- asking a consumer (Broker2Client.callClient) ------------------------------------------------
+    def get_consumer_running_info(self, ch: Channel, req: RemotingCommand):
+        """GET_CONSUMER_RUNNING_INFO (AdminBrokerProcessor.callConsumer): the request (its extFields and body)
+        goes to the client over its own connection; its answer (a ConsumerRunningInfo body) is relayed."""
+        h = Header(req.ext_fields)
+        group, client_id = h.str("consumerGroup"), h.str("clientId")
+        gi = self.ctx.clients.group_info(group)
+        info = next((i for i in gi.channels.values() if i.client_id == client_id and not i.channel.closed),
+                    None) if gi is not None else None
+        if info is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online")
+        if info.version < V3_1_8_SNAPSHOT:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"The Consumer <{client_id}> Version <{info.version}> "
+                                     "too low to finish, please upgrade it to V3_1_8_SNAPSHOT")
+        return self._call_client(req, info, group, client_id)
+
+    async def _call_client(self, req: RemotingCommand, info, group: str, client_id: str) -> RemotingCommand:
+        """Broker2Client.callClient: the request, as it came, to the client; its answer with our opaque."""
+        cmd = RemotingCommand.request(req.code, dict(req.ext_fields or {}))
+        cmd.body = req.body
+        try:
+            answer = await info.channel.invoke(cmd, CALL_CLIENT_TIMEOUT)
+        except asyncio.TimeoutError:
+            return req.make_response(ResponseCode.CONSUME_MSG_TIMEOUT,
+                                     f"consumer <{group}> <{client_id}> Timeout: RemotingTimeoutException: wait "
+                                     f"response on the channel <{info.channel.remote}> timeout, "
+                                     f"{int(CALL_CLIENT_TIMEOUT * 1000)}(ms)")
+        except (ConnectionError, OSError) as e:
+            return req.make_response(ResponseCode.SYSTEM_ERROR,
+                                     f"invoke consumer <{group}> <{client_id}> Exception: {type(e).__name__}: {e}")
+        return req.make_response(answer.code, answer.remark, answer.ext_fields, answer.body)
+
+    # --- cleaning the store's consume queues --------------------------------------------------------
+    def clean_expired_consume_queue(self, ch: Channel, req: RemotingCommand):
+        """CLEAN_EXPIRED_CONSUMEQUEUE: remove the consume queues whose messages all left the commitlog."""
+        log.warning("invoke cleanExpiredConsumeQueue start (from %s).", ch.remote)
+        store = self.ctx.store
+
+        def done(removed):
+            log.warning("invoke cleanExpiredConsumeQueue end: %d queues removed %s", len(removed), removed)
+            return req.make_response(ResponseCode.SUCCESS)
+        return self.ctx.in_executor(lambda: queue_clean.clean_expired_consumer_queue(store), done)
+
+    def clean_unused_topic(self, ch: Channel, req: RemotingCommand):
+        """CLEAN_UNUSED_TOPIC: remove the consume queues of topics this broker has no config for."""
+        log.warning("invoke cleanUnusedTopic start (from %s).", ch.remote)
+        store, topics = self.ctx.store, set(self.ctx.topics.table)
+
+        def done(removed):
+            log.warning("invoke cleanUnusedTopic end: %d queues removed %s", len(removed), removed)
+            return req.make_response(ResponseCode.SUCCESS)
+        return self.ctx.in_executor(lambda: queue_clean.clean_unused_topic(store, topics), done)
 
     # --- ordered consumption locks ------------------------------------------------------------------
     def lock_batch_mq(self, ch: Channel, req: RemotingCommand):

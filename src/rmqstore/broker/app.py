@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..store.config import StoreConfig
+from .admin import load_persisted_config
 from .core import Broker
 from .namesrv import NameServer
 from .net import RemotingServer
@@ -62,6 +63,8 @@ class BrokerServer:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         cfg = self.cfg
+        # updateBrokerConfig's persisted keys over broker.conf's (RocketMQ rewrites its -c file instead)
+        load_persisted_config(self.store_path, cfg)
         if self.store is None:
             from ..store.store import MessageStore
             self.store = await self.loop.run_in_executor(None, MessageStore.open, self.store_path, cfg)

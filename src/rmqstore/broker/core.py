@@ -91,6 +91,8 @@ class Broker:
             R.GET_CONSUMER_CONNECTION_LIST: a.get_consumer_connection_list,
             R.GET_PRODUCER_CONNECTION_LIST: a.get_producer_connection_list,
             R.QUERY_TOPIC_CONSUME_BY_WHO: a.query_topic_consume_by_who,
+            R.GET_CONSUMER_RUNNING_INFO: a.get_consumer_running_info,
+            R.CLEAN_EXPIRED_CONSUMEQUEUE: a.clean_expired_consume_queue, R.CLEAN_UNUSED_TOPIC: a.clean_unused_topic,
             R.LOCK_BATCH_MQ: a.lock_batch_mq, R.UNLOCK_BATCH_MQ: a.unlock_batch_mq,
             R.GET_BROKER_RUNTIME_INFO: st.get_broker_runtime_info, R.GET_TOPIC_STATS_INFO: st.get_topic_stats_info,
             R.GET_CONSUME_STATS: st.get_consume_stats, R.GET_BROKER_CONSUME_STATS: st.get_broker_consume_stats,

@@ -7,7 +7,8 @@ asyncio process (also `python -m rmqstore.broker.server STORE ...`).
 broker.conf keys used: brokerName, brokerClusterName, brokerIP1 (also the listening address, 127.0.0.1 by
 default), listenPort (10911; the VIP port is listenPort-2), namesrvAddr (where the embedded name server
 listens, 127.0.0.1:9876 by default), autoCreateTopicEnable, defaultTopicQueueNums, longPollingEnable,
-shortPollingTimeMills, flushDiskType, serverChannelMaxIdleTimeSeconds, plus every store key.
+shortPollingTimeMills, flushDiskType, serverChannelMaxIdleTimeSeconds, plus every store key. The keys
+updateBrokerConfig changed (persisted in STORE/config/broker.properties) win over broker.conf's at start.
 
 grpcListenPort (8081; -1 off): the RocketMQ 5 gRPC endpoint (rmqstore.proxy, needs the `grpc` extra).
 

@@ -12,7 +12,8 @@ import os
 
 from ..store import codec
 from ..remoting import fastjson
-from ..remoting.codes import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, UNIQUE_MSG_QUERY_FLAG, RequestCode, ResponseCode
+from ..remoting.codes import (DEFAULT_TOPIC, PERM_READ, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, UNIQUE_MSG_QUERY_FLAG,
+                              RequestCode, ResponseCode)
 from .instance import MQClientInstance, subscribe_info
 from .message import MessageExt, MessageQueue, MQBrokerError, MQClientError, decode_messages
 
@@ -235,6 +236,32 @@ class Admin:
             except MQBrokerError as e:
                 err = e
         raise err or MQClientError("no broker")
+
+    def consumer_running_info(self, group: str, client_id: str, jstack: bool = False) -> dict:
+        """GET_CONSUMER_RUNNING_INFO (getConsumerRunningInfo) through a master of %RETRY%group: the broker asks
+        the client over its connection and relays its ConsumerRunningInfo (mqadmin consumerStatus)."""
+        for addr in self._topic_masters(RETRY_GROUP_TOPIC_PREFIX + group):
+            return self._broker_json(addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                                     {"consumerGroup": group, "clientId": client_id, "jstackEnable": jstack}) or {}
+        raise MQClientError(f"no master broker for the consumer group {group}")
+
+    def _each_master(self, code: int, addr: str | None, cluster: str | None) -> bool:
+        """code on addr, or on every master of the cluster (of every cluster without one); True when all
+        answered SUCCESS (DefaultMQAdminExtImpl's ...ByAddr / ...ByCluster)."""
+        addrs = [addr] if addr else self.master_addrs(cluster or None)
+        for a in addrs:
+            self._broker_json(a, code)
+        return bool(addrs)
+
+    def clean_expired_consume_queue(self, addr: str | None = None, cluster: str | None = None) -> bool:
+        """CLEAN_EXPIRED_CONSUMEQUEUE (cleanExpiredConsumerQueue): the brokers drop the consume queues whose
+        messages all left the commitlog."""
+        return self._each_master(RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE, addr, cluster)
+
+    def clean_unused_topic(self, addr: str | None = None, cluster: str | None = None) -> bool:
+        """CLEAN_UNUSED_TOPIC (cleanUnusedTopic): the brokers drop the consume queues of topics they have no
+        config for."""
+        return self._each_master(RequestCode.CLEAN_UNUSED_TOPIC, addr, cluster)
 
     def producer_connection(self, group: str, topic: str) -> dict:
         """GET_PRODUCER_CONNECTION_LIST on the topic's masters (examineProducerConnectionInfo)."""

@@ -61,6 +61,7 @@ class ProcessQueue:
         self.dropped = False
         self.lock = threading.Lock()
         self.last_pull = time.monotonic()
+        self.last_consume = self.last_pull     # ProcessQueue.lastConsumeTimestamp (consumerStatus shows it)
         self.size = 0
 
     def put(self, msgs: list[MessageExt]) -> None:
@@ -80,6 +81,7 @@ class ProcessQueue:
             if not self.msgs:
                 return -1
             result = self.max_offset + 1
+            self.last_consume = time.monotonic()
             for m in msgs:
                 got = self.msgs.pop(m.queue_offset, None)
                 if got is not None:
@@ -204,6 +206,7 @@ class _ConsumerBase:
         self.mq: MQClientInstance | None = None
         self._rebalance_lock = threading.Lock()
         self.running = False
+        self.start_timestamp = 0     # epoch ms of start() (PROP_CONSUMER_START_TIMESTAMP of consumerStatus)
 
     # --- configuration ------------------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -255,6 +258,7 @@ class _ConsumerBase:
             raise MQClientError(f"cannot register consumer group {self.group}")
         self.mq = inst
         self.running = True
+        self.start_timestamp = int(time.time() * 1000)
         try:
             for t in list(self.subscriptions):
                 inst.update_route(t)

@@ -24,6 +24,7 @@ from ..remoting.codes import (CLIENT_INNER_PRODUCER_GROUP, DEFAULT_TOPIC, MASTER
 from ..remoting.command import RemotingCommand
 from .message import MessageQueue, MQBrokerError, MQClientError
 from .remoting import Connection, RemotingClient
+from .running_info import answer_running_info
 
 log = logging.getLogger(__name__)
 
@@ -405,6 +406,12 @@ class MQClientInstance:
             return
         if code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
             self._reset_offset(cmd)
+            return
+        if code == RequestCode.GET_CONSUMER_RUNNING_INFO:     # mqadmin consumerStatus, through the broker
+            try:
+                conn.send(answer_running_info(self.consumers, cmd), None, want_future=False)
+            except OSError:
+                pass
             return
         if not cmd.is_oneway:
             resp = cmd.make_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {code} not supported")

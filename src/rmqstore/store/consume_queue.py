@@ -510,6 +510,18 @@ class ConsumeQueueTable:
                 cq.queue.repaired.append((str(cut[0]), cut[1]))
             self.table.setdefault(topic, {})[q] = cq
 
+    def remove(self, cq: ConsumeQueue) -> bool:
+        """Forget cq (its files stay: cq.destroy() removes them); False if the table holds another queue
+        under its name, or none."""
+        with self._lock:
+            queues = self.table.get(cq.topic)
+            if queues is None or queues.get(cq.queue_id) is not cq:
+                return False
+            del queues[cq.queue_id]
+            if not queues:
+                del self.table[cq.topic]
+            return True
+
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         m = self.table.get(topic)
         return m.get(queue_id) if m else None

@@ -128,6 +128,90 @@ def consumer_connection(admin, args, out) -> int:
     return EXIT_OK
 
 
+def format_running_info(info: dict) -> str:
+    """ConsumerRunningInfo.formatString."""
+    lines = ["#Consumer Properties#"]
+    lines += ["%-40s: %s" % (k, v) for k, v in sorted((info.get("properties") or {}).items())]
+    lines += ["", "", "#Consumer Subscription#"]
+    for i, sd in enumerate(info.get("subscriptionSet") or [], 1):
+        lines.append("%03d Topic: %-40s ClassFilter: %-8s SubExpression: %s" % (
+            i, sd.get("topic"), str(bool(sd.get("classFilterMode"))).lower(), sd.get("subString")))
+    mqs = sorted((info.get("mqTable") or {}).items(), key=lambda kv: (kv[0]["topic"], kv[0]["brokerName"],
+                                                                     kv[0]["queueId"]))
+    lines += ["", "", "#Consumer Offset#", "%-32s  %-32s  %-4s  %-20s" % ("#Topic", "#Broker Name", "#QID",
+                                                                          "#Consumer Offset")]
+    lines += ["%-32s  %-32s  %-4d  %-20d" % (q["topic"], q["brokerName"], q["queueId"], p["commitOffset"])
+              for q, p in mqs]
+    lines += ["", "", "#Consumer MQ Detail#", "%-32s  %-32s  %-4s  %-20s" % ("#Topic", "#Broker Name", "#QID",
+                                                                             "#ProcessQueueInfo")]
+    lines += ["%-32s  %-32s  %-4d  ProcessQueueInfo [%s]" % (
+        q["topic"], q["brokerName"], q["queueId"], ", ".join(f"{k}={v}" for k, v in p.items())) for q, p in mqs]
+    lines += ["", "", "#Consumer RT&TPS#", "%-32s  %14s %14s %14s %14s %18s %25s" % (
+        "#Topic", "#Pull RT", "#Pull TPS", "#Consume RT", "#ConsumeOK TPS", "#ConsumeFailed TPS",
+        "#ConsumeFailedMsgsInHour")]
+    for topic, st in sorted((info.get("statusTable") or {}).items()):
+        lines.append("%-32s  %14.2f %14.2f %14.2f %14.2f %18.2f %25d" % (
+            topic, st["pullRT"], st["pullTPS"], st["consumeRT"], st["consumeOKTPS"], st["consumeFailedTPS"],
+            st["consumeFailedMsgs"]))
+    return "\n".join(lines) + "\n"
+
+
+def consumer_status(admin, args, out) -> int:
+    """ConsumerStatusSubCommand: with -i one client's running info; without, a line per online client."""
+    if args.client_id:
+        out.write(format_running_info(admin.consumer_running_info(args.group, args.client_id)))
+        return EXIT_OK
+    cc = admin.consumer_connection(args.group)
+    infos = {}
+    for i, c in enumerate(sorted(cc["connectionSet"], key=lambda c: c["clientId"]), 1):
+        info = infos[c["clientId"]] = admin.consumer_running_info(args.group, c["clientId"])
+        out.write("%03d  %-40s %-20s %s\n" % (i, c["clientId"], info["properties"].get("PROP_CLIENT_VERSION", ""),
+                                                 f"{len(info.get('mqTable') or {})} queues"))
+    subs = {json.dumps(sorted(json.dumps(sd, sort_keys=True) for sd in (i.get("subscriptionSet") or [])))
+            for i in infos.values()}
+    if len(subs) == 1:
+        out.write("\n\nSame subscription in the same group of consumer\n\nRebalance OK\n")
+    elif subs:
+        out.write("\n\nWARN: Different subscription in the same group of consumer!!!")
+    return EXIT_OK
+
+
+SUBSCRIPTION_GROUP_FIELDS = ("groupName", "consumeEnable", "consumeFromMinEnable", "consumeBroadcastEnable",
+                             "retryQueueNums", "retryMaxTimes", "brokerId", "whichBrokerWhenConsumeSlowly",
+                             "notifyConsumerIdsChangedEnable")     # SubscriptionGroupConfig's, in its order
+
+
+def get_consumer_config(admin, args, out) -> int:
+    """GetConsumerConfigSubCommand (mqadmin after 4.4.0): the group's SubscriptionGroupConfig on each broker."""
+    info = admin.cluster_info()
+    cluster_of = {b: c for c, names in (info.get("clusterAddrTable") or {}).items() for b in names}
+    for name, bd in sorted((info.get("brokerAddrTable") or {}).items()):
+        addrs = {int(k): v for k, v in (bd.get("brokerAddrs") or {}).items()}
+        if not addrs:
+            continue
+        table = admin.subscription_groups(addrs.get(0, addrs[min(addrs)])).get("subscriptionGroupTable") or {}
+        sgc = table.get(args.group)
+        if sgc is None:
+            continue
+        out.write("=============================%s:%s=============================\n" % (cluster_of.get(name, ""), name))
+        for f in SUBSCRIPTION_GROUP_FIELDS:
+            v = sgc.get(f, "")
+            out.write("%-40s=  %s\n" % (f, str(v).lower() if isinstance(v, bool) else v))
+    return EXIT_OK
+
+
+def clean_expired_cq(admin, args, out) -> int:
+    ok = admin.clean_expired_consume_queue(args.broker_addr, args.cluster)
+    out.write("success" if ok else "false")
+    return EXIT_OK
+
+
+def clean_unused_topic(admin, args, out) -> int:
+    ok = admin.clean_unused_topic(args.broker_addr, args.cluster)
+    out.write("success" if ok else "false")
+    return EXIT_OK
+
+
 def producer_connection(admin, args, out) -> int:
     for i, c in enumerate(admin.producer_connection(args.group, args.topic)["connectionSet"], 1):
         out.write("%04d  %-32s %-22s %-8s %s\n" % (i, c["clientId"], c["clientAddr"], c["language"], c["version"]))
@@ -292,6 +376,14 @@ SUBCOMMANDS = (
                ("group!", "topic")),
     SubCommand("consumerConnection", "print a consumer group's connections and subscriptions",
                consumer_connection, ("group!",)),
+    SubCommand("consumerStatus", "ask a group's online clients for their running info (through the broker)",
+               consumer_status, ("group!", "client_id")),
+    SubCommand("getConsumerConfig", "print a group's subscription group config on each broker",
+               get_consumer_config, ("group!",)),
+    SubCommand("cleanExpiredCQ", "remove consume queues whose messages all left the commitlog", clean_expired_cq,
+               ("broker_addr", "cluster")),
+    SubCommand("cleanUnusedTopic", "remove consume queues of topics the broker has no config for",
+               clean_unused_topic, ("broker_addr", "cluster")),
     SubCommand("producerConnection", "print a producer group's connections", producer_connection,
                ("group!", "topic!")),
     SubCommand("statsAll", "per topic and consumer group: accumulation, TPS, messages in 24 h", stats_all,
@@ -324,6 +416,7 @@ _OPTIONS = {
     "value": (("-v", "--value"), {"dest": "value", "help": "config value"}),
     "timestamp": (("-s", "--timestamp"), {"dest": "timestamp", "help": "ms since the epoch, or now"}),
     "force": (("-f", "--force"), {"type": lambda s: s.lower() == "true", "default": True}),
+    "client_id": (("-i", "--clientId"), {"dest": "client_id", "help": "the consumer's client id"}),
     "msg_id": (("-i", "--msgId"), {"dest": "msg_id", "help": "message id"}),
     "read_queue_nums": (("-r", "--readQueueNums"), {"dest": "read_queue_nums", "type": int, "default": 8}),
     "write_queue_nums": (("-w", "--writeQueueNums"), {"dest": "write_queue_nums", "type": int, "default": 8}),
@@ -352,7 +445,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, cfg=None, out=None) -> int:
     from ..client import Admin, MQClientError
     sc: SubCommand = args._admin
-    for name in ("topic", "group", "broker_addr", "cluster", "order", "active"):
+    for name in ("topic", "group", "broker_addr", "cluster", "order", "active", "client_id"):
         if not hasattr(args, name):
             setattr(args, name, None)
     admin = Admin(args.namesrv).start()

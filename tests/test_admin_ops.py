@@ -1,0 +1,345 @@
+"""Issue 21's remaining admin requests against a real `rmqstore serve` process: consumerStatus
+(GET_CONSUMER_RUNNING_INFO forwarded by the broker to the client and its ConsumerRunningInfo relayed),
+cleanExpiredCQ (CLEAN_EXPIRED_CONSUMEQUEUE), cleanUnusedTopic (CLEAN_UNUSED_TOPIC), and the broker
+configuration persisted by updateBrokerConfig read back at the next start. Expected bodies, field names and
+remarks as RocketMQ 4.4.0 writes them (ConsumerRunningInfo, ProcessQueueInfo, ConsumeStatus,
+AdminBrokerProcessor.callConsumer, ClientRemotingProcessor.getConsumerRunningInfo)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rmqstore import Message as StoreMessage
+from rmqstore import MessageStore, StoreConfig
+from rmqstore.broker.server import ServerProcess
+from rmqstore.client import Admin, ConsumeFromWhere, ConsumeStatus, Message, Producer, PushConsumer
+from rmqstore.client.message import MQBrokerError
+from rmqstore.client.running_info import answer_running_info
+from rmqstore.remoting.codes import RequestCode, ResponseCode
+from rmqstore.remoting.command import RemotingCommand
+from rmqstore.store.cleanup import clean_store
+
+CONF = {"mappedFileSizeCommitLog": 8 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
+        "maxHashSlotNum": 5000, "maxIndexNum": 20000, "brokerClusterName": "OpsCluster", "brokerName": "ops-b"}
+TOPIC, GROUP, SENT, QUEUES = "StatusTopic", "status_cg", 40, 4
+
+RUNNING_INFO_KEYS = {"mqTable", "properties", "statusTable", "subscriptionSet"}
+PROCESS_QUEUE_INFO_KEYS = {"commitOffset", "cachedMsgMinOffset", "cachedMsgMaxOffset", "cachedMsgCount",
+                           "cachedMsgSizeInMiB", "transactionMsgMinOffset", "transactionMsgMaxOffset",
+                           "transactionMsgCount", "locked", "tryUnlockTimes", "lastLockTimestamp", "droped",
+                           "lastPullTimestamp", "lastConsumeTimestamp"}
+CONSUME_STATUS_KEYS = {"pullRT", "pullTPS", "consumeRT", "consumeOKTPS", "consumeFailedTPS", "consumeFailedMsgs"}
+PROP_KEYS = {"PROP_NAMESERVER_ADDR", "PROP_THREADPOOL_CORE_SIZE", "PROP_CONSUMEORDERLY", "PROP_CONSUME_TYPE",
+             "PROP_CLIENT_VERSION", "PROP_CONSUMER_START_TIMESTAMP"}
+
+
+def _wait(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def _raw(admin, addr: str, code: int, fields: dict | None = None):
+    m = admin._m()
+    return m.invoke(addr, m.request(code, fields), 30)
+
+
+@pytest.fixture(scope="module")
+def live_consumer(server, admin):
+    """A push consumer of GROUP on TOPIC that consumed all SENT messages and committed them."""
+    admin.create_topic(TOPIC, QUEUES)
+    with Producer("status_pg", server.namesrv_addr) as p:
+        for i in range(SENT):
+            p.send(Message(TOPIC, b"s%02d" % i))
+    seen = []
+    lock = threading.Lock()
+
+    def listener(msgs):
+        with lock:
+            seen.extend(msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+    c = PushConsumer(GROUP, server.namesrv_addr, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    c.subscribe(TOPIC, "*")
+    c.register_message_listener(listener)
+    c.start()
+    try:
+        assert _wait(lambda: len(seen) == SENT, 60), len(seen)
+        c.persist_offsets()
+        yield c
+    finally:
+        c.shutdown()
+
+
+def _client_id(admin) -> str:
+    conns = admin.consumer_connection(GROUP)["connectionSet"]
+    assert len(conns) == 1
+    return conns[0]["clientId"]
+
+
+# --- consumerStatus ------------------------------------------------------------------------------------
+def test_consumer_running_info_relayed_from_the_client(server, admin, live_consumer):
+    client_id = _client_id(admin)
+    assert client_id == live_consumer.mq.client_id
+    before = int(time.time() * 1000)
+    info = admin.consumer_running_info(GROUP, client_id)
+    assert set(info) == RUNNING_INFO_KEYS
+    props = info["properties"]
+    assert PROP_KEYS <= set(props)
+    assert props["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY" and props["PROP_CLIENT_VERSION"] == "V4_4_0"
+    assert props["PROP_CONSUMEORDERLY"] == "false" and props["consumerGroup"] == GROUP
+    assert props["PROP_NAMESERVER_ADDR"] == server.namesrv_addr + ";"
+    assert 0 < int(props["PROP_CONSUMER_START_TIMESTAMP"]) <= before
+    assert {sd["topic"] for sd in info["subscriptionSet"]} == {TOPIC, f"%RETRY%{GROUP}"}
+    assert set(info["statusTable"]) == {TOPIC, f"%RETRY%{GROUP}"}
+    assert all(set(st) == CONSUME_STATUS_KEYS for st in info["statusTable"].values())
+    mine = {k["queueId"]: v for k, v in info["mqTable"].items() if k["topic"] == TOPIC}
+    assert sorted(mine) == list(range(QUEUES))
+    assert all(set(v) == PROCESS_QUEUE_INFO_KEYS for v in info["mqTable"].values())
+    # every message consumed: the commit offsets add up to what was sent, nothing is cached
+    assert sum(v["commitOffset"] for v in mine.values()) == SENT
+    assert all(v["cachedMsgCount"] == 0 and v["droped"] is False and v["lastPullTimestamp"] > 0
+               for v in mine.values())
+    # the body itself: fastjson's field order, MessageQueue keys as objects
+    r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+             {"consumerGroup": GROUP, "clientId": client_id, "jstackEnable": "false"})
+    assert r.code == ResponseCode.SUCCESS
+    assert r.body.startswith(b'{"mqTable":{{"brokerName":"ops-b","queueId":')
+
+
+def test_consumer_running_info_of_a_client_not_online(server, admin, live_consumer):
+    r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+             {"consumerGroup": GROUP, "clientId": "10.0.0.1@nobody", "jstackEnable": "false"})
+    assert r.code == ResponseCode.SYSTEM_ERROR
+    assert r.remark == f"The Consumer <{GROUP}> <10.0.0.1@nobody> not online"
+    with pytest.raises(MQBrokerError) as e:
+        admin._broker_json(server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                           {"consumerGroup": "nobody_cg_at_all", "clientId": "x@y"})
+    assert e.value.remark == "The Consumer <nobody_cg_at_all> <x@y> not online"
+
+
+def test_client_answer_for_a_group_it_does_not_have():
+    """ClientRemotingProcessor.getConsumerRunningInfo's answer when the group is not in this client."""
+    cmd = RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO, {"consumerGroup": "g0", "clientId": "c"})
+    r = answer_running_info({}, cmd)
+    assert r.code == ResponseCode.SYSTEM_ERROR and r.opaque == cmd.opaque
+    assert r.remark == "The Consumer Group <g0> not exist in this consumer"
+
+
+def _cli(server, *argv) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from rmqstore.tools import cli
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(["admin", argv[0], "-n", server.namesrv_addr, *argv[1:]])
+    return rc, out.getvalue()
+
+
+def test_cli_consumer_status(server, admin, live_consumer):
+    client_id = _client_id(admin)
+    rc, text = _cli(server, "consumerStatus", "-g", GROUP)
+    assert rc == 0, text
+    first = text.splitlines()[0].split()
+    assert first[:3] == ["001", client_id, "V4_4_0"]
+    assert "Same subscription in the same group of consumer" in text and "Rebalance OK" in text
+    rc, text = _cli(server, "consumerStatus", "-g", GROUP, "-i", client_id)
+    assert rc == 0
+    assert text.startswith("#Consumer Properties#\n")
+    for head in ("#Consumer Subscription#", "#Consumer Offset#", "#Consumer MQ Detail#", "#Consumer RT&TPS#"):
+        assert head in text
+    rows = [ln.split() for ln in text.split("#Consumer Offset#")[1].split("#Consumer MQ Detail#")[0].splitlines()
+            if ln.startswith(TOPIC)]
+    assert len(rows) == QUEUES and sum(int(r[3]) for r in rows) == SENT
+
+
+def _cli_process(server, *argv) -> str:
+    """`rmqstore admin ...` in its own process (this process's client instance serves the module's server)."""
+    p = subprocess.run([sys.executable, "-m", "rmqstore", "admin", argv[0], "-n", server.namesrv_addr, *argv[1:]],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+# --- cleanUnusedTopic / cleanExpiredCQ ------------------------------------------------------------------
+def test_delete_topic_removes_its_consume_queues(server, admin):
+    keep, gone = "KeepTopic", "GoneTopic2"
+    admin.create_topic(keep, 2)
+    admin.create_topic(gone, 2)
+    with Producer("clean_pg", server.namesrv_addr) as p:
+        for i in range(10):
+            p.send(Message(keep, b"k"))
+            p.send(Message(gone, b"u"))
+    cq_root = server.store / "consumequeue"
+    assert _wait(lambda: (cq_root / gone).is_dir() and (cq_root / keep).is_dir(), 15)
+    admin.delete_topic(gone)
+    assert not (cq_root / gone).exists()
+    assert sorted(p.name for p in (cq_root / keep).iterdir()) == ["0", "1"]
+    assert sum(o["maxOffset"] for o in admin.topic_stats(keep).values()) == 10
+
+
+def test_clean_unused_topic_removes_queues_of_topics_without_config(tmp_path):
+    """Topics written through the library have no topic config: cleanUnusedTopic removes their queues; the
+    topics with a config and the delay topic (SCHEDULE_TOPIC_XXXX) keep theirs."""
+    store = tmp_path / "store"
+    cfg = StoreConfig().update({k: str(v) for k, v in CONF.items() if k.startswith(("mapped", "max"))})
+    with MessageStore.open(store, cfg) as st:
+        for i in range(5):
+            st.put_message(StoreMessage("LibTopic", b"l%d" % i))
+        st.put_message(StoreMessage("LibTopic", b"later", properties={"DELAY": "18"}))   # 2 h: stays parked
+        assert st.wait_dispatched(30)
+    cq_root = store / "consumequeue"
+    assert (cq_root / "LibTopic").is_dir() and (cq_root / "SCHEDULE_TOPIC_XXXX").is_dir()
+    with ServerProcess(store, CONF) as srv, Admin(srv.namesrv_addr, instance_name="own-unused") as admin:
+        admin.create_topic("ConfTopic", 1)
+        with Producer("clean_pg", srv.namesrv_addr, instance_name="own-unused-p") as p:
+            for i in range(3):
+                p.send(Message("ConfTopic", b"c"))
+        assert _wait(lambda: (cq_root / "ConfTopic").is_dir(), 15)
+        r = _raw(admin, srv.broker_addr, RequestCode.CLEAN_UNUSED_TOPIC)
+        assert r.code == ResponseCode.SUCCESS and r.remark is None and not r.body
+        assert not (cq_root / "LibTopic").exists()
+        assert (cq_root / "ConfTopic" / "0").is_dir() and (cq_root / "SCHEDULE_TOPIC_XXXX").is_dir()
+        assert sum(o["maxOffset"] for o in admin.topic_stats("ConfTopic").values()) == 3
+        assert _cli_process(srv, "cleanUnusedTopic", "-b", srv.broker_addr) == "success"
+
+
+def _expired_store(path) -> None:
+    """A store whose OldTopic messages are all in commitlog files since deleted: OldTopic's consume queue
+    points only below the commitlog's min offset; NewTopic's messages are still there."""
+    cfg = StoreConfig().update({k: str(v) for k, v in CONF.items() if k.startswith(("mapped", "max"))})
+    cfg.mapped_file_size_commit_log = 64 * 1024
+    with MessageStore.open(path, cfg) as st:
+        for _ in range(20):
+            st.put_message(StoreMessage("OldTopic", b"o" * 1000, queue_id=0))
+        for _ in range(300):
+            st.put_message(StoreMessage("NewTopic", b"n" * 1000, queue_id=0))
+        assert st.wait_dispatched(30)
+        done = clean_store(st, force=True)
+        assert done["commitlog_files_deleted"] >= 4
+        assert st.consume_queues.find("OldTopic", 0).get_last_offset() < st.get_min_phy_offset()
+    return cfg
+
+
+def test_clean_expired_cq_removes_queues_below_the_commitlog(tmp_path):
+    store = tmp_path / "store"
+    cfg = _expired_store(store)
+    conf = dict(CONF, mappedFileSizeCommitLog=cfg.mapped_file_size_commit_log)
+    with ServerProcess(store, conf) as srv, Admin(srv.namesrv_addr, instance_name="own-expired") as admin:
+        assert (store / "consumequeue" / "OldTopic" / "0").is_dir()
+        r = _raw(admin, srv.broker_addr, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE)
+        assert r.code == ResponseCode.SUCCESS and r.remark is None and not r.body
+        assert not (store / "consumequeue" / "OldTopic").exists()
+        assert (store / "consumequeue" / "NewTopic" / "0").is_dir()
+        r = _raw(admin, srv.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": "NewTopic", "queueId": 0})
+        assert int(r.field("offset")) == 300
+        r = _raw(admin, srv.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": "OldTopic", "queueId": 0})
+        assert int(r.field("offset")) == 0
+        assert _cli_process(srv, "cleanExpiredCQ", "-c", "OpsCluster") == "success"
+
+
+def test_clean_expired_cq_library_keeps_live_queues(tmp_path):
+    """The store function itself: the delay topic and queues with messages left are kept; a queue written
+    again after its removal starts over at queue offset 0 (RocketMQ's removeQueueFromTopicQueueTable)."""
+    from rmqstore.store.queue_clean import clean_expired_consumer_queue
+    store = tmp_path / "store"
+    cfg = _expired_store(store)
+    with MessageStore.open(store, cfg) as st:
+        assert clean_expired_consumer_queue(st) == [("OldTopic", 0)]
+        assert clean_expired_consumer_queue(st) == []
+        assert st.get_max_offset_in_queue("NewTopic", 0) == 300
+        r = st.put_message(StoreMessage("OldTopic", b"again", queue_id=0))
+        assert r.append_result.logics_offset == 0
+        assert st.wait_dispatched(30)
+        assert st.get_max_offset_in_queue("OldTopic", 0) == 1
+
+
+# --- the persisted broker configuration ---------------------------------------------------------------
+def test_update_broker_config_survives_a_restart(tmp_path):
+    store = tmp_path / "store"
+    conf = dict(CONF, fileReservedTime=72, shortPollingTimeMills=1000)
+    with ServerProcess(store, conf) as srv, Admin(srv.namesrv_addr, instance_name="own-conf1") as admin:
+        admin.update_broker_config(srv.broker_addr, {"fileReservedTime": "48", "shortPollingTimeMills": "1500"})
+    assert "fileReservedTime=48\n" in (store / "config" / "broker.properties").read_text()
+    # the next start: broker.conf says 72 / 1000, the persisted update says 48 / 1500 and wins
+    with ServerProcess(store, conf) as srv, Admin(srv.namesrv_addr, instance_name="own-conf2") as admin:
+        got = admin.broker_config(srv.broker_addr)
+        assert got["fileReservedTime"] == "48" and got["shortPollingTimeMills"] == "1500"
+        # keys that are not changeable at run time come from broker.conf (the command line) as before
+        assert got["listenPort"] == str(srv.listen_port) and got["brokerName"] == "ops-b"
+
+
+def test_bad_persisted_broker_config_stops_the_start(tmp_path):
+    store = tmp_path / "store"
+    (store / "config").mkdir(parents=True)
+    path = store / "config" / "broker.properties"
+    path.write_text("fileReservedTime=-1\n")
+    p = subprocess.run([sys.executable, "-m", "rmqstore.broker.server", str(store)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    assert "fileReservedTime" in p.stderr and str(path) in p.stderr, p.stderr
+
+
+def test_cli_get_consumer_config(server, admin):
+    admin.create_subscription_group(server.broker_addr, "cfg_cg", retryMaxTimes=7)
+    rc, text = _cli(server, "getConsumerConfig", "-g", "cfg_cg")
+    assert rc == 0
+    lines = text.splitlines()
+    assert lines[0] == "=============================OpsCluster:ops-b============================="
+    assert "retryMaxTimes                           =  7" in lines and \
+        "consumeEnable                           =  true" in lines
+    assert _cli(server, "getConsumerConfig", "-g", "no_such_cg")[1] == ""
+
+
+class _MuteConsumer:
+    """A raw connection that registers as a consumer with HEART_BEAT and then never answers the broker's
+    requests (a hung client), with the remoting version it claims."""
+
+    def __init__(self, broker_addr: str, group: str, client_id: str, version: int):
+        import json
+        import socket
+
+        from rmqstore.remoting.command import FrameDecoder
+        host, port = broker_addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        body = json.dumps({"clientID": client_id, "producerDataSet": [], "consumerDataSet": [
+            {"groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+             "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [], "unitMode": False}]})
+        hb = RemotingCommand.request(RequestCode.HEART_BEAT, body=body.encode(), version=version)
+        self.sock.sendall(hb.encode())
+        dec = FrameDecoder()
+        while True:
+            got = [c for c in dec.feed(self.sock.recv(65536)) if c.is_response and c.opaque == hb.opaque]
+            if got:
+                assert got[0].code == ResponseCode.SUCCESS, got[0]
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_consumer_running_info_of_a_hung_or_old_client(server, admin):
+    """callConsumer: a client that does not answer within 10 s gives CONSUME_MSG_TIMEOUT; one older than
+    V3_1_8_SNAPSHOT is not asked (SYSTEM_ERROR naming its version)."""
+    mute = _MuteConsumer(server.broker_addr, "mute_cg", "10.9.9.9@mute", 293)
+    old = _MuteConsumer(server.broker_addr, "old_cg", "10.9.9.9@old", 10)
+    try:
+        r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                 {"consumerGroup": "old_cg", "clientId": "10.9.9.9@old", "jstackEnable": "false"})
+        assert r.code == ResponseCode.SYSTEM_ERROR
+        assert r.remark.startswith("The Consumer <10.9.9.9@old> Version <") and "V3_1_8_SNAPSHOT" in r.remark
+        r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                 {"consumerGroup": "mute_cg", "clientId": "10.9.9.9@mute", "jstackEnable": "false"})
+        assert r.code == ResponseCode.CONSUME_MSG_TIMEOUT
+        assert r.remark.startswith("consumer <mute_cg> <10.9.9.9@mute> Timeout: RemotingTimeoutException: wait ")
+        assert r.remark.endswith("> timeout, 10000(ms)")
+    finally:
+        mute.close()
+        old.close()
