@@ -215,3 +215,19 @@ def test_stream_sink_exactly_once_across_replayed_batch(spark, tmp_path):
     assert len(seqs) > len(first)
     assert seqs == list(range(len(seqs))), "no duplicates, nothing missing"
     assert visible(store, cfg, ["R"]) == len(seqs)
+
+
+def test_committed_write_id_is_skipped_before_any_message_is_built(tmp_path):
+    """two_phase_append: a write whose writeId (or a sink batch that) is committed is skipped before its
+    messages are made (a re-run of a 1M-row job costs no Message objects); the others are built and put."""
+    from rmqstore.store.message import Message
+    from rmqstore.spark.transaction import two_phase_append
+
+    def never():
+        raise AssertionError("the messages of a committed write were built")
+    with MessageStore.open(tmp_path / "s", StoreConfig(), start_services=False) as store:
+        got = two_phase_append(store, lambda: [Message("T", b"a"), Message("T", b"b")], write_id="w1")
+        assert got["messages"] == 2 and got["skipped"] is None
+        assert two_phase_append(store, never, write_id="w1")["skipped"] == "writeId w1 is committed already"
+        assert two_phase_append(store, [Message("T", b"c")], sink=("q", 0))["messages"] == 1
+        assert "batch 0 of sink q" in two_phase_append(store, never, sink=("q", 0))["skipped"]

@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..store import codec
 from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
@@ -174,11 +174,13 @@ def recover(store) -> list[dict]:
     return done
 
 
-def two_phase_append(store, msgs: list[Message], *, sink: tuple[str, int] | None = None,
-                     write_id: str | None = None) -> dict:
+def two_phase_append(store, msgs: list[Message] | Callable[[], list[Message]], *,
+                     sink: tuple[str, int] | None = None, write_id: str | None = None) -> dict:
     """Append msgs to the open store (lock held) as one transaction (see the module docstring). With
     sink=(sink id, batch id): skipped when that batch (or a later one) is committed already; with write_id:
-    skipped when a write of that id is. Returns {"messages": appended, "skipped": reason or None}."""
+    skipped when a write of that id is. msgs may be a function making them, called only when not skipped
+    (a re-run of a committed job builds no message). Returns {"messages": appended, "skipped": reason or
+    None}."""
     recovered = recover(store)
     tlog = load_log(store.path)
     if sink is not None and tlog.sinks.get(sink[0], -1) >= sink[1]:
@@ -186,6 +188,8 @@ def two_phase_append(store, msgs: list[Message], *, sink: tuple[str, int] | None
                 "recovered": recovered}
     if write_id is not None and write_id in tlog.writes:
         return {"messages": 0, "skipped": f"writeId {write_id} is committed already", "recovered": recovered}
+    if callable(msgs):
+        msgs = msgs()
     t = OpenTransaction(uuid.uuid4().hex, PREPARING, store.get_max_phy_offset())
     tlog.open[t.txid] = t
     save_log(store.path, tlog)                                  # durable before the first half

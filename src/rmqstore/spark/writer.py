@@ -296,9 +296,8 @@ def append_encoded(path: str, config: StoreConfig, msgs: list[EncodedRows], *, w
     from .transaction import two_phase_append, wait_visible
     store = MessageStore.open(path, config, start_services=False)
     try:
-        out = to_messages(msgs, store.topics(), config.default_topic_queue_nums)
-        got = two_phase_append(store, out, sink=sink, write_id=write_id)
-        del out
+        got = two_phase_append(store, lambda: to_messages(msgs, store.topics(), config.default_topic_queue_nums),
+                               sink=sink, write_id=write_id)
         wait_visible(store)
     finally:
         store.close()
