@@ -15,6 +15,7 @@ from conftest import local_spark
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from rmqstore.spark import skipped_data
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.message import Message
 from rmqstore.store.store import MessageStore
@@ -151,7 +152,10 @@ def test_deleted_commitlog_files_and_offsets_before_the_queue_start(spark, store
         load(spark, root, startingOffsets=asked).count()
     assert "T/0" in str(e.value) or "T/1" in str(e.value)
     got = load(spark, root, startingOffsets=asked, failOnDataLoss="false")
+    before = skipped_data(spark)
     assert sorted((r.queueId, r.queueOffset) for r in got.collect()) == left
+    after = skipped_data(spark)             # each queue's deleted offsets, counted once
+    assert (after["ranges"] - before["ranges"], after["messages"] - before["messages"]) == (2, len(every) - len(left))
     stream = (spark.readStream.format("rocketmq").option("config", str(root.parent / "store.conf"))
               .option("startingOffsets", asked).load(str(root)))
     q = stream.writeStream.format("memory").queryName("loss_stream").trigger(availableNow=True).start()
@@ -171,7 +175,10 @@ def test_a_flipped_body_byte_fails_the_read_unless_told(spark, store, tmp_path):
     with pytest.raises(PySparkException, match="BODYCRC"):
         load(spark, root, topics="T", queueIds="0").count()
     assert load(spark, root, topics="T", queueIds="0", checkCRC="false").count() == ROUNDS * PER_ROUND // 2
+    before = skipped_data(spark)
     assert load(spark, root, topics="T", queueIds="0", failOnDataLoss="false").count() == ROUNDS * PER_ROUND // 2 - 1
+    after = skipped_data(spark)             # the session's metric: one range of one message skipped
+    assert (after["ranges"] - before["ranges"], after["messages"] - before["messages"]) == (1, 1)
 
 
 def test_stream_offsets_reuse_the_view_while_the_store_is_unchanged(tmp_path):

@@ -35,7 +35,8 @@ startingOffsetsByTimestampStrategy   error (default: a queue with no message at 
 failOnDataLoss         true (default): messages the read should return but cannot (deleted or missing
                        commitlog files, offsets before a queue's first, a damaged middle commitlog file, a
                        body failing checkCRC) fail it, naming store, queue and offsets; false: skipped with a
-                       warning naming them
+                       warning naming them, and counted: rmqstore.spark.skipped_data(spark) ->
+                       {"ranges": n, "messages": m} for the session
 checkCRC               true (default, as Kafka's check.crcs) / false: check returned bodies against BODYCRC
 minPartitions          at least this many partitions (queues are split), as Kafka's
 minOffsetsPerTrigger   stream: wait until this many messages are there, at most maxTriggerDelay (15m)
@@ -69,10 +70,17 @@ query, so a reused DataFrame is right for every query, in any session (no Spark 
 from __future__ import annotations
 
 
-__all__ = ["register", "spark_session", "rebuild_spark", "stats", "demo_pipeline", "bench_spark", "recover_writes"]
+__all__ = ["register", "spark_session", "skipped_data", "rebuild_spark", "stats", "demo_pipeline", "bench_spark",
+           "recover_writes"]
 
 
 from .session import register, spark_session  # noqa: E402 - the public names of this package
+
+
+def skipped_data(spark) -> dict:
+    """{"ranges", "messages"} that reads and streams of this session skipped with failOnDataLoss=false."""
+    from .loss import skipped_data as _s
+    return _s(spark)
 
 
 def rebuild_spark(store_path, config=None, master: str | None = None, spark=None, conf: dict | None = None) -> dict:

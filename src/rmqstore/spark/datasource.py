@@ -74,7 +74,14 @@ def to_cond(f) -> Cond | None | bool:
 
 
 class RocketMQDataSource(DataSource):
-    """Messages of RocketMQ store directories (see the package docstring for the options)."""
+    """Messages of RocketMQ store directories (see the package docstring for the options). register(spark)
+    registers a subclass of it whose loss_counter is the session's skipped-data accumulator (loss.py)."""
+    loss_counter = None
+
+    def _options(self, streaming: bool = False) -> O.ReadOptions:
+        ro = O.parse(self.options, streaming=streaming)
+        ro.loss_counter = self.loss_counter
+        return ro
 
     @classmethod
     def name(cls) -> str:
@@ -88,7 +95,7 @@ class RocketMQDataSource(DataSource):
         return SPARK_DDL
 
     def reader(self, schema) -> "RocketMQReader":
-        ro = O.parse(self.options)
+        ro = self._options()
         if ro.view == "queues":
             return QueuesReader(ro)
         # Only a reader that asks for pushed filters has pushFilters: PySpark refuses a reader that has it
@@ -98,7 +105,7 @@ class RocketMQDataSource(DataSource):
 
     def streamReader(self, schema):
         from .stream import RocketMQStreamReader
-        return RocketMQStreamReader(self.options)
+        return RocketMQStreamReader(self.options, self.loss_counter)
 
     def writer(self, schema, overwrite: bool):
         from .writer import RocketMQWriter

@@ -53,6 +53,7 @@ class ReadOptions:
     ending_by_ts: dict | None = None
     ts_strategy: str = "error"            # startingOffsetsByTimestampStrategy: error | latest
     fail_on_data_loss: bool = True
+    loss_counter: object = None       # not an option: the session's skipped-data accumulator (loss.py)
     min_partitions: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60 * 1000

@@ -83,7 +83,8 @@ def _below_min(ro: ReadOptions, view: SV.StoreView, qv: SV.QueueView, off: int, 
     """A start before the queue's first offset: those messages are gone (failOnDataLoss decides)."""
     if off < qv.min_offset:
         data_loss(ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id}: {what} {off} is before the "
-                  f"queue's first offset {qv.min_offset}: offsets {off}..{qv.min_offset - 1} were deleted")
+                  f"queue's first offset {qv.min_offset}: offsets {off}..{qv.min_offset - 1} were deleted",
+                  qv.min_offset - off, ro.loss_counter)
         return qv.min_offset
     return off
 
@@ -296,7 +297,7 @@ def check_commitlog_gaps(ro: ReadOptions, view: SV.StoreView) -> None:
         if g.base != f.base + view.cl_file_size:
             data_loss(ro.fail_on_data_loss, f"{view.root}: commitlog offsets {f.base + view.cl_file_size}.."
                       f"{g.base - 1} have no file (a commitlog file between {os.path.basename(f.path)} and "
-                      f"{os.path.basename(g.path)} is missing)")
+                      f"{os.path.basename(g.path)} is missing)", 0, ro.loss_counter)
 
 
 def _queue_ranges(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> list[tuple[SV.QueueView, int, int]]:
@@ -334,5 +335,5 @@ def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
     for view, ranges in queue_reads:
         parts.extend(queue_partitions(view, ranges, conds, ro.include_body, per))
     for p in parts:
-        p.fail_on_data_loss, p.check_crc = ro.fail_on_data_loss, ro.check_crc
+        p.fail_on_data_loss, p.check_crc, p.loss_counter = ro.fail_on_data_loss, ro.check_crc, ro.loss_counter
     return parts

@@ -165,6 +165,7 @@ class StoreRef:
 
 class Partition(_Base):
     fail_on_data_loss = True          # set by the planner from the option failOnDataLoss
+    loss_counter = None               # and the session's skipped-data accumulator (loss.py)
     check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
 
     def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
@@ -277,7 +278,8 @@ def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
         ok = np.asarray(recs.crc_ok(), dtype=bool)
         if not ok.all():
             data_loss(part.fail_on_data_loss, f"{part.store.root}: {int((~ok).sum())} message(s) whose body does "
-                      f"not match its BODYCRC (corrupt), first at commitlog offset {int(recs.phys[~ok][0])}")
+                      f"not match its BODYCRC (corrupt), first at commitlog offset {int(recs.phys[~ok][0])}",
+                      int((~ok).sum()), part.loss_counter)
             if not ok.any():
                 return None
             recs = recs.select(ok)
@@ -335,7 +337,8 @@ def _chunks(recs: R.Records):
 def _lost(part: Partition, what: str, offsets: np.ndarray, qoffs: np.ndarray | None, why: str) -> None:
     """Units or entries whose messages cannot be read: failOnDataLoss decides (see loss.py)."""
     where = f"queue {describe(qoffs)}, " if qoffs is not None else ""
-    data_loss(part.fail_on_data_loss, f"{part.store.root}: {what}: {where}commitlog {describe(offsets)}: {why}")
+    data_loss(part.fail_on_data_loss, f"{part.store.root}: {what}: {where}commitlog {describe(offsets)}: {why}",
+              len(offsets), part.loss_counter)
 
 
 def read_partition(part: Partition):
@@ -443,7 +446,7 @@ def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outco
         if store.data_end is None or known_end:
             data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} holds no message from offset "
                       f"{base + stop} ({why.name}) to its end {base + store.cl_file_size}: truncated, zeroed or "
-                      "damaged (later files are read)")
+                      "damaged (later files are read)", 0, part.loss_counter)
     elif why is Outcome.INVALID:
         lvl = logging.DEBUG if store.data_end is None else logging.WARNING
         log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, base + stop)
@@ -456,7 +459,7 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
         try:
             mm, buf = cache.get(path)
         except FileNotFoundError:
-            data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} is gone")
+            data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} is gone", 0, part.loss_counter)
             continue
         if mm is None:
             continue

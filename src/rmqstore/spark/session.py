@@ -6,9 +6,13 @@ import sys
 
 
 def register(spark) -> None:
-    """Register the `rocketmq` data source with this SparkSession."""
+    """Register the `rocketmq` data source with this SparkSession: a subclass of RocketMQDataSource made for
+    the session's SparkContext, carrying its skipped-data accumulator (loss.py: skipped_data(spark))."""
     from .datasource import RocketMQDataSource
-    spark.dataSource.register(RocketMQDataSource)
+    from .loss import session_counter
+    cls = type("RocketMQDataSource", (RocketMQDataSource,), {"loss_counter": session_counter(spark),
+                                                              "__module__": __name__})
+    spark.dataSource.register(cls)
 
 
 def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):

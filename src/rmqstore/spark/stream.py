@@ -54,8 +54,9 @@ def split_limit(avail: dict[tuple, int], max_rows: int) -> dict[tuple, int]:
 
 
 class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict):
+    def __init__(self, options: dict, loss_counter=None):
         self.ro = O.parse(options, streaming=True)
+        self.ro.loss_counter = loss_counter
         self._target: dict | None = None
         self._cache = ViewCache()
         self._last_batch = time.monotonic()       # for maxTriggerDelay
@@ -155,18 +156,21 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if s < min(qv.min_offset, e):
                     data_loss(self.ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id}: offsets "
                               f"{s}..{min(qv.min_offset, e) - 1} of this batch were deleted from the store "
-                              f"(its first offset is now {qv.min_offset})")
+                              f"(its first offset is now {qv.min_offset})", min(qv.min_offset, e) - s,
+                              self.ro.loss_counter)
                     s = qv.min_offset
                 if e > qv.end:
                     data_loss(self.ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id} ends at "
                               f"{qv.end}, before the offset {e} of the batch being read: offsets {qv.end}..{e - 1} "
-                              "are gone (the store was truncated, recovered after a crash?, since they were planned)")
+                              "are gone (the store was truncated, recovered after a crash?, since they were planned)",
+                              e - qv.end, self.ro.loss_counter)
                     e = qv.end
                 if s < e:
                     ranges.append((qv, s, e))
             parts.extend(queue_partitions(view, ranges, [], self.ro.include_body, per))
         for p in parts:
-            p.fail_on_data_loss, p.check_crc = self.ro.fail_on_data_loss, self.ro.check_crc
+            p.fail_on_data_loss, p.check_crc, p.loss_counter = (self.ro.fail_on_data_loss, self.ro.check_crc,
+                                                                self.ro.loss_counter)
         return parts
 
     def read(self, partition):
