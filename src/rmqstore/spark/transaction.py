@@ -16,10 +16,11 @@ store whose lock the writer holds from the first half to the last commit record:
 A writer that dies (SIGKILL, a failed job) leaves its entry. Whoever next writes to the store with the
 Spark writer or sink (`recover`, run first under the lock) ends it: PREPARING -> a rollback record per
 half (sysFlag TRANSACTION_ROLLBACK, empty body: never visible); COMMITTING -> the commit records not
-written yet (counted from the commit range: those written are the first halves' commit records). So after
-a crash the rows are either all visible or none are (none, until the next write rolls forward the
-commit records of a transaction that passed its commit point). `rmqstore.spark.recover_writes(store)`
-does only that step.
+written yet (counted from the commit range: those written are the first halves' commit records). So a
+crash before the commit point leaves no row visible, ever; one after it leaves the rows committed, and
+until the next write (or `rmqstore.spark.recover_writes(store)`, which does only that step) writes the
+missing commit records, whoever opens or reads the store sees the prefix whose commit records were
+written.
 
 Everything appended between the recorded start and the commit point is the transaction's own (the lock
 excludes every other writer), so halves need no transaction id property.
