@@ -231,3 +231,24 @@ def test_committed_write_id_is_skipped_before_any_message_is_built(tmp_path):
         assert two_phase_append(store, never, write_id="w1")["skipped"] == "writeId w1 is committed already"
         assert two_phase_append(store, [Message("T", b"c")], sink=("q", 0))["messages"] == 1
         assert "batch 0 of sink q" in two_phase_append(store, never, sink=("q", 0))["skipped"]
+
+
+def test_two_phase_append_keeps_each_queues_order_across_interleaved_topics(tmp_path):
+    """The halves go in one topic at a time (the columnar path); each queue still holds its rows in order."""
+    from rmqstore.store.message import Message
+    from rmqstore.spark.transaction import CHUNK, two_phase_append
+    n = CHUNK + 500                              # spans longer than a chunk, and topic boundaries inside one
+    msgs = [Message(("A", "B", "C")[i % 3 if i < n // 2 else i % 2], b"%d" % i, queue_id=i % 2) for i in range(n)]
+    with MessageStore.open(tmp_path / "s", StoreConfig(), start_services=False) as store:
+        assert two_phase_append(store, msgs)["messages"] == n
+        assert store.wait_dispatched()
+        for topic in "ABC":
+            for q in (0, 1):
+                want = [m.body for m in msgs if m.topic == topic and m.queue_id == q]
+                got: list = []
+                while True:                      # a get answers at most 32 messages
+                    more = store.get_message("g", topic, q, len(got), 32).messages
+                    if not more:
+                        break
+                    got += [m.body for m in more]
+                assert got == want

@@ -7,7 +7,8 @@ twice (retries, speculation). So:
   tags / keys / properties columns, queue id, flag, born time and host) into one Arrow IPC buffer, its
   commit message; nothing is written by a task;
 * the driver appends: commit() opens the store (taking its lock: a store open in another process fails
-  with StoreLockedError naming it) and appends the tasks' messages in partition order as one two-phase
+  with StoreLockedError naming it) and appends the tasks' messages (grouped by topic, in partition order
+  within each topic: each queue's order is the rows' order) as one two-phase
   transaction (spark/transaction.py: half messages, a durable commit point, commit records), then waits
   until they are dispatched and closes the store. A failed job aborts before anything was appended, a
   retried task's message replaces its first attempt's, and a driver killed mid-append leaves either
