@@ -147,8 +147,8 @@ MODULE_SECONDS = {
     "test_read_only_commands": 30, "test_benchsuite": 29, "test_cli_newcomer": 26, "test_index_file": 22,
     "test_codec": 21, "test_server": 19, "test_admin": 14, "test_recovery_plan": 9, "test_damage_range": 9,
     "test_lock": 9, "test_rocketmq_issues": 8, "test_remoting": 8, "test_consumer": 8, "test_store": 7,
-    "test_timer": 7, "test_demo": 6, "test_validation": 6, "test_schedule": 6, "test_pop": 6,
-    "test_network_imports": 5,
+    "test_timer": 10, "test_demo": 6, "test_validation": 6, "test_schedule": 6, "test_pop": 6,
+    "test_network_imports": 5, "test_admin_ops": 17, "test_timer_recovery": 8,
 }
 
 
