@@ -23,7 +23,7 @@ from pathlib import Path
 SCALES = {"small": 10_000, "full": 100_000}
 
 
-def _cpu_seconds(pid: int | None = None) -> float | None:
+def cpu_seconds(pid: int | None = None) -> float | None:
     """CPU time (user + system) of this process, or of process pid (Linux /proc); None if unknown."""
     try:
         if pid is None:
@@ -37,10 +37,37 @@ def _cpu_seconds(pid: int | None = None) -> float | None:
         return None
 
 
-def _cpu_us_per_msg(before: tuple, after: tuple, n: int) -> dict:
-    """{"client": us, "server": us} of CPU per message between two (client, server) _cpu_seconds readings."""
+def cpu_us_per_msg(before: tuple, after: tuple, n: int) -> dict:
+    """{"client": us, "server": us} of CPU per message between two (client, server) cpu_seconds readings."""
     return {side: (round((a - b) / n * 1e6, 1) if a is not None and b is not None and n else None)
             for side, b, a in zip(("client", "server"), before, after)}
+
+
+def scratch_store(store_dir, prefix: str) -> tuple[str | None, Path]:
+    """(a temporary directory for the caller to remove, or None; the store directory): store_dir as given,
+    else "store" in a new temporary directory."""
+    if store_dir is not None:
+        return None, Path(store_dir)
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    return tmp, Path(tmp) / "store"
+
+
+def bench_body(size: int) -> bytes:
+    """A body of size printable random bytes (no compression helps a transport)."""
+    return os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
+
+
+def timed_sends(send, n: int) -> tuple[int, dict]:
+    """Call send() n times, one after the other: (msg/s, {"p50", "p99"} latency in ms)."""
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s = time.perf_counter()
+        send()
+        lat.append(time.perf_counter() - s)
+    took = time.perf_counter() - t0
+    lat.sort()
+    return round(n / took), {"p50": round(lat[len(lat) // 2] * 1000, 3), "p99": round(lat[int(len(lat) * 0.99)] * 1000, 3)}
 
 
 def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight: int = 512, queues: int = 4,
@@ -51,13 +78,10 @@ def bench_server(scale: str | int = "small", *, body_size: int = 256, in_flight:
 
     n = SCALES[scale] if isinstance(scale, str) else int(scale)
     n_sync = sync_messages if sync_messages is not None else max(1000, n // 10)
-    tmp = None
-    if store_dir is None:
-        tmp = tempfile.mkdtemp(prefix="rmqstore-bench-server-")
-        store_dir = Path(tmp) / "store"
+    tmp, store_dir = scratch_store(store_dir, "rmqstore-bench-server-")
     cfg = {"mappedFileSizeCommitLog": 256 * 1024 * 1024, "maxHashSlotNum": 500_000, "maxIndexNum": 2_000_000}
     cfg.update(conf or {})
-    body = os.urandom(body_size // 2).hex().encode()[:body_size].ljust(body_size, b"x")
+    body = bench_body(body_size)
     out: dict = {"messages": n, "sync_messages": n_sync, "body_size": body_size, "in_flight": in_flight,
                  "queues": queues, "python": platform.python_version(), "cpus": os.cpu_count()}
     srv = ServerProcess(store_dir, cfg).start()
@@ -88,7 +112,7 @@ def _bench_sends(srv, topic: str, body: bytes, n: int, n_sync: int, in_flight: i
         for f in [producer.send_async(Message(topic + "_sync", body, tags="TagA")) for _ in range(500)]:
             f.result(30)
         sent = errors = 0
-        cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
+        cpu0 = (cpu_seconds(), cpu_seconds(srv.proc.pid))
         t0 = time.perf_counter()
         futures = [producer.send_async(Message(topic, body, tags="TagA", keys=f"k{i}")) for i in range(n)]
         for f in futures:
@@ -100,18 +124,9 @@ def _bench_sends(srv, topic: str, body: bytes, n: int, n_sync: int, in_flight: i
         t_async = time.perf_counter() - t0
         out["async_send_msgs_per_s"] = round(sent / t_async)
         out["async_send_errors"] = errors
-        out["async_send_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, (_cpu_seconds(), _cpu_seconds(srv.proc.pid)), n)
-        lat = []
-        t0 = time.perf_counter()
-        for _ in range(n_sync):
-            s = time.perf_counter()
-            producer.send(Message(topic + "_sync", body, tags="TagA"))
-            lat.append(time.perf_counter() - s)
-        t_sync = time.perf_counter() - t0
-        lat.sort()
-        out["sync_send_msgs_per_s"] = round(n_sync / t_sync)
-        out["sync_send_latency_ms"] = {"p50": round(lat[len(lat) // 2] * 1000, 3),
-                                       "p99": round(lat[int(len(lat) * 0.99)] * 1000, 3)}
+        out["async_send_cpu_us_per_msg"] = cpu_us_per_msg(cpu0, (cpu_seconds(), cpu_seconds(srv.proc.pid)), n)
+        out["sync_send_msgs_per_s"], out["sync_send_latency_ms"] = timed_sends(
+            lambda: producer.send(Message(topic + "_sync", body, tags="TagA")), n_sync)
         return sent
     finally:
         producer.shutdown()
@@ -137,16 +152,16 @@ def _bench_push_consume(srv, topic: str, sent: int, n: int, out: dict) -> None:
                      consume_message_batch_max_size=32)
     c.subscribe(topic, "TagA")
     c.register_message_listener(listener)
-    cpu0 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
+    cpu0 = (cpu_seconds(), cpu_seconds(srv.proc.pid))
     t0 = time.perf_counter()
     c.start()
     try:
         done.wait(max(60.0, n / 1000))
         t_cons = time.perf_counter() - t0
-        cpu1 = (_cpu_seconds(), _cpu_seconds(srv.proc.pid))
+        cpu1 = (cpu_seconds(), cpu_seconds(srv.proc.pid))
     finally:
         c.shutdown()
     out["push_consume_msgs_per_s"] = round(got[0] / t_cons) if got[0] else 0
     out["push_consume_from_first_msg_per_s"] = round(got[0] / (time.perf_counter() - first[0])) if got[0] else 0
     out["consumed"] = got[0]
-    out["push_consume_cpu_us_per_msg"] = _cpu_us_per_msg(cpu0, cpu1, got[0])
+    out["push_consume_cpu_us_per_msg"] = cpu_us_per_msg(cpu0, cpu1, got[0])

@@ -27,7 +27,9 @@ Workloads (sizes per scale in SCALES; full = the sizes of issue #7):
                 or ~/.cache/rmqstore-reference/refbench) with the same 100 B messages: put one at a time, put +
                 dispatch, SYNC_FLUSH from 1 and 16 threads; its rows join the tables above and a side-by-side
                 table; when it is not built the report says so and how to build it (no figure is quoted);
-- spark, server (full scale only) bench_spark / bench_server, as rows with ratios.
+- spark, server (full scale only) bench_spark / bench_server, as rows with ratios;
+- grpc (full scale only)  bench_grpc (the official Python 5.x client over gRPC: send, receive + ack) beside
+                the server step's remoting rows, ratios against remoting async send.
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloa
                  ("consume", self.consume), ("key_lookup", self.key_lookup), ("restart", self.restart),
                  ("e2e", self.e2e), ("long_poll", self.long_poll), ("rocketmq", self.rocketmq)]
         if self.p["extras"]:
-            steps += [("spark", self.spark), ("server", self.server)]
+            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc)]
         try:
             for name, fn in steps:
                 if only and name not in only:

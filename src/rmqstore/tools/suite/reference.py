@@ -114,6 +114,30 @@ class ReferenceWorkloads:
         from ...broker.server import bench_server
         return server_table(bench_server("full"))
 
+    def grpc(self):
+        """bench_grpc's figures (the official Python 5.x client over gRPC) beside the remoting rows of the
+        server step (this run's; measured here when that step did not run); ratios against remoting async send."""
+        from ...proxy.bench import bench_grpc
+        remoting = next((t for t in self.tables if t.key == "server" and t.ref_value()), None)
+        remoting_error, measured_here = None, remoting is None
+        if remoting is None:
+            from ...broker.server import bench_server
+            try:
+                remoting = server_table(bench_server("full"))
+            except Exception as e:  # noqa: BLE001 - reported as a row; the gRPC figures are still measured
+                remoting_error = e
+        try:     # a step of the full scale; at the other scales (tests) a few hundred messages
+            full = bool(self.p["extras"])
+            t = grpc_table(bench_grpc("full" if full else 300, sync_messages=None if full else 50), remoting)
+        except Exception as e:  # noqa: BLE001 - the remoting rows stay; the error is the gRPC row
+            t = grpc_table({}, remoting)
+            t.error("rmqstore server, gRPC (official 5.x client)", e)
+        if remoting_error is not None:
+            t.error("rmqstore server, remoting (bench_server, run in this step)", remoting_error)
+        elif measured_here:
+            t.notes.insert(0, "The remoting rows were measured in this step (the server step did not run).")
+        return t
+
 
 def spark_table(r: dict) -> Table:
     """bench_spark's answer as a table: one row per way of reading, ratios against Spark by queue."""
@@ -159,3 +183,55 @@ def server_table(r: dict) -> Table:
                    f"consumed {r.get('consumed', 0):,}; server exit code {r.get('server_exit')}. RocketMQ's own "
                    f"broker was not run (the reference benchmark times its store, not its server).")
     return t
+
+
+GRPC_ROWS = (("send_async_msgs_per_s", "async send ({in_flight} in flight)", ""),
+             ("send_sync_msgs_per_s", "sync send, one at a time", "send_sync_latency_ms"),
+             ("receive_ack_msgs_per_s", "SimpleConsumer receive (batches of {batch}, long polling) + ack each", ""))
+
+
+def grpc_table(r: dict, remoting: Table | None) -> Table:
+    """bench_grpc's answer beside the remoting rows of server_table (remoting: that table, None if not
+    measured); ratios against the remoting async send."""
+    t = Table("grpc", "RocketMQ 5 gRPC beside 4.x remoting, over loopback: the official Python 5.x client "
+                      "against `rmqstore serve`", "msg/s", True)
+    for row in (remoting.rows if remoting else []):
+        if row.value:
+            name = row.system.replace("rmqstore server: ", "rmqstore server, remoting (rmqstore.client): ")
+            t.add(name, row.value, row.text, ref=row.system.startswith("rmqstore server: async send"))
+    if remoting is None or not t.ref_value():
+        t.notes.append("The remoting rows were not measured (bench_server failed or did not run): no ratios.")
+    for key, what, lat_key in GRPC_ROWS:
+        rate = r.get(key)
+        if rate:
+            lat = r.get(lat_key) or {}
+            extra = f", latency p50 {lat.get('p50', 0):.2f} ms, p99 {lat.get('p99', 0):.2f} ms" if lat else ""
+            t.add("rmqstore server, gRPC (official 5.x client): " + what.format(**{"in_flight": r.get("in_flight"),
+                                                                                  "batch": r.get("batch")}),
+                  rate, _fmt_rate(rate) + extra)
+    for key, what in (("limit_grpc_unary_async_msgs_per_s", f"{r.get('in_flight')} in flight"),
+                      ("limit_grpc_unary_sync_msgs_per_s", "one at a time")):
+        rate = r.get(key)
+        if rate:
+            t.add(f"limit: grpcio unary round trips to an echo handler (grpc.aio server), {what}", rate,
+                  f"{_fmt_rate(rate)} ({r.get('limit_grpc_calls', 0):,} calls of {r.get('limit_grpc_payload')} B)")
+    if r:
+        t.notes.append(_grpc_note(r))
+    return t
+
+
+def _grpc_note(r: dict) -> str:
+    """The note under the grpc table: sizes, the exactly-once counts, CPU per message, what the limit rows are."""
+    cs, cr = r.get("send_async_cpu_us_per_msg") or {}, r.get("receive_ack_cpu_us_per_msg") or {}
+    ce = r.get("limit_grpc_unary_async_cpu_us_per_call") or {}
+    return (f"gRPC: {r.get('messages', 0):,} messages of {r.get('body_size')} B ({r.get('sync_messages', 0):,} for "
+            f"sync send) over {r.get('queues')} queues with {r.get('client', 'the official Python client')} "
+            f"(Producer.send / send_async, SimpleConsumer.receive + ack); acked exactly once: {r.get('acked', 0):,} "
+            f"of {r.get('messages', 0):,}, none again after ({r.get('redelivered_after_all_acked')} redelivered), "
+            f"in {r.get('receive_calls', 0):,} receive calls; CPU per async send: client {cs.get('client', '?')} us, "
+            f"server {cs.get('server', '?')} us; per receive + ack: client {cr.get('client', '?')} us, server "
+            f"{cr.get('server', '?')} us; server exit code {r.get('server_exit')}. Acks are one call each: the "
+            f"client's ack_async gives no future. The limit rows: grpcio alone on this machine (a grpc.aio server "
+            f"process answering each request with itself, a plain grpc channel calling it): the per-call cost "
+            f"every grpcio server and client pay before any RocketMQ work (CPU per call, {r.get('in_flight')} in "
+            f"flight: client {ce.get('client', '?')} us, server {ce.get('server', '?')} us).")
