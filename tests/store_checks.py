@@ -5,6 +5,7 @@
 - walk_commitlog(): every record of the commitlog as the bytes say, independent of the store's queues.
 - verify_store(): the consistency checks every durability test runs (see its docstring).
 - wait_count(): the messages of a topic's queue 0 once there are n (timer and delivery tests).
+- wait_until(), raw_request(): polling a condition; one remoting request through an Admin (admin tests).
 """
 from __future__ import annotations
 
@@ -515,3 +516,19 @@ def wait_count(store, topic: str, n: int, timeout: float = 30.0) -> list:
             return got
         time.sleep(0.05)
     return store.get_message("g", topic, 0, 0, 64).messages
+
+
+def wait_until(cond, timeout: float, step: float = 0.05) -> bool:
+    """cond() as soon as it is true, polled every step seconds, or its value after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def raw_request(admin, addr: str, code: int, fields: dict | None = None, timeout: float = 30):
+    """One request of `code` (header fields) sent to addr through an rmqstore.client Admin; its answer."""
+    m = admin._m()
+    return m.invoke(addr, m.request(code, fields), timeout)

@@ -13,6 +13,7 @@ from rmqstore.client import Admin, Message, MessageQueue, Producer, PullConsumer
 from rmqstore.client.message import MQBrokerError, MQClientError
 from rmqstore.remoting import fastjson
 from rmqstore.remoting.codes import RequestCode, ResponseCode
+from store_checks import raw_request, wait_until
 
 CONF = {"mappedFileSizeCommitLog": 8 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
         "maxHashSlotNum": 5000, "maxIndexNum": 20000, "brokerClusterName": "OpsCluster", "brokerName": "ops-b"}
@@ -59,26 +60,12 @@ def traffic(server, admin):
             assert r.pull_status is PullStatus.FOUND and len(r.msg_found_list) == PULLED_PER_QUEUE
             pc.update_consume_offset(mq, PULLED_PER_QUEUE)
         pc.persist_offsets()
-        assert _wait(lambda: sum(admin.query_consumer_offset(GROUP, MessageQueue(TOPIC, "ops-b", q))
+        assert wait_until(lambda: sum(admin.query_consumer_offset(GROUP, MessageQueue(TOPIC, "ops-b", q))
                                  for q in range(QUEUES)) == QUEUES * PULLED_PER_QUEUE, 10)
         yield p, pc
     finally:
         pc.shutdown()
         p.shutdown()
-
-
-def _wait(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
-def _raw(admin, addr: str, code: int, fields: dict | None = None):
-    m = admin._m()
-    return m.invoke(addr, m.request(code, fields))
 
 
 def test_runtime_info_has_rocketmq_keys_and_rate_strings(server, admin, traffic):
@@ -101,7 +88,7 @@ def test_runtime_info_has_rocketmq_keys_and_rate_strings(server, admin, traffic)
 def test_runtime_info_put_tps_after_ten_seconds(server, admin, traffic):
     """The 10 s figure needs 11 one-second samples: after them it is a number (ClusterListSubCommand
     parses the first figure of putTps and getTransferedTps)."""
-    assert _wait(lambda: admin.broker_runtime_stats(server.broker_addr)["putTps"].split(" ")[0] != "", 30)
+    assert wait_until(lambda: admin.broker_runtime_stats(server.broker_addr)["putTps"].split(" ")[0] != "", 30)
     info = admin.broker_runtime_stats(server.broker_addr)
     for k in ("putTps", "getTransferedTps"):
         assert float(info[k].split(" ")[0]) >= 0.0
@@ -115,11 +102,11 @@ def test_topic_stats_table(server, admin, traffic):
         assert set(o) == TOPIC_OFFSET_KEYS and o["minOffset"] == 0
         assert (o["lastUpdateTimestamp"] > 0) == (o["maxOffset"] > 0)
     # the body itself: fastjson's MessageQueue keys, fields in fastjson's (alphabetical) order
-    r = _raw(admin, server.broker_addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": TOPIC})
+    r = raw_request(admin, server.broker_addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": TOPIC})
     assert r.code == ResponseCode.SUCCESS
     assert r.body.startswith(b'{"offsetTable":{{"brokerName":"ops-b","queueId":0,"topic":"OpsTopic"}:'
                              b'{"lastUpdateTimestamp":')
-    r = _raw(admin, server.broker_addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "NoSuchTopic"})
+    r = raw_request(admin, server.broker_addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "NoSuchTopic"})
     assert r.code == ResponseCode.TOPIC_NOT_EXIST and r.remark == "topic[NoSuchTopic] not exist"
 
 
@@ -128,7 +115,7 @@ def test_broker_config(server, admin):
     assert cfg["brokerClusterName"] == "OpsCluster" and cfg["brokerName"] == "ops-b"
     assert cfg["listenPort"] == str(server.listen_port)
     assert cfg["mappedFileSizeCommitLog"] == str(8 * 1024 * 1024)
-    r = _raw(admin, server.broker_addr, RequestCode.GET_BROKER_CONFIG)
+    r = raw_request(admin, server.broker_addr, RequestCode.GET_BROKER_CONFIG)
     version = json.loads(r.field("version"))          # GetBrokerConfigResponseHeader.version: a DataVersion
     assert set(version) == {"counter", "timestamp"}
 
@@ -155,10 +142,10 @@ def test_view_broker_stats_data(server, admin, traffic):
     assert set(d) == {"statsMinute", "statsHour", "statsDay"}
     assert all(set(v) == STATS_ITEM_KEYS for v in d.values())
     # the minute window is sampled every 10 s: within 25 s the puts show up in it
-    assert _wait(lambda: admin.view_broker_stats(server.broker_addr, "TOPIC_PUT_NUMS", TOPIC)
+    assert wait_until(lambda: admin.view_broker_stats(server.broker_addr, "TOPIC_PUT_NUMS", TOPIC)
                  ["statsMinute"]["sum"] == SENT, 25)
     g = admin.view_broker_stats(server.broker_addr, "GROUP_GET_NUMS", f"{TOPIC}@{GROUP}")
-    assert _wait(lambda: admin.view_broker_stats(server.broker_addr, "GROUP_GET_NUMS", f"{TOPIC}@{GROUP}")
+    assert wait_until(lambda: admin.view_broker_stats(server.broker_addr, "GROUP_GET_NUMS", f"{TOPIC}@{GROUP}")
                  ["statsMinute"]["sum"] == QUEUES * PULLED_PER_QUEUE, 25), g
     with pytest.raises(MQBrokerError) as e:
         admin.view_broker_stats(server.broker_addr, "TOPIC_PUT_NUMS", "NoSuchTopic")
@@ -199,17 +186,17 @@ def test_unknown_request_code_answers_not_supported(server, admin):
     """An unknown or unsupported request gets REQUEST_CODE_NOT_SUPPORTED with a remark, and the connection
     stays usable."""
     for code in (9999, RequestCode.CONSUME_MESSAGE_DIRECTLY):
-        r = _raw(admin, server.broker_addr, code)
+        r = raw_request(admin, server.broker_addr, code)
         assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         assert r.remark == f" request type {int(code)} not supported"
     assert admin.broker_runtime_stats(server.broker_addr)["brokerVersionDesc"] == "V4_4_0"
-    r = _raw(admin, server.namesrv_addr, 9999)
+    r = raw_request(admin, server.namesrv_addr, 9999)
     assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and r.remark
 
 
 def test_topic_stats_json_is_fastjson(server, admin, traffic):
     """The TopicStatsTable body reads back through the fastjson dialect reader into MessageQueue keys."""
-    r = _raw(admin, server.broker_addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": TOPIC})
+    r = raw_request(admin, server.broker_addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": TOPIC})
     keys = list(fastjson.loads(r.body)["offsetTable"])
     assert sorted(k["queueId"] for k in keys) == list(range(QUEUES))
 
@@ -249,7 +236,7 @@ def test_cli_broker_status_config_and_stats_all(server, traffic):
     want = re.compile(rf"^{TOPIC}\s+{GROUP}\s+{SENT - QUEUES * PULLED_PER_QUEUE}\s+\d+\.\d\d\s+\d+\.\d\d\s+{SENT}\s+"
                       rf"{QUEUES * PULLED_PER_QUEUE}$", re.M)
     # InMsg24Hour / OutMsg24Hour come from the minute window, sampled every 10 s
-    assert _wait(lambda: want.search(_cli(server, "statsAll", "-t", TOPIC)[1]), 25), _cli(server, "statsAll")[1]
+    assert wait_until(lambda: want.search(_cli(server, "statsAll", "-t", TOPIC)[1]), 25), _cli(server, "statsAll")[1]
 
 
 def test_cli_topics_groups_and_messages(server, traffic):
@@ -311,13 +298,13 @@ def test_reset_offset_by_time_with_a_live_consumer(server, admin):
     c.register_message_listener(listener)
     c.start()
     try:
-        assert _wait(lambda: len(seen) == 20, 30)
+        assert wait_until(lambda: len(seen) == 20, 30)
         c.persist_offsets()
-        assert _wait(lambda: sum(o["consumerOffset"] for o in admin.consume_stats(group, topic)
+        assert wait_until(lambda: sum(o["consumerOffset"] for o in admin.consume_stats(group, topic)
                                  ["offsetTable"].values()) == 20, 15)
         table = admin.reset_offset_by_time(group, topic, 0)
         assert sorted(table.values()) == [0, 0]
-        assert _wait(lambda: len(seen) == 40, 30), len(seen)
+        assert wait_until(lambda: len(seen) == 40, 30), len(seen)
         assert sorted(seen) == sorted(seen[:20] * 2)
     finally:
         c.shutdown()
@@ -334,7 +321,7 @@ def test_reset_offset_by_time_without_a_consumer(server, admin):
     for mq in mqs:
         admin._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq, {"consumerGroup": group,
                                                                   "commitOffset": admin.max_offset(mq)})
-    r = _raw(admin, server.broker_addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+    r = raw_request(admin, server.broker_addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
              {"topic": topic, "group": group, "timestamp": 0, "isForce": True})
     assert r.code == ResponseCode.CONSUMER_NOT_ONLINE and r.remark.startswith("Consumer not online")
     assert admin.reset_offset_by_time(group, topic, 0) == {mq: 0 for mq in mqs}

@@ -22,6 +22,7 @@ from rmqstore.client.running_info import answer_running_info
 from rmqstore.remoting.codes import RequestCode, ResponseCode
 from rmqstore.remoting.command import RemotingCommand
 from rmqstore.store.cleanup import clean_store
+from store_checks import raw_request, wait_until
 
 CONF = {"mappedFileSizeCommitLog": 8 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
         "maxHashSlotNum": 5000, "maxIndexNum": 20000, "brokerClusterName": "OpsCluster", "brokerName": "ops-b"}
@@ -35,20 +36,6 @@ PROCESS_QUEUE_INFO_KEYS = {"commitOffset", "cachedMsgMinOffset", "cachedMsgMaxOf
 CONSUME_STATUS_KEYS = {"pullRT", "pullTPS", "consumeRT", "consumeOKTPS", "consumeFailedTPS", "consumeFailedMsgs"}
 PROP_KEYS = {"PROP_NAMESERVER_ADDR", "PROP_THREADPOOL_CORE_SIZE", "PROP_CONSUMEORDERLY", "PROP_CONSUME_TYPE",
              "PROP_CLIENT_VERSION", "PROP_CONSUMER_START_TIMESTAMP"}
-
-
-def _wait(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
-def _raw(admin, addr: str, code: int, fields: dict | None = None):
-    m = admin._m()
-    return m.invoke(addr, m.request(code, fields), 30)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +57,7 @@ def live_consumer(server, admin):
     c.register_message_listener(listener)
     c.start()
     try:
-        assert _wait(lambda: len(seen) == SENT, 60), len(seen)
+        assert wait_until(lambda: len(seen) == SENT, 60), len(seen)
         c.persist_offsets()
         yield c
     finally:
@@ -107,14 +94,14 @@ def test_consumer_running_info_relayed_from_the_client(server, admin, live_consu
     assert all(v["cachedMsgCount"] == 0 and v["droped"] is False and v["lastPullTimestamp"] > 0
                for v in mine.values())
     # the body itself: fastjson's field order, MessageQueue keys as objects
-    r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+    r = raw_request(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
              {"consumerGroup": GROUP, "clientId": client_id, "jstackEnable": "false"})
     assert r.code == ResponseCode.SUCCESS
     assert r.body.startswith(b'{"mqTable":{{"brokerName":"ops-b","queueId":')
 
 
 def test_consumer_running_info_of_a_client_not_online(server, admin, live_consumer):
-    r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+    r = raw_request(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
              {"consumerGroup": GROUP, "clientId": "10.0.0.1@nobody", "jstackEnable": "false"})
     assert r.code == ResponseCode.SYSTEM_ERROR
     assert r.remark == f"The Consumer <{GROUP}> <10.0.0.1@nobody> not online"
@@ -178,7 +165,7 @@ def test_delete_topic_removes_its_consume_queues(server, admin):
             p.send(Message(keep, b"k"))
             p.send(Message(gone, b"u"))
     cq_root = server.store / "consumequeue"
-    assert _wait(lambda: (cq_root / gone).is_dir() and (cq_root / keep).is_dir(), 15)
+    assert wait_until(lambda: (cq_root / gone).is_dir() and (cq_root / keep).is_dir(), 15)
     admin.delete_topic(gone)
     assert not (cq_root / gone).exists()
     assert sorted(p.name for p in (cq_root / keep).iterdir()) == ["0", "1"]
@@ -202,8 +189,8 @@ def test_clean_unused_topic_removes_queues_of_topics_without_config(tmp_path):
         with Producer("clean_pg", srv.namesrv_addr, instance_name="own-unused-p") as p:
             for i in range(3):
                 p.send(Message("ConfTopic", b"c"))
-        assert _wait(lambda: (cq_root / "ConfTopic").is_dir(), 15)
-        r = _raw(admin, srv.broker_addr, RequestCode.CLEAN_UNUSED_TOPIC)
+        assert wait_until(lambda: (cq_root / "ConfTopic").is_dir(), 15)
+        r = raw_request(admin, srv.broker_addr, RequestCode.CLEAN_UNUSED_TOPIC)
         assert r.code == ResponseCode.SUCCESS and r.remark is None and not r.body
         assert not (cq_root / "LibTopic").exists()
         assert (cq_root / "ConfTopic" / "0").is_dir() and (cq_root / "SCHEDULE_TOPIC_XXXX").is_dir()
@@ -234,13 +221,13 @@ def test_clean_expired_cq_removes_queues_below_the_commitlog(tmp_path):
     conf = dict(CONF, mappedFileSizeCommitLog=cfg.mapped_file_size_commit_log)
     with ServerProcess(store, conf) as srv, Admin(srv.namesrv_addr, instance_name="own-expired") as admin:
         assert (store / "consumequeue" / "OldTopic" / "0").is_dir()
-        r = _raw(admin, srv.broker_addr, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE)
+        r = raw_request(admin, srv.broker_addr, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE)
         assert r.code == ResponseCode.SUCCESS and r.remark is None and not r.body
         assert not (store / "consumequeue" / "OldTopic").exists()
         assert (store / "consumequeue" / "NewTopic" / "0").is_dir()
-        r = _raw(admin, srv.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": "NewTopic", "queueId": 0})
+        r = raw_request(admin, srv.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": "NewTopic", "queueId": 0})
         assert int(r.field("offset")) == 300
-        r = _raw(admin, srv.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": "OldTopic", "queueId": 0})
+        r = raw_request(admin, srv.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": "OldTopic", "queueId": 0})
         assert int(r.field("offset")) == 0
         assert _cli_process(srv, "cleanExpiredCQ", "-c", "OpsCluster") == "success"
 
@@ -331,11 +318,11 @@ def test_consumer_running_info_of_a_hung_or_old_client(server, admin):
     mute = _MuteConsumer(server.broker_addr, "mute_cg", "10.9.9.9@mute", 293)
     old = _MuteConsumer(server.broker_addr, "old_cg", "10.9.9.9@old", 10)
     try:
-        r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+        r = raw_request(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
                  {"consumerGroup": "old_cg", "clientId": "10.9.9.9@old", "jstackEnable": "false"})
         assert r.code == ResponseCode.SYSTEM_ERROR
         assert r.remark.startswith("The Consumer <10.9.9.9@old> Version <") and "V3_1_8_SNAPSHOT" in r.remark
-        r = _raw(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+        r = raw_request(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
                  {"consumerGroup": "mute_cg", "clientId": "10.9.9.9@mute", "jstackEnable": "false"})
         assert r.code == ResponseCode.CONSUME_MSG_TIMEOUT
         assert r.remark.startswith("consumer <mute_cg> <10.9.9.9@mute> Timeout: RemotingTimeoutException: wait ")

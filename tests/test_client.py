@@ -13,21 +13,13 @@ import pytest
 from rmqstore.client import (Admin, ConsumeFromWhere, ConsumeStatus, LocalTransactionState, Message, MessageQueue,
                              MQClientError, Producer, PullConsumer, PullStatus, PushConsumer, SendStatus)
 from rmqstore.broker.server import ServerProcess
+from store_checks import wait_until
 
 CONF = {"mappedFileSizeCommitLog": 32 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
         "maxHashSlotNum": 50000, "maxIndexNum": 200000,
         "messageDelayLevel": " ".join(["1s"] * 18),       # retries come back after 1 s
         "transactionTimeOut": 300, "transactionCheckInterval": 300}   # open transactions checked quickly
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-
-
-def wait_until(cond, timeout: float, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 @pytest.fixture
