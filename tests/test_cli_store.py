@@ -112,22 +112,48 @@ def test_stats_local_counts_match_dump(tmp_path):
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def _no_grpc_conf(tmp_path):
+    """A broker.conf with the gRPC endpoint off (its default port 8081 may be another test's)."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text("grpcListenPort=-1\n")
+    return conf
+
+
+def test_serve_refuses_a_listen_port_out_of_range(tmp_path):
+    for bad in ("0", "70000"):
+        r = subprocess.run([sys.executable, "-m", "rmqstore", "serve", str(tmp_path / "s"), "--listen-port", bad],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "listenPort" in r.stderr, r.stderr
+
+
 def test_serve_starts_and_stops_cleanly_on_sigterm(tmp_path):
     import signal
     import socket
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+    def free_port(also_free_below: int = 0):
+        """A port free now, and (also_free_below) the one that many below it too (the VIP channel's)."""
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+                if not also_free_below:
+                    return port
+                try:
+                    with socket.socket() as t:
+                        t.bind(("127.0.0.1", port - also_free_below))
+                        return port
+                except OSError:
+                    continue
 
-    port, ns = free_port(), free_port()
+    port, ns = free_port(also_free_below=2), free_port()
     store = tmp_path / "s"
     p = subprocess.Popen([sys.executable, "-m", "rmqstore", "serve", str(store), "--listen-port", str(port),
-                          "--namesrv-addr", f"127.0.0.1:{ns}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                          "--namesrv-addr", f"127.0.0.1:{ns}", "-c", str(_no_grpc_conf(tmp_path))],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ready = json.loads(p.stdout.readline())
+        line = p.stdout.readline()
+        assert line, p.stderr.read() if p.wait(timeout=30) is not None else "no ready line"
+        ready = json.loads(line)
         assert ready["event"] == "ready" and ready["broker"] == f"127.0.0.1:{port}"
         assert (store / "abort").exists()           # open: a crash now would mean recovery
         p.send_signal(signal.SIGTERM)

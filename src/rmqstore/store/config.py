@@ -166,6 +166,8 @@ class StoreConfig:
         need(self.file_reserved_time >= 0, "file_reserved_time", "must not be negative")
         need(self.sync_flush_timeout > 0, "sync_flush_timeout", "must be positive")
         need(self.transient_store_pool_size > 0, "transient_store_pool_size", "must be positive")
+        need(2 <= self.listen_port <= 65535, "listen_port",
+             "must be 2..65535 (the VIP channel listens on listenPort - 2, as RocketMQ's)")
         need(self.timer_precision_ms > 0, "timer_precision_ms", "must be positive")
         need(self.timer_max_delay_sec > 0, "timer_max_delay_sec", "must be positive")
         need(self.mapped_file_size_timer_log >= 68, "mapped_file_size_timer_log",
