@@ -78,8 +78,8 @@ class RocketMQDataSource(DataSource):
     registers a subclass of it whose loss_counter is the session's skipped-data accumulator (loss.py)."""
     loss_counter = None
 
-    def _options(self, streaming: bool = False) -> O.ReadOptions:
-        ro = O.parse(self.options, streaming=streaming)
+    def _options(self) -> O.ReadOptions:
+        ro = O.parse(self.options)
         ro.loss_counter = self.loss_counter
         return ro
 

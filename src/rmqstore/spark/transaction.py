@@ -27,6 +27,7 @@ excludes every other writer), so halves need no transaction id property.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 import uuid
@@ -187,11 +188,7 @@ def _topic_spans(msgs: list[Message]) -> Iterator[tuple[int, int]]:
     """(start, end) of runs of msgs (sorted by topic) with one topic, each at most CHUNK long."""
     s, n = 0, len(msgs)
     while s < n:
-        topic, e = msgs[s].topic, min(s + CHUNK, n)
-        if msgs[e - 1].topic != topic:
-            e = s + 1
-            while e < n and e - s < CHUNK and msgs[e].topic == topic:
-                e += 1
+        e = bisect.bisect_right(msgs, msgs[s].topic, s, min(s + CHUNK, n), key=_topic_of)
         yield s, e
         s = e
 

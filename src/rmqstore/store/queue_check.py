@@ -40,15 +40,20 @@ UNIT_REASONS = {
 CQ_CHECK_SAMPLE = 256
 
 
-def _part(a: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    """a[idx], or a itself when idx is all of range(n) in order (the usual case: fancy indexing of a
-    structured array copies field by field, and is most of the check's time on a million units)."""
-    return a if len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1)) else a[idx]
+def _covers(idx: np.ndarray, n: int) -> bool:
+    """idx (sorted unique indices) is all of range(n), in order."""
+    return len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1))
+
+
+def _part(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """a[idx], or a itself when idx covers it (the usual case: fancy indexing of a structured array copies
+    field by field, and is most of the check's time on a million units)."""
+    return a if _covers(idx, len(a)) else a[idx]
 
 
 def _put(dst: np.ndarray, idx: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """dst with dst[idx] = src; src itself when idx covers every row of dst in order."""
-    if len(idx) == len(dst) and (len(idx) == 0 or (idx[0] == 0 and idx[-1] == len(dst) - 1)):
+    """dst with dst[idx] = src; src itself when idx covers dst."""
+    if _covers(idx, len(dst)):
         return src
     dst[idx] = src
     return dst
@@ -148,7 +153,7 @@ def unit_problems(off: np.ndarray, size: np.ndarray, logical: np.ndarray, queue_
     sel = cand
     codes[sel[~inside]] = UNIT_NOT_A_RECORD
     keep = np.flatnonzero(inside)
-    sel, h = sel[keep], _part(head, keep, len(head))
+    sel, h = sel[keep], _part(head, keep)
     total = h["total"].astype(np.int64)
     magic = h["magic"]
     c = np.zeros(len(sel), dtype=np.uint8)
