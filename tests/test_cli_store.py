@@ -128,24 +128,9 @@ def test_serve_refuses_a_listen_port_out_of_range(tmp_path):
 
 def test_serve_starts_and_stops_cleanly_on_sigterm(tmp_path):
     import signal
-    import socket
 
-    def free_port(also_free_below: int = 0):
-        """A port free now, and (also_free_below) the one that many below it too (the VIP channel's)."""
-        while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-                if not also_free_below:
-                    return port
-                try:
-                    with socket.socket() as t:
-                        t.bind(("127.0.0.1", port - also_free_below))
-                        return port
-                except OSError:
-                    continue
-
-    port, ns = free_port(also_free_below=2), free_port()
+    from rmqstore.broker.process import free_port, free_port_pair
+    port, ns = free_port_pair(), free_port()
     store = tmp_path / "s"
     p = subprocess.Popen([sys.executable, "-m", "rmqstore", "serve", str(store), "--listen-port", str(port),
                           "--namesrv-addr", f"127.0.0.1:{ns}", "-c", str(_no_grpc_conf(tmp_path))],
@@ -176,3 +161,23 @@ def test_wrong_geometry_is_refused_not_repaired(tmp_path):
     r = rmq("dump", store, check=False)
     assert r.returncode == 2 and "another configuration" in r.stderr and "Traceback" not in r.stderr
     assert (store / "commitlog" / ("0" * 20)).stat().st_size == 65536
+
+
+def test_server_process_first_start_survives_a_port_race(tmp_path):
+    """A port picked free and then taken by someone else before the server binds it: the first start
+    is retried on new ports (a CI run had failed with 'address already in use'); a restart is not."""
+    import socket
+
+    from rmqstore.broker.process import ServerProcess
+    srv = ServerProcess(tmp_path / "s", {"grpcListenPort": "-1"})
+    taken = srv.listen_port
+    with socket.socket() as thief:
+        thief.bind(("127.0.0.1", taken))
+        thief.listen()
+        with srv:
+            assert srv.listen_port != taken and srv.ready["broker"] == srv.broker_addr
+    with socket.socket() as thief:                      # the same object restarted: its ports are kept
+        thief.bind(("127.0.0.1", srv.listen_port))
+        thief.listen()
+        with pytest.raises(RuntimeError, match="address already in use"):
+            srv.start()

@@ -6,31 +6,45 @@ import sys
 from pathlib import Path
 
 
-def free_port_pair(host: str = "127.0.0.1", tries: int = 200) -> int:
-    """A port p with p and p-2 both free (the broker's listenPort and its VIP port)."""
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections take theirs from it)."""
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _pick_port(host: str, below: tuple[int, ...], tries: int = 200) -> int:
+    """A port p with p - d free for each d in `below`, picked at random below the ephemeral range:
+    a port handed out by bind(0) can be taken by any client's outgoing connection before the server
+    binds it, one below that range cannot (another picker can still race: ServerProcess retries)."""
     import random
     import socket
+    hi = min(_ephemeral_low(), 65536) - 1
+    lo = 10000 if hi > 12000 else 1024
     rnd = random.Random()
     for _ in range(tries):
-        p = rnd.randrange(20000, 60000)
+        p = rnd.randrange(lo, hi)
         ok = True
-        for q in (p, p - 2):
+        for d in below:
             with socket.socket() as s:
                 try:
-                    s.bind((host, q))
+                    s.bind((host, p - d))
                 except OSError:
                     ok = False
                     break
         if ok:
             return p
-    raise OSError("no free port pair found")
+    raise OSError(f"no free port found on {host} in {lo}..{hi}")
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port p with p and p-2 both free (the broker's listenPort and its VIP port)."""
+    return _pick_port(host, (0, 2))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return _pick_port(host, (0,))
 
 
 class ServerProcess:
@@ -49,6 +63,10 @@ class ServerProcess:
         self.conf = dict(conf or {})
         self.listen_port = listen_port or free_port_pair()
         self.namesrv_port = namesrv_port or free_port()
+        # Ports this object picked may be picked again on a first start that lost them to another process.
+        self._own_ports = (listen_port is None, namesrv_port is None and namesrv,
+                           "grpcListenPort" not in self.conf)
+        self._started = False
         self.embedded_namesrv = namesrv
         self.start_timeout = start_timeout
         self.log_level = log_level
@@ -74,6 +92,26 @@ class ServerProcess:
         return (self.ready or {}).get("grpc")
 
     def start(self) -> "ServerProcess":
+        """Start and wait for the ready line. A first start whose own picked port was taken between the
+        pick and the bind (another process raced it) is retried on new ports, up to three times; a
+        restart keeps its ports (clients hold those addresses)."""
+        for attempt in range(3):
+            try:
+                self._start_once()
+                self._started = True
+                return self
+            except RuntimeError as e:
+                if self._started or attempt == 2 or "address already in use" not in str(e) \
+                        or not any(self._own_ports):
+                    raise
+                if self._own_ports[0]:
+                    self.listen_port = free_port_pair()
+                if self._own_ports[1]:
+                    self.namesrv_port = free_port()
+                # (the gRPC port, when it is ours, is picked anew by every start)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
         import subprocess
         import threading
         self.store.mkdir(parents=True, exist_ok=True)
@@ -100,7 +138,6 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"server did not start: {self.log_tail()}")
         self.ready = json.loads(line[0])
-        return self
 
     def log_tail(self, n: int = 4000) -> str:
         try:
