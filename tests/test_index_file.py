@@ -483,16 +483,20 @@ def test_index_file_basics(tmp_path):
     assert _header((tmp_path / "f").read_bytes()) == f.header()
     assert f.put_key("T#a", 600, 1_700_000_004_500)
     ent = struct.unpack_from(">iqii", f._mm, f.entries_base + ENTRY_SIZE)
-    assert ent == (key_hash("T#a"), 600, 4, 0)                      # timeDiff from the carried begin
+    assert ent == (key_hash("T#a"), 600, 0, 0)      # timeDiff 0: its time is the begin this put sets
     assert f.header()[:4] == (1_700_000_004_500, 1_700_000_004_500, 600, 600)
     assert f.put_key("T#a", 700, 1_700_000_006_000) and f.is_full
     assert not f.put_key("T#b", 800, 1_700_000_007_000)
     assert f.select_phy_offsets("T#a", 64, 0, FOREVER) == [700, 600]
     assert f.select_phy_offsets("T#a", 1, 0, FOREVER) == [700]
-    # RocketMQ computes the first entry's timeDiff from the carried begin (4 s) and then replaces the
-    # begin with this entry's time, so that entry reads back 4 s late (t0 + 8.5 s): still in this range.
-    assert f.select_phy_offsets("T#a", 64, 1_700_000_005_000, FOREVER) == [700, 600]
+    # entry 1 reads at its own time (RocketMQ writes timeDiff 4 here, from the carried begin, and then
+    # reads it 4 s late: a range ending at its time missed it)
+    assert f.select_phy_offsets("T#a", 64, 1_700_000_004_000, 1_700_000_004_500) == [600]
+    assert f.select_phy_offsets("T#a", 64, 1_700_000_005_000, FOREVER) == [700]
     assert f.select_phy_offsets("T#a", 64, 1_700_000_005_000, 1_700_000_008_000) == [700]
+    # a file RocketMQ wrote, entry 1 with that timeDiff 4: read at the file's beginTimestamp all the same
+    f.mapped_file.pwrite(f.entries_base + ENTRY_SIZE, struct.pack(">iqii", key_hash("T#a"), 600, 4, 0))
+    assert f.select_phy_offsets("T#a", 64, 1_700_000_004_000, 1_700_000_004_500) == [600]
     assert f.is_time_matched(0, FOREVER) and f.is_time_matched(1_700_000_005_000, 1_700_000_005_001)
     assert not f.is_time_matched(0, 1_700_000_000_000)
     with pytest.raises(FileExistsError):
@@ -504,6 +508,23 @@ def test_index_file_basics(tmp_path):
     assert not (tmp_path / "f").exists()
     assert time_millis_to_human_string(1_795_328_096_279).endswith("279") and \
         len(time_millis_to_human_string(1_795_328_096_279)) == 17
+
+
+def test_first_entry_after_recovery_removed_every_entry_is_found_at_its_time(tmp_path):
+    """Recovery (cut_entries) removes every entry of a file whose messages are past the commitlog's end; the
+    header keeps the removed first entry's time. The next first put must still be found by a query whose
+    range ends at its store time (RocketMQ's formula put it there 3 s late after a SIGKILL in the kill loop:
+    a time-ranged queryMessage missed an acknowledged message)."""
+    from rmqstore.store.index_file import cut_entries
+    t0 = 1_700_000_000_000
+    f = IndexFile(tmp_path / "f", 4, 8)
+    assert f.put_key("T#a", 100, t0) and f.put_key("T#b", 200, t0 + 500)
+    cut_entries(f, 1, 0, t0)
+    assert f.index_count == 1 and f.select_phy_offsets("T#a", 64, 0, FOREVER) == []
+    assert f.put_key("T#c", 300, t0 + 3_400)                           # the re-dispatch, 3.4 s later
+    assert struct.unpack_from(">iqii", f._mm, f.entries_base + ENTRY_SIZE)[2] == 0
+    assert f.select_phy_offsets("T#c", 64, t0 + 3_000, t0 + 3_400) == [300]
+    f.close()
 
 
 def test_new_file_when_full(tmp_path):
@@ -546,8 +567,9 @@ def test_new_file_when_full(tmp_path):
     svc.build_index(_req(600, t0 + 12_000, uniq=""))                # an empty UNIQ_KEY is still a key
     f3 = svc.files[-1]
     assert len(svc.files) == 3 and f3.header()[:4] == (t0 + 12_000, t0 + 12_000, 600, 600)
-    assert entry(f3, 1)[1:3] == (600, 3)                             # from the carried t0 + 9000
+    assert entry(f3, 1)[1:3] == (600, 0)               # RocketMQ: 3 (from the carried t0 + 9000): FIRST_ENTRY
     assert svc.query_offset("T", "", 64, 0, FOREVER)[0] == [600]
+    assert svc.query_offset("T", "", 64, t0 + 11_500, t0 + 12_000)[0] == [600]   # at its own time
     assert flushed == [t0 + 1000, t0 + 9000]
     assert f2.flush_count >= 1 and _header(f2.path.read_bytes()) == f2.header()
     svc.shutdown()
@@ -580,9 +602,9 @@ def test_query_rules_and_cleanup(tmp_path):
     offs, ts, phy = svc.query_offset("T", "k", 64, 0, FOREVER)
     assert offs == [900, 800, 700, 600, 500] and (ts, phy) == (t0 + 90_000, 900)   # maxMsgsNumBatch
     assert svc.query_offset("T", "k", 2, 0, FOREVER)[0] == [900, 800]
-    # The first entry of each file after the first has its timeDiff from the carried begin (the previous
-    # file's end) but is read from its own time (RocketMQ): offset 400 (t0 + 40 s) reads as t0 + 50 s.
-    assert svc.query_offset("T", "k", 64, t0 + 20_000, t0 + 40_000)[0] == [300, 200]
+    # The first entry of each file reads at its own time (FIRST_ENTRY; RocketMQ wrote its timeDiff from the
+    # carried begin, the previous file's end, and read offset 400 (t0 + 40 s) as t0 + 50 s: not found here)
+    assert svc.query_offset("T", "k", 64, t0 + 20_000, t0 + 40_000)[0] == [400, 300, 200]
     assert svc.query_offset("T", "k", 64, t0 + 20_000, t0 + 50_000)[0] == [500, 400, 300, 200]
     assert svc.query_offset("T", "k", 0, 0, FOREVER)[0] == []
     assert svc.delete_expired_file(250) == 1                          # endPhyOffset 100 < 250; 300 is not

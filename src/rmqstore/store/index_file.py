@@ -18,14 +18,21 @@ preIndexNo = the slot's previous value, then points the slot at it: each slot he
 newest first. timeDiff is (storeTimestamp - beginTimestamp) / 1000 in seconds, clamped to [0, INT_MAX]
 (0 while beginTimestamp <= 0). The file is full when indexCount >= maxIndexNum. A new file starts with
 the previous file's endPhyOffset and endTimestamp as both its begin and end values; its first put
-replaces the begin values with its own message's. (As in RocketMQ, that first entry's timeDiff is computed
-from the carried beginTimestamp before it is replaced, so it reads back that much later than it was
-stored; usually 0 s, since a new file is created right after the previous one filled up.) Files are named by their creation time, local time,
+replaces the begin values with its own message's. Files are named by their creation time, local time,
 `yyyyMMddHHmmssSSS` (RocketMQ's UtilAll.timeMillisToHumanString), so name order is creation order.
+
+FIRST_ENTRY: RocketMQ computes entry 1's timeDiff from the beginTimestamp the header holds before that put
+replaces it: the previous file's endTimestamp (or, after recovery removed every entry of a file, the time
+of the removed first one). Entry 1 then reads back as stored that much later than it was, and a query
+whose time range ends before that (queryMessage(topic, key, maxNum, begin, end)) misses it: measured after
+a SIGKILL and recovery, entry 1 read 3 s late. rmqstore writes timeDiff 0 for entry 1 (its time is the
+beginTimestamp the same put sets) and reads entry 1 at beginTimestamp, whatever its timeDiff, so files
+RocketMQ wrote are read right too.
 
 hashSlotCount counts the puts that found their slot empty (the number of slots in use, later
 RocketMQ's semantics); RocketMQ 4.4.0 increments it on every put. It is informational only: nothing reads
-it back. Every other byte is what RocketMQ 4.4.0 writes for the same puts.
+it back. Every other byte is what RocketMQ 4.4.0 writes for the same puts (entry 1's timeDiff too, but
+when the previous file ended a second or more before the new file's first message).
 
 Writes: entries go to the file with pwrite, header and slots through the mapping; a file's header and
 slot pages are allocated (posix_fallocate) when it is created, so a full disk makes a put raise OSError
@@ -502,7 +509,7 @@ class IndexFile:
             slot_value = INVALID_INDEX
             self.hash_slot_count += 1
         begin = self.begin_timestamp
-        if begin <= 0:
+        if begin <= 0 or count <= 1:        # the first entry: its time is the beginTimestamp set below
             time_diff = 0
         else:
             time_diff = (store_timestamp - begin) // 1000
@@ -575,7 +582,7 @@ class IndexFile:
         td = np.empty(n, dtype=np.int64)
         k = 0
         if c0 <= 1:
-            td[0] = 0 if begin <= 0 else min(max((int(ts[0]) - begin) // 1000, 0), INT_MAX)
+            td[0] = 0                           # the first entry: see FIRST_ENTRY
             begin = int(ts[0])
             k = 1
         if n > k:
@@ -637,7 +644,7 @@ class IndexFile:
                 if td < 0:
                     self._warn(("td", cur), "entry %d has a negative timeDiff %d: chain ends here", cur, td)
                     break
-                time_read = begin_ts + td * 1000
+                time_read = begin_ts + td * 1000 if cur != 1 else begin_ts     # FIRST_ENTRY
                 if h == key_hash and begin <= time_read <= end:
                     if phy < 0:
                         self._warn(("phy", cur), "entry %d has a negative phyOffset %d: skipped", cur, phy)
