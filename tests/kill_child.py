@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus  # noqa: E402
 from rmqstore.store.message_batch import MessageBatch  # noqa: E402
 from rmqstore.store.store import MessageStore  # noqa: E402
-from store_checks import QUEUES, TOPICS, Acked, body_for, make_message, small_config  # noqa: E402
+from store_checks import (  # noqa: E402
+    FULL_RANGE_LOOKUPS, QUEUES, TOPICS, Acked, body_for, find_by_key, make_message, small_config)
 
 THREADS = 3
 HERE = Path(__file__).resolve()
@@ -244,8 +245,9 @@ def read_side(path: Path) -> tuple[list[Acked], list[str], list[str], bool]:
 
 
 def check_acked(store: MessageStore, acked: list[Acked], where: str) -> None:
-    """Each acknowledged put by queue offset, by msgId and by key: that message, whole."""
-    for a in acked:
+    """Each acknowledged put by queue offset, by msgId and by key (store_checks.find_by_key: in the
+    message's own second after the first FULL_RANGE_LOOKUPS): that message, whole."""
+    for i, a in enumerate(acked):
         got = store.get_message("kill-loop", a.topic, a.queue_id, a.queue_offset, 1)
         assert got.status is GetMessageStatus.FOUND and len(got.messages) == 1, \
             f"{where}: {a} by queue offset: {got.status.name}"
@@ -257,7 +259,7 @@ def check_acked(store: MessageStore, acked: list[Acked], where: str) -> None:
         v = store.view_message_by_id(a.msg_id)
         assert v is not None and (v.commit_log_offset, v.topic, v.queue_offset, v.body) == \
             (a.offset, a.topic, a.queue_offset, body), f"{where}: {a} by msgId reads {v}"
-        by_key = store.find_messages_by_key(a.topic, a.key)
+        by_key = find_by_key(store, a.topic, a.key, m.store_timestamp if i >= FULL_RANGE_LOOKUPS else None)
         assert [x.commit_log_offset for x in by_key] == [a.offset], \
             f"{where}: {a} by key finds {[x.commit_log_offset for x in by_key]}"
 
