@@ -3,7 +3,6 @@ option fails at planning with a message naming it."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -179,7 +178,7 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
     have_cq = True
     for p in ro.paths:
         all_topics.update(SV.list_topics(p))
-        if not os.path.isdir(os.path.join(p, "consumequeue")):
+        if not SV.has_consume_queues(p):
             have_cq = False
     _parse_selection(ro, opts, all_topics, have_cq)
     _parse_range(ro, opts, all_topics, have_cq, streaming)

@@ -272,7 +272,7 @@ def key_partitions(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> li
         finally:
             cache.close()
     SV.index_geometry(view)         # a key lookup needs the index geometry: fails here, naming 'config'
-    known = set(t for t, _ in view.queues) | set(SV.list_topics(view.root))
+    known = set(t for t, _ in view.queues) | set(SV.list_topics(view.root if view.fs is None else view.fs.uri))
     topics = set(ro.topics) if ro.topics is not None else {t for t in known if ro.topic_selected(t)}
     allowed = _topic_conds(conds)
     if allowed is not None:

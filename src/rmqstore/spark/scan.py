@@ -8,6 +8,11 @@ Three kinds of partition:
   everything else is parsed in batch);
 * offsets: records at given commitlog offsets (key lookups answered by the index).
 
+A store on a remote filesystem (StoreRef.fs, store.store_fs) is read with ranged reads instead of mmap:
+the spans of each commitlog file the records of a queue slice lie in (store_fs.read_spans), a commitlog
+range REMOTE_CHUNK bytes per read, consume queue units likewise (QueueView.units). Every record is checked
+as a local one is (Records.valid, then BODYCRC with checkCRC), so a damaged copy is data loss, never rows.
+
 Pushed filters travel with the partition as plain conditions and are applied exactly to the rows (Spark
 does not re-check the filters a source claims).
 """
@@ -21,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import scanner
+from ..store import codec, scanner, store_fs
 from ..store.scanner import Outcome
 from . import records as R
 from . import storeview as SV
@@ -38,6 +43,7 @@ except ImportError:  # pragma: no cover
 
 BATCH_ROWS = 8192
 BATCH_BYTES = 32 << 20
+REMOTE_CHUNK = 16 << 20      # a remote commitlog range is fetched this many bytes at a time
 
 # Columns whose values are fixed header fields: name -> Records attribute (timestamps in ms).
 NUMERIC = {
@@ -150,11 +156,12 @@ class StoreRef:
     cl_files: list[tuple[int, str, int]]
     cl_file_size: int
     data_end: int | None
+    fs: store_fs.RemoteStore | None = None     # not a local store: read with ranged reads
 
     @classmethod
     def of(cls, view: SV.StoreView) -> "StoreRef":
         return cls(view.root, view.broker, [(f.base, f.path, f.size) for f in view.cl_files], view.cl_file_size,
-                   view.data_end)
+                   view.data_end, view.fs)
 
     def file_index(self, offsets: np.ndarray) -> np.ndarray:
         bases = np.array([b for b, _, _ in self.cl_files], dtype=np.int64)
@@ -346,7 +353,7 @@ def read_partition(part: Partition):
     nothing has no partition: PySpark then hands the read one InputPartition(None), which yields nothing."""
     if not isinstance(part, Partition):
         return
-    cache = SV.FileCache()
+    cache = SV.FileCache() if part.store.fs is None else store_fs.RangeReader(part.store.fs)
     try:
         if part.kind == "queue":
             yield from _read_queue(part, cache)
@@ -390,6 +397,9 @@ def _records_at(part: Partition, cache: SV.FileCache, offs: np.ndarray, sizes: n
             sizes_here = None if sizes is None else sizes[a:b][in_file]
         else:
             sizes_here = None if sizes is None else sizes[a:b]
+        if store.fs is not None:
+            yield from _remote_records_at(part, cache, base, path, fsize, o, sizes_here, what, q)
+            continue
         try:
             _, buf = cache.get(path)
         except FileNotFoundError:
@@ -399,13 +409,34 @@ def _records_at(part: Partition, cache: SV.FileCache, offs: np.ndarray, sizes: n
         if store.data_end is not None:
             limit = min(limit, max(store.data_end - base, 0))
         recs = R.Records(buf, base, o - base, limit, sizes_here)
-        if not recs.valid.all():
-            bad = ~recs.valid
-            _lost(part, what, o[bad], None if q is None else q[bad],
-                  f"no valid message there in {path} (damaged, truncated or zeroed)")
-            recs = recs.select(recs.valid)
-        if len(recs):
-            yield recs
+        yield from _valid_records(part, recs, o, q, what, path)
+
+
+def _valid_records(part: Partition, recs: R.Records, o: np.ndarray, q: np.ndarray | None, what: str, path: str):
+    """The valid ones of recs (records at commitlog offsets o of file path); the others are data loss."""
+    if not recs.valid.all():
+        bad = ~recs.valid
+        _lost(part, what, o[bad], None if q is None else q[bad],
+              f"no valid message there in {path} (damaged, truncated or zeroed)")
+        recs = recs.select(recs.valid)
+    if len(recs):
+        yield recs
+
+
+def _remote_records_at(part: Partition, reader: store_fs.RangeReader, base: int, path: str, fsize: int,
+                       o: np.ndarray, sizes: np.ndarray | None, what: str, q: np.ndarray | None):
+    """_records_at for one file of a remote store: one ranged read per span of records (read_spans)."""
+    data_end = part.store.data_end
+    for i, j, lo, hi in store_fs.read_spans(o - base, sizes, fsize):
+        oo, qq = o[i:j], (None if q is None else q[i:j])
+        try:
+            buf = reader.read(path, lo, hi - lo)
+        except FileNotFoundError:
+            _lost(part, what, oo, qq, f"its commitlog file {path} is gone")
+            continue
+        limit = len(buf) if data_end is None else min(len(buf), max(data_end - base - lo, 0))
+        recs = R.Records(buf, base + lo, oo - base - lo, limit, None if sizes is None else sizes[i:j])
+        yield from _valid_records(part, recs, oo, qq, what, path)
 
 
 def _read_queue(part: Partition, cache: SV.FileCache):
@@ -456,6 +487,9 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
     store = part.store
     last_base = store.cl_files[-1][0] if store.cl_files else -1
     for base, path, start, limit in part.items:
+        if store.fs is not None:
+            yield from _read_remote_range(part, cache, base, path, start, limit, last_base)
+            continue
         try:
             mm, buf = cache.get(path)
         except FileNotFoundError:
@@ -476,6 +510,46 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
             batch = rows_of(chunk, part)
             if batch is not None:
                 yield batch
+
+
+def _read_remote_range(part: Partition, reader: store_fs.RangeReader, base: int, path: str, start: int, limit: int,
+                       last_base: int):
+    """_read_commitlog for one file of a remote store: [start, limit) walked REMOTE_CHUNK bytes at a time."""
+    pos, want = start, REMOTE_CHUNK
+    while True:
+        end = min(limit, pos + want)
+        try:
+            buf = reader.read(path, pos, end - pos)
+        except FileNotFoundError:
+            data_loss(part.fail_on_data_loss, f"{part.store.root}: commitlog file {path} is gone", 0,
+                      part.loss_counter)
+            return
+        positions, stop, why = scanner.walk_positions(buf, 0, len(buf))
+        recs = R.Records(buf, base + pos, positions, len(buf))
+        bad = np.flatnonzero(~recs.valid)
+        if len(bad):
+            stop, why, recs = int(positions[bad[0]]), Outcome.INVALID, recs.slice(0, int(bad[0]))
+        for chunk in _chunks(recs):
+            batch = rows_of(chunk, part)
+            if batch is not None:
+                yield batch
+        cut = _cut_at(buf, stop, limit - pos) if not len(bad) and len(buf) == end - pos < limit - pos else 0
+        if not cut:
+            _check_file_end(part, base, path, pos + stop, why, last_base)
+            return
+        pos, want = pos + stop, max(REMOTE_CHUNK, cut)
+
+
+def _cut_at(buf: np.ndarray, stop: int, left: int) -> int:
+    """Whether the walk of a chunk stopped at a record the chunk's end cut (then: the bytes to read from stop
+    to have it whole; else 0). left: the bytes of the range from the chunk's start."""
+    if stop + codec.HEADER_V4.size > len(buf):
+        return codec.HEADER_V4.size
+    total, magic = codec.HEADER_V4.unpack_from(buf, stop)[:2]
+    magics = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2, codec.BLANK_MAGIC_CODE)
+    if magic in magics and stop + total > len(buf) and stop + total <= left:
+        return total
+    return 0
 
 
 def _read_offsets(part: Partition, cache: SV.FileCache):

@@ -17,10 +17,12 @@ def register(spark) -> None:
 
 def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):
     """The active SparkSession, or a new one (master default local[*]) set up for rmqstore: executors run
-    this Python (PYSPARK_PYTHON), Python filter pushdown on, UI off, few shuffle partitions. The data
-    source is registered."""
+    this Python (PYSPARK_PYTHON, for a local master only: a cluster's executors run their own Python, which
+    needs rmqstore installed), Python filter pushdown on, UI off, few shuffle partitions. The data source is
+    registered."""
     from pyspark.sql import SparkSession
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if (master or "local[*]").startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     active = SparkSession.getActiveSession()
     if active is not None and master is None:

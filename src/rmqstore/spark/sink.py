@@ -27,7 +27,8 @@ def sink_id(options: dict) -> str:
     if opts.get("sinkid"):
         return str(opts["sinkid"])
     if opts.get("checkpointlocation"):
-        return "checkpoint:" + os.path.abspath(str(opts["checkpointlocation"]))
+        loc = str(opts["checkpointlocation"])
+        return "checkpoint:" + (loc if "://" in loc else os.path.abspath(loc))
     raise WriteError("the rocketmq streaming sink needs option 'checkpointLocation' (or 'sinkId'): the store "
                      "records the last batch id committed per sink")
 

@@ -19,9 +19,16 @@ import os
 
 import numpy as np
 
+from ..store import store_fs
 from ..store.config import StoreConfig
 
 log = logging.getLogger(__name__)
+
+
+def _store_arg(store_path) -> str:
+    """A local path made absolute; a URI (s3://..., store.store_fs) as it is."""
+    p = str(store_path)
+    return p if store_fs.is_remote(p) else os.path.abspath(store_fs.local_path(p))
 
 
 def _row(broker, topic, qid, n, nbytes, first, last) -> dict:
@@ -36,12 +43,12 @@ def local_scan(store_path, config: StoreConfig | None = None):
     from . import records as R
     from . import storeview as SV
     from .scan import StoreRef, _records_at, Partition
-    view = SV.load_view(os.path.abspath(str(store_path)), config)
+    view = SV.load_view(_store_arg(store_path), config)
     ref = StoreRef.of(view)
     part = Partition("queue", ref, [], [])
     part.fail_on_data_loss = False      # statistics count what can be read; the rest is logged as a warning
     rows, minutes = [], {}
-    cache = SV.FileCache()
+    cache = SV.FileCache() if ref.fs is None else store_fs.RangeReader(ref.fs)
     try:
         for (topic, qid), qv in sorted(view.queues.items()):
             offs, sizes = qv.units(qv.min_offset, qv.end)
@@ -78,7 +85,7 @@ def spark_scan(store_path, config_path: str | None = None, spark=None):
     r = spark.read.format("rocketmq").option("includeBody", "false")
     if config_path:
         r = r.option("config", config_path)
-    df = r.load(os.path.abspath(str(store_path)))
+    df = r.load(_store_arg(store_path))
     ms = F.unix_millis("storeTimestamp")
     agg = (df.groupBy("broker", "topic", "queueId")
            .agg(F.count(F.lit(1)).alias("n"), F.sum("storeSize").alias("bytes"), F.min(ms).alias("first"),
@@ -258,5 +265,5 @@ def stats(store_path, engine: str = "local", plot: str | None = None, config=Non
     else:
         raise ValueError(f"engine must be local or spark, got {engine!r}")
     if plot:
-        plot_rates(minutes, str(plot), name=os.path.basename(os.path.abspath(str(store_path))))
+        plot_rates(minutes, str(plot), name=os.path.basename(store_fs.display_uri(_store_arg(store_path))))
     return rows

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from ..store import codec, validation
+from ..store import codec, store_fs, validation
 from ..store.config import StoreConfig
 from ..errors import ConfigError, StoreLockedError
 from . import storeview as SV
@@ -70,7 +70,14 @@ def _store_path(options: dict) -> str:
     p = options.get("path")
     if not p:
         raise WriteError("option 'path' is missing: save(STORE) with a store directory")
-    return os.path.abspath(p)
+    if store_fs.is_remote(p):       # appending needs the store's lock and a recovery: a local directory
+        raise WriteError(f"option 'path': {store_fs.display_uri(p)!r} is not a local directory: the rocketmq "
+                         "sink appends to a store on this machine's filesystem (or a shared mount); remote "
+                         "URIs are read-only")
+    try:
+        return os.path.abspath(store_fs.local_path(p))
+    except store_fs.StoreError as e:
+        raise WriteError(str(e)) from None
 
 
 def check_target(options: dict, overwrite: bool, known: tuple = ("path", "config", "writeid")

@@ -17,6 +17,10 @@ Two cases:
 
 StoreReader (store.store_reader) serves the same recovered state with MessageStore's read API.
 
+A store at a URI other than a local path or file:// (s3://, hdfs://, ...: store.store_fs) is read as it is,
+like a live store (no recovery emulation, which would need the commitlog's last files): the consume queues
+as far as they are written, the records they point at checked when read. It is never "live" (no lock).
+
 The view is plain data (picklable): Spark partitions carry the parts they need.
 """
 from __future__ import annotations
@@ -32,13 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec, scanner
+from . import codec, scanner, store_fs
 from .config import StoreConfig
 from .consume_queue import search_by_time
 from .dispatch import Dispatcher
 from .index_file import IndexFile, cut_entries, key_hash, repair_slots
 from .mapped_file import FileCache, map_read_only  # noqa: F401 - used here and by spark modules
 from .recovery import IndexPlan, RecoveryPlan, StoreFiles, apply_plan, plan_recovery, read_inputs
+from .store_fs import RemoteStore, StoreError  # noqa: F401 - StoreError is this module's error
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +51,6 @@ UNIT = codec.CQ_STORE_UNIT_SIZE
 CQ_NP = np.dtype(codec.CQ_DTYPE)
 BLANK_SIZE = codec.CQ_BLANK_SIZE
 MAX_TIME = 2 ** 63 - 1
-
-
-class StoreError(ValueError):
-    """A path, option or file that makes a read impossible; the message names it."""
 
 
 # --- files ------------------------------------------------------------------------------------------
@@ -120,6 +121,10 @@ def resolve_paths(path: str | None, paths_json: str | None) -> list[str]:
         raise StoreError("option 'path' is missing: load(PATH) with a store directory (or a glob, or a list)")
     out: list[str] = []
     for item in items:
+        if store_fs.is_remote(item):
+            _add_remote(item, out)
+            continue
+        item = store_fs.local_path(item)
         hits = sorted(glob.glob(item)) if glob.has_magic(item) else [item]
         if not hits:
             raise StoreError(f"option 'path': {item!r} matches no store directory")
@@ -133,8 +138,23 @@ def resolve_paths(path: str | None, paths_json: str | None) -> list[str]:
     return out
 
 
+def _add_remote(item: str, out: list[str]) -> None:
+    """resolve_paths for a URI (store_fs): the stores it names (a glob in its path is expanded by listing)."""
+    hits = store_fs.expand_glob(item) if store_fs.path_has_magic(item) else [item]
+    if not hits:
+        raise StoreError(f"option 'path': {store_fs.display_uri(item)!r} matches no store directory")
+    for h in hits:
+        if commitlog_dir(h) is None:
+            raise StoreError(f"option 'path': {store_fs.display_uri(h)!r} is not a RocketMQ store directory "
+                             "(no commitlog/ directory and no commitlog files there)")
+        if h not in out:
+            out.append(h)
+
+
 def commitlog_dir(root: str) -> str | None:
     """root/commitlog, or root itself when it holds commitlog files (a bare commitlog directory)."""
+    if store_fs.is_remote(root):
+        return store_fs.open_store(root).listing().commitlog_dir()
     if not os.path.isdir(root):
         return None
     sub = os.path.join(root, "commitlog")
@@ -148,12 +168,21 @@ def commitlog_dir(root: str) -> str | None:
 def broker_name(root: str) -> str:
     """The broker column: the store directory's name (its parent's when it is called `store`, RocketMQ's
     default storePathRootDir name, so that /data/broker-a/store reads as broker-a)."""
-    p = Path(root)
+    p = Path(store_fs.display_uri(root) if store_fs.is_remote(root) else root)
     return p.parent.name if p.name == "store" and p.parent.name else p.name
+
+
+def has_consume_queues(root: str) -> bool:
+    """The store has a consumequeue/ directory."""
+    if store_fs.is_remote(root):
+        return store_fs.open_store(root).listing().is_dir(store_fs.display_uri(root) + "/consumequeue")
+    return os.path.isdir(os.path.join(root, "consumequeue"))
 
 
 def list_topics(root: str) -> dict[str, list[int]]:
     """Topics and queue ids of the consume queue directories."""
+    if store_fs.is_remote(root):
+        return store_fs.open_store(root).listing().topics()
     cq = os.path.join(root, "consumequeue")
     out: dict[str, list[int]] = {}
     if not os.path.isdir(cq):
@@ -187,6 +216,7 @@ class QueueView:
     file_units: int = 0                     # units per file (configured size / 20)
     tail_skip: int = 0                      # tail units dropped from the front (a partition's copy)
     blank: tuple = ()                       # commitlog ranges recovery skipped: disk units there are fillers
+    fs: RemoteStore | None = None           # the store's filesystem when it is not local (store_fs)
 
     @property
     def end(self) -> int:
@@ -203,7 +233,7 @@ class QueueView:
                 s, e = max(lo, base), min(hi, base + size - size % UNIT)
                 if s >= e:
                     continue
-                arr = np.fromfile(path, dtype=CQ_NP, count=(e - s) // UNIT, offset=s - base)
+                arr = _units_at(path, s - base, e - s, self.fs)
                 o, z = arr["offset"].astype(np.int64), arr["size"].astype(np.int64)
                 for lo_b, hi_b in self.blank:     # recovery.apply_plan's blank_units_in, in memory
                     hit = (o >= lo_b) & (o < hi_b)
@@ -226,7 +256,7 @@ class QueueView:
         hi = min(max(b - t0, lo), len(self.tail))
         return QueueView(self.topic, self.queue_id, self.dir, self.files, self.min_offset, self.disk_end,
                          self.max_physic_offset, self.tail[lo:hi].copy(), self.file_units, self.tail_skip + lo,
-                         self.blank)
+                         self.blank, self.fs)
 
 
 @dataclass
@@ -246,6 +276,7 @@ class StoreView:
     reput_from: int | None = None
     notes: list[str] = field(default_factory=list)
     plan: RecoveryPlan | None = None       # the recovery this view applied (None: live)
+    fs: RemoteStore | None = None          # the store's filesystem when it is not local (store_fs)
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -264,8 +295,12 @@ class StoreView:
         f = self.file_of(offset)
         if f is None:
             return -1
-        _, buf = cache.get(f.path)
         pos = offset - f.base
+        if self.fs is not None:     # a remote store: the header alone, one ranged read
+            buf = self.fs.read(f.path, pos, scanner.MIN_RECORD + 32)
+            pos = 0
+        else:
+            _, buf = cache.get(f.path)
         if pos < 0 or pos + codec.HEADER_V4.size > len(buf):
             return -1
         try:
@@ -283,7 +318,9 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
               topics: set[str] | None = None) -> StoreView:
     """The view of the store at root (see the module docstring). `topics` limits the queues in the view
     (recovery still examines every queue: where the re-dispatch starts depends on all of them)."""
-    root = os.path.abspath(root)
+    if store_fs.is_remote(root):
+        return _load_remote_view(store_fs.open_store(root), config, topics)
+    root = os.path.abspath(store_fs.local_path(root))
     cdir = commitlog_dir(root)
     if cdir is None:
         raise StoreError(f"option 'path': {root!r} is not a RocketMQ store directory")
@@ -294,11 +331,7 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     sizes = [f.size for f in files]
     if config is None:      # no configuration given: the files tell the geometry
         config = _geometry_from_files(root, StoreConfig(), sizes)
-    file_size = config.mapped_file_size_commit_log
-    if files and max(sizes) > file_size:
-        file_size = max(sizes)          # the configuration was not given: the files tell their size
-    if files and len(files) > 1 and sizes[0] != file_size and sizes[0] == max(sizes):
-        file_size = sizes[0]
+    file_size = _cl_file_size(config, sizes)
     cl_min = files[0].base if files else 0
     view = StoreView(root, broker_name(root), config, live, clean, files, file_size, cl_min, None, {})
     cq_size = config.mapped_file_size_consume_queue
@@ -319,16 +352,54 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     return view
 
 
-def _geometry_from_files(root: str, config: StoreConfig, cl_sizes: list[int]) -> StoreConfig:
+def _cl_file_size(config: StoreConfig, sizes: list[int]) -> int:
+    """The commitlog file size: the configuration's, or what the files show when they are larger."""
+    file_size = config.mapped_file_size_commit_log
+    if sizes and max(sizes) > file_size:
+        file_size = max(sizes)          # the configuration was not given: the files tell their size
+    if len(sizes) > 1 and sizes[0] != file_size and sizes[0] == max(sizes):
+        file_size = sizes[0]
+    return file_size
+
+
+def _load_remote_view(rs: RemoteStore, config: StoreConfig | None, topics: set[str] | None) -> StoreView:
+    """The view of a store at a URI: as it is (module docstring), from one listing and ranged reads."""
+    lst = rs.listing()
+    cdir = lst.commitlog_dir()
+    if cdir is None:
+        raise StoreError(f"option 'path': {rs.root!r} is not a RocketMQ store directory")
+    files = [CLFile(b, p, s) for b, p, s in lst.digit_files(cdir)]
+    sizes = [f.size for f in files]
+    cq_root = f"{rs.root}/consumequeue"
+    queues = {(t, q): f"{cq_root}/{t}/{q}" for t, qids in lst.topics().items() for q in qids}
+    if config is None:
+        cq_sizes = [s for d in queues.values() for _, _, s in lst.digit_files(d)]
+        config = _geometry_from_files(rs.root, StoreConfig(), sizes, cq_sizes)
+    cl_min = files[0].base if files else 0
+    view = StoreView(rs.root, broker_name(rs.root), config, False, not lst.is_file(f"{rs.root}/abort"), files,
+                     _cl_file_size(config, sizes), cl_min, None, {}, fs=rs)
+    if not view.clean:
+        view.notes.append(f"{rs.root}: has an abort file (copied from a running or crashed store): read as it is, "
+                          "without recovery; records its queues point at are checked as they are read")
+    for (t, q), d in sorted(queues.items()):
+        if topics is None or t in topics:
+            qv = _live_queue(t, q, d, config.mapped_file_size_consume_queue, cl_min, rs, lst.digit_files(d))
+            if qv is not None:
+                view.queues[(t, q)] = qv
+    return view
+
+
+def _geometry_from_files(root: str, config: StoreConfig, cl_sizes: list[int],
+                         cq_sizes: list[int] | None = None) -> StoreConfig:
     """config with the file sizes the store's files show (the largest commitlog file; the largest consume
     queue file, a whole number of units): a file is never larger than its configured size, and only the
     newest file of a queue can be shorter (created by a crash before its resize)."""
     changes = {}
     if cl_sizes:
         changes["mapped_file_size_commit_log"] = max(cl_sizes)
-    cq_max = 0
+    cq_max = max(cq_sizes, default=0) if cq_sizes is not None else 0
     cq_root = os.path.join(root, "consumequeue")
-    for t, qids in list_topics(root).items():
+    for t, qids in (list_topics(root).items() if cq_sizes is None else ()):
         for q in qids:
             for _, _, size in _digit_files(os.path.join(cq_root, t, str(q))):
                 cq_max = max(cq_max, size)
@@ -412,45 +483,77 @@ def _fill_view(view: StoreView, rec: RecoveredStore, topics: set[str] | None) ->
         view.index_files = [os.path.join(view.root, "index", n) for n in plan.index.kept]
         view.index_end = plan.index.resume_from
 
-def _units_of(path: str, nbytes: int | None = None) -> np.ndarray:
-    return np.fromfile(path, dtype=CQ_NP, count=-1 if nbytes is None else nbytes // UNIT)
+REMOTE_UNITS_BLOCK = 3276 * UNIT       # the first ranged read of a remote consume queue file (64 KiB)
+
+
+def _units_of(path: str, nbytes: int | None = None, fs: RemoteStore | None = None, until=None) -> np.ndarray:
+    """The units of the file's first nbytes. A remote file (consume queue files are preallocated: 6 MB of
+    mostly zeros by default) is read in blocks from REMOTE_UNITS_BLOCK bytes, doubling, up to the first
+    block holding a unit for which until(units) is true: the caller looks for the first such unit, and gets
+    the units up to it (a prefix)."""
+    if fs is None:
+        return np.fromfile(path, dtype=CQ_NP, count=-1 if nbytes is None else nbytes // UNIT)
+    out, pos, block = [], 0, REMOTE_UNITS_BLOCK
+    while pos < nbytes:
+        arr = _units_at(path, pos, min(block, nbytes - pos), fs)
+        out.append(arr)
+        if not len(arr) or (until is not None and until(arr).any()):
+            break
+        pos, block = pos + len(arr) * UNIT, block * 2
+    return np.concatenate(out) if out else np.empty(0, dtype=CQ_NP)
+
+
+def _units_at(path: str, pos: int, nbytes: int, fs: RemoteStore | None) -> np.ndarray:
+    """The consume queue units in bytes [pos, pos + nbytes) of the file (a ranged read when remote)."""
+    if fs is None:
+        return np.fromfile(path, dtype=CQ_NP, count=nbytes // UNIT, offset=pos)
+    raw = fs.read(path, pos, nbytes - nbytes % UNIT)
+    return np.frombuffer(raw[:len(raw) - len(raw) % UNIT], dtype=CQ_NP)
+
+
+def _unwritten(arr) -> np.ndarray:
+    return (arr["offset"] < 0) | (arr["size"] <= 0)
 
 
 def _is_real(arr) -> np.ndarray:
     return (arr["size"] != BLANK_SIZE) | (arr["offset"] != 0)
 
 
-def _live_queue(topic: str, qid: int, d: str, cq_size: int, cl_min: int) -> QueueView | None:
-    files = _digit_files(d)
+def _live_queue(topic: str, qid: int, d: str, cq_size: int, cl_min: int, fs: RemoteStore | None = None,
+                files: list | None = None) -> QueueView | None:
+    files = _digit_files(d) if files is None else files
     if not files:
         return None
     per = max(cq_size // UNIT, 1)
     base, path, size = files[-1]
-    arr = _units_of(path, size - size % UNIT)
-    bad = np.flatnonzero((arr["offset"] < 0) | (arr["size"] <= 0))
+    arr = _units_of(path, size - size % UNIT, fs, until=_unwritten)
+    bad = np.flatnonzero(_unwritten(arr))
     n = int(bad[0]) if len(bad) else len(arr)
     disk_end = base // UNIT + n
-    qv = QueueView(topic, qid, d, files, 0, disk_end, -1, file_units=per)
+    qv = QueueView(topic, qid, d, files, 0, disk_end, -1, file_units=per, fs=fs)
     if n:
         qv.max_physic_offset = int(arr["offset"][n - 1]) + int(arr["size"][n - 1])
-    qv.min_offset = _min_offset(files, disk_end, max(cl_min, 0))
+    qv.min_offset = _min_offset(files, disk_end, max(cl_min, 0), fs)
     return qv
 
 
-def _min_offset(files, disk_end: int, phy_min: int) -> int:
+def _min_offset(files, disk_end: int, phy_min: int, fs: RemoteStore | None = None) -> int:
     """ConsumeQueue._first_real_unit_offset then correct_min_offset(phy_min), in units."""
     if not files:
         return 0
     # first real unit of the first file
     b0, p0, s0 = files[0]
     first_end = min(s0 // UNIT, max(disk_end - b0 // UNIT, 0))
-    arr = _units_of(p0, first_end * UNIT)
+
+    def usable(a):      # an ok unit is also a real one: a prefix up to the first ok unit holds both answers
+        return (a["offset"] >= phy_min) & (a["size"] > 0) & (a["size"] != BLANK_SIZE)
+    arr = _units_of(p0, first_end * UNIT, fs, until=usable)
     real = np.flatnonzero(_is_real(arr))
     min_off = b0 // UNIT + (int(real[0]) if len(real) else first_end)
     for i, (b, p, s) in enumerate(files):
         count = min(s // UNIT, max(disk_end - b // UNIT, 0))
-        a = arr if i == 0 else _units_of(p, count * UNIT)
-        ok = np.flatnonzero((a["offset"] >= phy_min) & (a["size"] > 0) & (a["size"] != BLANK_SIZE))
+        a = arr if i == 0 else _units_of(p, count * UNIT, fs, until=usable)
+        ok = np.flatnonzero(usable(a))
         if len(ok):
             return max(min_off, b // UNIT + int(ok[0]))
         if i == len(files) - 1:
@@ -460,6 +563,8 @@ def _min_offset(files, disk_end: int, phy_min: int) -> int:
 
 
 def _index_names(root: str) -> list[str]:
+    if store_fs.is_remote(root):
+        return []           # a remote store's index is not read: key lookups scan its commitlog
     d = os.path.join(root, "index")
     try:
         names = os.listdir(d)
