@@ -38,11 +38,14 @@ failOnDataLoss         true (default): messages the read should return but canno
                        warning naming them, and counted: rmqstore.spark.skipped_data(spark) ->
                        {"ranges": n, "messages": m} for the session
 checkCRC               true (default, as Kafka's check.crcs) / false: check returned bodies against BODYCRC
-minPartitions          at least this many partitions (queues are split), as Kafka's
+minPartitions          at least this many partitions (queues are split), as Kafka's; otherwise one per core
+                       of the session (register(spark) tells it), 8 when unknown
 minOffsetsPerTrigger   stream: wait until this many messages are there, at most maxTriggerDelay (15m)
 view                   queues: one row per queue (broker, topic, queueId, minOffset, maxOffset, messages,
                        firstStoreTimestamp, lastStoreTimestamp) from the consume queues, no scan
 includeBody            true (default) / false: body is null (saves the copy)
+columns                only these columns (comma-separated): the others are not decoded (Spark 4.3 tells a
+                       Python source nothing of the columns a query needs)
 config                 path of a store.conf / broker.conf (geometry; needed for key lookups)
 key                    only the messages the store finds for this key: the index (read-only) answers,
                        then topic and key are checked, as MessageStore.find_messages_by_key does

@@ -17,7 +17,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualNullSafe,
                                     Not)
 
 from . import options as O
-from .records import COLUMNS, NEVER_NULL, SPARK_DDL, ms_from_datetime
+from .records import COLUMNS, NEVER_NULL, ms_from_datetime, spark_ddl
 from .scan import NUMERIC, STRINGS, TIMESTAMPS, Cond, read_partition
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,11 @@ class RocketMQDataSource(DataSource):
     """Messages of RocketMQ store directories (see the package docstring for the options). register(spark)
     registers a subclass of it whose loss_counter is the session's skipped-data accumulator (loss.py)."""
     loss_counter = None
+    parallelism = None
 
     def _options(self) -> O.ReadOptions:
         ro = O.parse(self.options)
-        ro.loss_counter = self.loss_counter
+        ro.loss_counter, ro.parallelism = self.loss_counter, self.parallelism
         return ro
 
     @classmethod
@@ -92,7 +93,7 @@ class RocketMQDataSource(DataSource):
         if ro.view == "queues":
             from .metadata import QUEUES_DDL
             return QUEUES_DDL
-        return SPARK_DDL
+        return spark_ddl(ro.columns)
 
     def reader(self, schema) -> "RocketMQReader":
         ro = self._options()
@@ -105,7 +106,7 @@ class RocketMQDataSource(DataSource):
 
     def streamReader(self, schema):
         from .stream import RocketMQStreamReader
-        return RocketMQStreamReader(self.options, self.loss_counter)
+        return RocketMQStreamReader(self.options, self.loss_counter, self.parallelism)
 
     def writer(self, schema, overwrite: bool):
         from .writer import RocketMQWriter

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from ..store.config import StoreConfig
 from ..errors import ConfigError
 from . import storeview as SV
-from .records import ms_from_datetime
+from .records import COLUMNS, ms_from_datetime
 
 KNOWN = {
     "path", "paths", "topics", "subscribepattern", "queueids", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "includebody", "config", "mode", "key", "maxoffsetspertrigger",
     "rowsperpartition", "pushfilters", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
     "startingoffsetsbytimestampstrategy", "failondataloss", "minpartitions", "minoffsetspertrigger",
-    "maxtriggerdelay", "view", "checkcrc",
+    "maxtriggerdelay", "view", "checkcrc", "columns",
 }
 # Names as the user spells them (options arrive lower-cased).
 SPELLING = {k.lower(): k for k in (
@@ -24,7 +24,7 @@ SPELLING = {k.lower(): k for k in (
     "startingTimestamp", "endingTimestamp", "includeBody", "config", "mode", "key", "maxOffsetsPerTrigger",
     "rowsPerPartition", "pushFilters", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions", "minOffsetsPerTrigger",
-    "maxTriggerDelay", "view", "checkCRC")}
+    "maxTriggerDelay", "view", "checkCRC", "columns")}
 
 
 class OptionError(ValueError):
@@ -53,12 +53,14 @@ class ReadOptions:
     ts_strategy: str = "error"            # startingOffsetsByTimestampStrategy: error | latest
     fail_on_data_loss: bool = True
     loss_counter: object = None       # not an option: the session's skipped-data accumulator (loss.py)
+    parallelism: int | None = None    # not an option: the session's default parallelism (plan.partition_rows)
     min_partitions: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60 * 1000
     view: str | None = None               # "queues": one row per queue (metadata), no message is read
     check_crc: bool = True                # checkCRC: bodies returned are checked against BODYCRC (as Kafka check.crcs)
     include_body: bool = True
+    columns: tuple | None = None          # columns: the only columns read and decoded (None: every column)
     key: str | None = None
     max_offsets_per_trigger: int | None = None
     rows_per_partition: int = 200_000
@@ -254,10 +256,27 @@ def _parse_range(ro: ReadOptions, opts: dict, all_topics: set[str], have_cq: boo
         raise OptionError("options 'endingTimestamp' and 'endingOffsets' exclude each other: give one")
 
 
+def _parse_columns(v) -> tuple:
+    """Option columns: comma-separated column names (any case), in the rows' column order."""
+    by_lower = {c.lower(): c for c in COLUMNS}
+    names = [w.strip() for w in str(v).split(",") if w.strip()]
+    if not names:
+        raise OptionError("option 'columns' is empty: give column names, comma-separated "
+                          f"(of {', '.join(COLUMNS)})")
+    for w in names:
+        if w.lower() not in by_lower:
+            raise OptionError(f"option 'columns': no column {w!r} (columns: {', '.join(COLUMNS)})")
+    want = {by_lower[w.lower()] for w in names}
+    return tuple(c for c in COLUMNS if c in want)
+
+
 def _parse_switches(ro: ReadOptions, opts: dict) -> None:
-    """includeBody, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition."""
+    """includeBody, columns, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition."""
     if "includebody" in opts:
         ro.include_body = _bool("includebody", opts["includebody"])
+    if "columns" in opts:
+        ro.columns = _parse_columns(opts["columns"])
+        ro.include_body = ro.include_body and "body" in ro.columns
     if "key" in opts:
         ro.key = str(opts["key"])
         if not ro.key:
@@ -323,4 +342,6 @@ def _parse_kafka_extras(ro: ReadOptions, opts: dict, brokers: list[str], all_top
             raise OptionError(f"option 'view' must be queues (one row per consume queue), got {opts['view']!r}")
         if streaming:
             raise OptionError("option 'view' is for batch reads only")
+        if "columns" in opts:
+            raise OptionError("option 'columns' selects message columns: it does not apply to view=queues")
         ro.view = v

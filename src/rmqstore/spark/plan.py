@@ -8,10 +8,12 @@ from . import storeview as SV
 from .loss import data_loss
 from .options import OptionError, ReadOptions
 from .scan import Cond, Partition, StoreRef, int_range
+from .viewcache import ViewCache
 
 log = logging.getLogger(__name__)
 
 PACK_BYTES = 64 << 20       # commitlog mode: files packed into one partition up to this many bytes
+DEFAULT_PARTITIONS = 8      # partitions when the session's parallelism is unknown (not registered by register)
 MIN_ROWS = 10_000           # queue mode: partitions are not made smaller than this to get more of them
 
 
@@ -37,12 +39,15 @@ def topics_to_load(ro: ReadOptions, conds: list[Cond]) -> set[str] | None:
     return t
 
 
+_VIEWS = ViewCache()         # views of stores nobody writes, kept while their files stay the same
+
+
 def load_views(ro: ReadOptions, conds: list[Cond], *, topics: set[str] | None = None) -> list[SV.StoreView]:
     out = []
     for root, broker in zip(ro.paths, ro.brokers):
         if not _passes(conds, "broker", broker):
             continue
-        out.append(SV.load_view(root, ro.config, topics=topics))
+        out.append(_VIEWS.load(root, ro.config, topics))
     return out
 
 
@@ -198,12 +203,20 @@ def queue_range(ro: ReadOptions, conds: list[Cond], view: SV.StoreView, qv: SV.Q
     return a, b
 
 
-def partition_rows(ro: ReadOptions, total: int, default_min: int = 8) -> int:
+def target_partitions(ro: ReadOptions) -> int:
+    """How many partitions a read is split into at least: the session's default parallelism (every core
+    busy, as Spark's file sources split), DEFAULT_PARTITIONS when it is not known. More cost more: each
+    partition is a Python task, ~80 ms of CPU on top of its rows here (BENCHMARKS.md)."""
+    return ro.parallelism or DEFAULT_PARTITIONS
+
+
+def partition_rows(ro: ReadOptions, total: int) -> int:
     """Rows per partition for a read of `total` rows: option rowsPerPartition, made smaller to give at least
-    8 partitions of MIN_ROWS or more, or (option minPartitions, as Kafka's) at least minPartitions."""
+    target_partitions partitions of MIN_ROWS or more, or (option minPartitions, as Kafka's) at least
+    minPartitions."""
     if ro.min_partitions:
         return max(1, min(ro.rows_per_partition, -(-total // ro.min_partitions)))
-    return max(1, min(ro.rows_per_partition, max(MIN_ROWS, -(-total // default_min))))
+    return max(1, min(ro.rows_per_partition, max(MIN_ROWS, -(-total // target_partitions(ro)))))
 
 
 def queue_partitions(view: SV.StoreView, ranges: list[tuple[SV.QueueView, int, int]], conds: list[Cond],
@@ -336,4 +349,5 @@ def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
         parts.extend(queue_partitions(view, ranges, conds, ro.include_body, per))
     for p in parts:
         p.fail_on_data_loss, p.check_crc, p.loss_counter = ro.fail_on_data_loss, ro.check_crc, ro.loss_counter
+        p.columns = ro.columns
     return parts

@@ -37,11 +37,22 @@ FIELDS = [
     ("broker", pa.string()),
 ]
 ARROW_SCHEMA = pa.schema([pa.field(n, t, nullable=True) for n, t in FIELDS])
-SPARK_DDL = ("topic string, queueId int, queueOffset long, commitLogOffset long, storeSize int, bodyCRC int, "
-             "flag int, sysFlag int, bornTimestamp timestamp, storeTimestamp timestamp, bornHost string, "
-             "storeHost string, reconsumeTimes int, preparedTransactionOffset long, msgId string, body binary, "
-             "tags string, keys array<string>, properties map<string,string>, broker string")
+SPARK_TYPES = {"string": "string", "int32": "int", "int64": "long", "timestamp[us, tz=UTC]": "timestamp",
+               "binary": "binary", "list<item: string>": "array<string>",
+               "map<string, string>": "map<string,string>"}
 COLUMNS = [n for n, _ in FIELDS]
+
+
+def spark_ddl(columns=None) -> str:
+    """The Spark schema (DDL) of the rows, or of the given columns (in COLUMNS order)."""
+    return ", ".join(f"{n} {SPARK_TYPES[str(t)]}" for n, t in FIELDS if columns is None or n in columns)
+
+
+def arrow_schema(columns=None) -> pa.Schema:
+    return ARROW_SCHEMA if columns is None else pa.schema([f for f in ARROW_SCHEMA if f.name in columns])
+
+
+SPARK_DDL = spark_ddl()
 # Columns that are never null (IsNotNull filters on them are always true).
 NEVER_NULL = frozenset(COLUMNS) - {"tags", "body"}
 
@@ -239,23 +250,31 @@ class Records(scanner.RecordColumns):
         return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(row_offs), pa.py_buffer(hexed)])
 
     def batch(self, broker: str, include_body: bool = True, props: Props | None = None,
-              topics: pa.Array | None = None) -> pa.RecordBatch:
-        """The rows of these records (which must all be valid), in ARROW_SCHEMA."""
+              topics: pa.Array | None = None, columns: tuple | None = None) -> pa.RecordBatch:
+        """The rows of these records (which must all be valid), in ARROW_SCHEMA, or only the given columns
+        (arrow_schema(columns)): the others are not decoded at all."""
         n = len(self.pos)
         i32 = lambda a: pa.array(a.astype(np.int32), type=pa.int32())   # noqa: E731
         i64 = lambda a: pa.array(a, type=pa.int64())                    # noqa: E731
         ts = lambda a: pa.array(a * 1000, type=pa.timestamp("us", tz="UTC"))  # noqa: E731
-        props = props if props is not None else self.properties()
-        cols = [
-            topics if topics is not None else self.topics(), i32(self.queue_id), i64(self.queue_offset),
-            i64(self.phys), i32(self.total), i32(self.body_crc), i32(self.flag), i32(self.sys_flag),
-            ts(self.born_ts), ts(self.store_ts),
-            _hosts(self.buf, self.born_host_pos, self.born_alen), _hosts(self.buf, self.store_host_pos, self.store_alen),
-            i32(self.reconsume), i64(self.prepared), self.msg_ids(),
-            self.bodies() if include_body else pa.nulls(n, pa.binary()),
-            props.tags, props.keys, props.map, _const_strings(broker, n),
-        ]
-        return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
+        if props is None and (columns is None or {"tags", "keys", "properties"} & set(columns)):
+            props = self.properties()
+        make = {
+            "topic": lambda: topics if topics is not None else self.topics(),
+            "queueId": lambda: i32(self.queue_id), "queueOffset": lambda: i64(self.queue_offset),
+            "commitLogOffset": lambda: i64(self.phys), "storeSize": lambda: i32(self.total),
+            "bodyCRC": lambda: i32(self.body_crc), "flag": lambda: i32(self.flag),
+            "sysFlag": lambda: i32(self.sys_flag), "bornTimestamp": lambda: ts(self.born_ts),
+            "storeTimestamp": lambda: ts(self.store_ts),
+            "bornHost": lambda: _hosts(self.buf, self.born_host_pos, self.born_alen),
+            "storeHost": lambda: _hosts(self.buf, self.store_host_pos, self.store_alen),
+            "reconsumeTimes": lambda: i32(self.reconsume), "preparedTransactionOffset": lambda: i64(self.prepared),
+            "msgId": self.msg_ids, "body": lambda: self.bodies() if include_body else pa.nulls(n, pa.binary()),
+            "tags": lambda: props.tags, "keys": lambda: props.keys, "properties": lambda: props.map,
+            "broker": lambda: _const_strings(broker, n),
+        }
+        schema = arrow_schema(columns)
+        return pa.RecordBatch.from_arrays([make[f.name]() for f in schema], schema=schema)
 
 
 # --- walking a commitlog file ------------------------------------------------------------------------

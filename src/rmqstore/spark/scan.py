@@ -174,6 +174,7 @@ class Partition(_Base):
     fail_on_data_loss = True          # set by the planner from the option failOnDataLoss
     loss_counter = None               # and the session's skipped-data accumulator (loss.py)
     check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
+    columns = None                    # option columns: the only columns built (None: all)
 
     def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
                  key: str | None = None, key_topics: frozenset | None = None, rows: int = 0):
@@ -322,7 +323,7 @@ def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
                 props = _filter_props(props, smask)
     if not len(recs):
         return None
-    return recs.batch(part.store.broker, part.include_body, props=props, topics=topics)
+    return recs.batch(part.store.broker, part.include_body, props=props, topics=topics, columns=part.columns)
 
 
 def _chunks(recs: R.Records):

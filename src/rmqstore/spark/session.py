@@ -7,12 +7,23 @@ import sys
 
 def register(spark) -> None:
     """Register the `rocketmq` data source with this SparkSession: a subclass of RocketMQDataSource made for
-    the session's SparkContext, carrying its skipped-data accumulator (loss.py: skipped_data(spark))."""
+    the session's SparkContext, carrying its skipped-data accumulator (loss.py: skipped_data(spark)) and its
+    default parallelism (reads are split into that many partitions or more: plan.partition_rows)."""
     from .datasource import RocketMQDataSource
     from .loss import session_counter
     cls = type("RocketMQDataSource", (RocketMQDataSource,), {"loss_counter": session_counter(spark),
+                                                              "parallelism": _parallelism(spark),
                                                               "__module__": __name__})
     spark.dataSource.register(cls)
+
+
+def _parallelism(spark) -> int | None:
+    """The session's spark.default.parallelism (its cores on a local master); None where the session has no
+    SparkContext to ask (Spark Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:       # noqa: BLE001 - Spark Connect raises its own errors for sparkContext
+        return None
 
 
 def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):

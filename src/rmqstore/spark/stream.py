@@ -54,9 +54,9 @@ def split_limit(avail: dict[tuple, int], max_rows: int) -> dict[tuple, int]:
 
 
 class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict, loss_counter=None):
+    def __init__(self, options: dict, loss_counter=None, parallelism: int | None = None):
         self.ro = O.parse(options, streaming=True)
-        self.ro.loss_counter = loss_counter
+        self.ro.loss_counter, self.ro.parallelism = loss_counter, parallelism
         self._target: dict | None = None
         self._cache = ViewCache()
         self._last_batch = time.monotonic()       # for maxTriggerDelay
@@ -171,6 +171,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for p in parts:
             p.fail_on_data_loss, p.check_crc, p.loss_counter = (self.ro.fail_on_data_loss, self.ro.check_crc,
                                                                 self.ro.loss_counter)
+            p.columns = self.ro.columns
         return parts
 
     def read(self, partition):

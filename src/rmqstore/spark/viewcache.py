@@ -1,10 +1,14 @@
-"""Store views kept between the triggers of a stream: a view is loaded again only when a file of the store
-changed (names, sizes and modification times of the commitlog, consume queue, checkpoint, abort and lock
-files), so a trigger on a store nobody writes does not emulate recovery again."""
+"""Store views kept between the triggers of a stream, and between the batch reads planned in one Python
+process (plan.load_views; Spark reuses its Python workers): a view is loaded again only when a file of the
+store changed (names, sizes and modification times of the commitlog, consume queue, index, checkpoint,
+abort and lock files), so a read or trigger on a store nobody writes does not emulate recovery again. Live
+views (a store another process has open) and stores at URIs (store_fs: their listing has its own time to
+live) are never kept."""
 from __future__ import annotations
 
 import os
 
+from ..store import store_fs
 from . import storeview as SV
 
 _MAX = 16
@@ -20,7 +24,7 @@ def fingerprint(root: str) -> tuple:
             out.append((name, st.st_size, st.st_mtime_ns))
         except OSError:
             out.append((name, -1, 0))
-    for d in (SV.commitlog_dir(root) or "", os.path.join(root, "consumequeue")):
+    for d in (SV.commitlog_dir(root) or "", os.path.join(root, "consumequeue"), os.path.join(root, "index")):
         for dirpath, dirnames, files in os.walk(d):
             dirnames.sort()
             for f in sorted(files):
@@ -39,7 +43,9 @@ class ViewCache:
         self._views: dict[tuple, tuple[tuple, SV.StoreView]] = {}
 
     def load(self, root: str, config, topics: set[str] | None) -> SV.StoreView:
-        key = (root, None if topics is None else frozenset(topics))
+        if store_fs.is_remote(root):
+            return SV.load_view(root, config, topics=topics)
+        key = (root, repr(config), None if topics is None else frozenset(topics))
         fp = fingerprint(root)
         got = self._views.get(key)
         if got is not None and got[0] == fp and not got[1].live:
