@@ -140,7 +140,7 @@ def admin(server):
 # instead of one running a long module alone at the end. Only the order changes, never what runs.
 MODULE_SECONDS = {
     "test_spark_write": 126, "test_check": 93, "test_kill_loop": 91, "test_fuzz_corruption": 78, "test_readme": 77,
-    "test_spark_rebuild": 70, "test_spark_jobs": 65, "test_spark_remote": 55, "test_spark_columns": 20, "test_put_path": 51, "test_spark_source": 51,
+    "test_spark_rebuild": 70, "test_spark_jobs": 65, "test_spark_remote": 55, "test_spark_columns": 20, "test_spark_records": 8, "test_put_path": 51, "test_spark_source": 51,
     "test_crash": 51, "test_spark_kafka_options": 49, "test_cli": 47, "test_spark_view": 46,
     "test_record_scanner": 46, "test_grpc_proxy": 45, "test_client": 45, "test_power_loss": 38,
     "test_spark_read": 37, "test_durability": 34, "test_cli_truth": 32, "test_cli_store": 30,

@@ -60,6 +60,7 @@ MIN_HEADER = codec.HEADER_V4.size            # 88
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _HEX_PAIRS = np.stack([_HEX[np.arange(256) >> 4], _HEX[np.arange(256) & 15]], axis=1).copy()  # (256, 2)
+_SPAN8 = np.arange(8, dtype=np.int64)
 EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
@@ -169,6 +170,18 @@ def _last_value_of(name: str, k: pa.Array, v: pa.Array, parent: np.ndarray, n: i
     return v.take(pa.array(out, mask=out < 0))
 
 
+def _key_twice(parent: np.ndarray, codes: np.ndarray, offs: np.ndarray, counts: np.ndarray) -> bool:
+    """Whether a record names a key twice (parent: record of each pair, codes: key code of each pair, pairs
+    grouped by record). Up to 63 distinct keys: one bit per key, summed and or-ed per record (they differ
+    when a bit is there twice); beyond: a sort."""
+    if int(codes.max()) < 63:
+        bits = np.left_shift(np.uint64(1), codes.astype(np.uint64))
+        starts = offs[:-1][counts > 0]
+        return bool((np.add.reduceat(bits, starts) != np.bitwise_or.reduceat(bits, starts)).any())
+    combo = parent * (int(codes.max()) + 1) + codes
+    return len(np.unique(combo)) != len(combo)
+
+
 def parse_properties(props: pa.Array) -> Props:
     """codec.string_to_properties over a string array, vectorised."""
     n = len(props)
@@ -187,8 +200,7 @@ def parse_properties(props: pa.Array) -> Props:
     if len(parent):
         # A key written twice: codec keeps one entry (the last value). Rare: decode those batches by row.
         codes = np.asarray(pc.dictionary_encode(k).indices, dtype=np.int64)
-        combo = parent * (int(codes.max()) + 1) + codes
-        if len(np.unique(combo)) != len(combo):
+        if _key_twice(parent, codes, offs, counts):
             return _parse_properties_slow(props)
     m = pa.MapArray.from_arrays(pa.array(offs.astype(np.int32)), k, v)
     keys_val = _last_value_of(codec.PROPERTY_KEYS, k, v, parent, n)
@@ -241,6 +253,12 @@ class Records(scanner.RecordColumns):
     def msg_ids(self) -> pa.Array:
         """codec.create_message_id: store address + port + PHYSICALOFFSET, upper-case hex."""
         n = len(self.pos)
+        if n and (self.store_alen == 4).all():      # IPv4 store hosts: 16 bytes each, one 2-D gather
+            raw = np.concatenate([self.buf[self.store_host_pos[:, None] + _SPAN8],
+                                  self.buf[(self.pos + codec.POS_PHYSICALOFFSET)[:, None] + _SPAN8]], axis=1)
+            hexed = _HEX_PAIRS[raw].reshape(-1)
+            offs = np.arange(0, 32 * (n + 1), 32, dtype=np.int32)
+            return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offs), pa.py_buffer(hexed)])
         starts = np.stack([self.store_host_pos, self.pos + codec.POS_PHYSICALOFFSET], axis=1).reshape(-1)
         lens = np.stack([self.store_alen + 4, np.full(n, 8, dtype=np.int64)], axis=1).reshape(-1)
         idx, offs = ranges_index(starts, lens)
