@@ -102,7 +102,12 @@ SPARK = {"scale": 200000, "body_size": 512, "master": "local[*]", "cores": 2, "m
          "parquet_write_seconds": 10.477, "parquet_MB": 113.5, "spark_parquet_seconds": 1.006,
          "spark_parquet_msgs_per_s": 198851, "spark_parquet_MB_per_s": 133.2, "same_answer": True,
          "rebuild_local_seconds": 1.795, "rebuild_spark_seconds": 5.49, "rebuild_spark_tasks": 19,
-         "rebuild_same_queues": True}
+         "rebuild_same_queues": True, "floor_seconds": 0.97,
+         "queries": [{"query": "aggregate, every column", "rmqstore_seconds": 2.471, "parquet_seconds": 1.006,
+                      "same": True},
+                     {"query": "aggregate, option columns", "rmqstore_seconds": 0.96, "parquet_seconds": 0.8,
+                      "same": True},
+                     {"query": "count()", "rmqstore_seconds": 0.3, "parquet_seconds": 0.2, "same": False}]}
 SERVER = {"messages": 100000, "sync_messages": 10000, "body_size": 256, "in_flight": 512, "queues": 4,
           "async_send_msgs_per_s": 19021, "async_send_errors": 0,
           "async_send_cpu_us_per_msg": {"client": 47.3, "server": 41.1}, "sync_send_msgs_per_s": 2336,
@@ -114,12 +119,16 @@ def test_spark_and_server_results_are_rows_with_ratios(tmp_path):
     from rmqstore.tools import benchsuite
     tables = [benchsuite.spark_table(SPARK), benchsuite.server_table(SERVER)]
     md = benchsuite.render_markdown(tables, "full", tmp_path, 1.0, [], (0, 0, 0), None)
-    for title, n in (("## Spark: read 200,000 messages", 5), ("## RocketMQ-protocol server over loopback", 3)):
+    for title, n in (("## Spark: read 200,000 messages", 6), ("## RocketMQ-protocol server over loopback", 3)):
         section = md.split(title, 1)[1].split("\n## ", 1)[0]
-        rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| system")]
+        rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith(("| system", "| query"))
+                and "x |" not in r and "DIFFERENT" not in r]
         assert len(rows) == n, rows
         assert all(re.search(r"\| (\d+\.\d\d|1\.00 \(reference\)) \|$", r) for r in rows), rows
     assert "| Spark reading the same messages from Parquet | 198,851 msg/s, 133 MB/s, 1.01 s | 2.46 |" in md
+    # each query beside Parquet: msg/s and seconds of both, the ratio, and a different answer said plainly
+    assert ("| aggregate, option columns | 250,000 msg/s (0.80 s) | 208,333 msg/s (0.96 s) | 0.83x |" in md), md
+    assert "| count() | 1,000,000 msg/s (0.20 s) | 666,667 msg/s (0.30 s) | 0.67x DIFFERENT ANSWERS |" in md
     chart = tmp_path / "r.png"
     benchsuite.render_chart(tables, chart, "full")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -66,6 +66,23 @@ def _best(fn, repeat: int) -> tuple[float, object]:
     return best, got
 
 
+def _pair(ours, theirs, repeat: int) -> tuple[float, object, float, object]:
+    """(best seconds, answer) of ours and of theirs, run alternately after one warm-up each, so that both
+    see the JVM as warm (its JIT keeps speeding up Spark's own code during a run)."""
+    ours()
+    theirs()
+    a = b = float("inf")
+    got = want = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        got = ours()
+        a = min(a, time.perf_counter() - t)
+        t = time.perf_counter()
+        want = theirs()
+        b = min(b, time.perf_counter() - t)
+    return a, got, b, want
+
+
 def _agg(df):
     from pyspark.sql import functions as F
     return df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("body")).alias("body"),
@@ -126,12 +143,26 @@ def _bench_local(out: dict, store: str, config, scale: int, repeat: int) -> None
     _rates(out, "local_vectorised_headers", s, scale)
 
 
+AGG_COLUMNS = "topic,storeTimestamp,body,properties"     # what _agg reads
+
+
+def _narrow(df):
+    from pyspark.sql import functions as F
+    return tuple(df.agg(F.max("queueOffset"), F.countDistinct("topic")).collect()[0])
+
+
 def _bench_reads(out: dict, spark, work: str, store: str, conf_path: str, scale: int, repeat: int) -> None:
-    """The data source, mode=queue and mode=commitlog, and Spark reading the same messages from Parquet."""
-    df = spark.read.format("rocketmq").option("config", conf_path).load(store)
+    """The data source against Spark reading the same messages from Parquet, query by query (out["queries"]:
+    name, rmqstore seconds, Parquet seconds, same answer), and the Python data source API's floor."""
+    def src(**opts):
+        r = spark.read.format("rocketmq").option("config", conf_path)
+        for k, v in opts.items():
+            r = r.option(k, v)
+        return r.load(store)
+    df = src()
     s, row = _best(lambda: _agg(df), repeat)
     _rates(out, "spark_queue", s, row["n"])
-    dfc = spark.read.format("rocketmq").option("config", conf_path).option("mode", "commitlog").load(store)
+    dfc = src(mode="commitlog")
     s, row2 = _best(lambda: _agg(dfc), repeat)
     _rates(out, "spark_commitlog", s, row2["n"])
     pq = os.path.join(work, "messages.parquet")
@@ -144,6 +175,76 @@ def _bench_reads(out: dict, spark, work: str, store: str, conf_path: str, scale:
     s, row3 = _best(lambda: _agg(dfp), repeat)
     _rates(out, "spark_parquet", s, row3["n"])
     out["same_answer"] = (tuple(row) == tuple(row3)) and row["n"] == scale
+    queries = [("aggregate of body, properties, storeTimestamp, topic: every column built (default)",
+                out["spark_queue_seconds"], s, tuple(row) == tuple(row3))]
+    for name, ours, theirs in (
+            ("the same aggregate, option columns (only those four read)", lambda: _agg(src(columns=AGG_COLUMNS)),
+             lambda: _agg(dfp)),
+            ("the same, columns, commitlog order", lambda: _agg(src(columns=AGG_COLUMNS, mode="commitlog")),
+             lambda: _agg(dfp)),
+            ("narrow: max(queueOffset), countDistinct(topic), option columns",
+             lambda: _narrow(src(columns="topic,queueOffset")), lambda: _narrow(dfp)),
+            ("count(), option columns=queueOffset", lambda: src(columns="queueOffset").count(), dfp.count),
+            ("count() from the queues view (no message read)", lambda: _view_count(src(view="queues")), dfp.count)):
+        a, got, b, want = _pair(ours, theirs, repeat + 1)
+        queries.append((name, a, b, tuple(got) == tuple(want) if isinstance(got, tuple) else got == want))
+    out["queries"] = [{"query": q, "rmqstore_seconds": round(a, 3), "parquet_seconds": round(b, 3), "same": ok}
+                      for q, a, b, ok in queries]
+    out["floor_seconds"] = round(_floor(spark, pq, repeat), 3)
+
+
+def _view_count(df) -> int:
+    from pyspark.sql import functions as F
+    return int(df.agg(F.sum("messages")).collect()[0][0])
+
+
+def _floor(spark, pq: str, repeat: int) -> float:
+    """count() of a Python data source that only yields the Parquet copy's rows as Arrow batches, every
+    column (ArrowFloorSource): what the Python data source API costs before any RocketMQ work."""
+    import glob
+    files = sorted(glob.glob(os.path.join(pq, "*.parquet")))
+    spark.dataSource.register(ArrowFloorSource)
+    df = (spark.read.format("arrow_floor").option("files", ",".join(files))
+          .option("parts", str(spark.sparkContext.defaultParallelism)).load())
+    s, n = _best(df.count, repeat)
+    return s
+
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover - bench_spark needs pyspark anyway
+    DataSource = DataSourceReader = object
+    InputPartition = None
+
+
+class _FloorReader(DataSourceReader):
+    def __init__(self, files: list[str], parts: int):
+        self.files, self.parts = files, parts
+
+    def partitions(self):
+        return [InputPartition(self.files[i::self.parts]) for i in range(self.parts)]
+
+    def read(self, partition):
+        import pyarrow.parquet as pq
+        from .records import ARROW_SCHEMA
+        for f in partition.value:
+            t = pq.read_table(f).replace_schema_metadata(None).cast(ARROW_SCHEMA)
+            yield from t.to_batches(8192)
+
+
+class ArrowFloorSource(DataSource):
+    """The floor of bench_spark: rows read from Parquet files (option files) by pyarrow, yielded as they are."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "arrow_floor"
+
+    def schema(self) -> str:
+        from .records import SPARK_DDL
+        return SPARK_DDL
+
+    def reader(self, schema):
+        return _FloorReader(self.options["files"].split(","), int(self.options.get("parts", "2")))
 
 
 def _bench_rebuild(out: dict, spark, work: str, store: str, config) -> None:

@@ -347,6 +347,8 @@ def render_markdown(tables: list[Table], scale: str, work: Path, total_seconds: 
         if t.key == "rocketmq":
             continue
         out += [f"## {t.title}", ""]
+        if t.compare:
+            out += render_beside(t, "Parquet (Spark's own reader)", "query")
         ref = t.ref_value()
         if t.unit:
             better = "higher is better" if t.higher_better else "lower is better"
@@ -379,6 +381,18 @@ def render_compare(t: Table) -> list[str]:
     for nt in t.notes:
         out += [nt, ""]
     return out
+
+
+def render_beside(t: Table, other: str, what: str) -> list[str]:
+    """A table's compare lines as: what | other | rmqstore | rmqstore / other (msg/s, above 1: faster)."""
+    out = [f"Every figure in msg/s, higher is better; ratio = rmqstore / {other.split(' ')[0]} (above 1: rmqstore "
+           "is faster; 0.50: it takes twice the time).", "",
+           f"| {what} | {other} | rmqstore | rmqstore / {other.split(' ')[0]} |", "|---|---|---|---|"]
+    for c in t.compare:
+        ratio = f"{c.ratio:.2f}x" if c.ratio else "n/a"
+        mine = c.rmqstore_text or (_fmt_rate(c.rmqstore) if c.rmqstore else "not measured")
+        out.append(f"| {c.workload} | {c.rocketmq_text} | {mine} | {ratio}{' ' + c.limit if c.limit else ''} |")
+    return out + ["", "Every way of reading, beside the reference row:", ""]
 
 
 COLOURS = {"rmqstore": "#d62728", "rocketmq": "#ff7f0e", "other": "#1f77b4", "limit": "#9a9a9a"}

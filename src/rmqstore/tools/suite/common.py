@@ -87,7 +87,7 @@ class Table:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    compare: list["Compare"] = field(default_factory=list)   # the RocketMQ side-by-side table only
+    compare: list["Compare"] = field(default_factory=list)   # side-by-side lines (RocketMQ's table, Spark's)
 
     def add(self, system, value, text="", **kw):
         self.rows.append(Row(system, value, text, **kw))
@@ -115,7 +115,8 @@ class Compare:
     rocketmq: float | None
     rmqstore: float | None
     limit: str = ""
-    rocketmq_text: str = ""
+    rocketmq_text: str = ""         # (the other system's figure as shown, when the table is not RocketMQ's)
+    rmqstore_text: str = ""
 
     @property
     def ratio(self) -> float | None:
