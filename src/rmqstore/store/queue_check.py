@@ -78,11 +78,34 @@ def _topic_matches(topics: list[bytes | None], tpos: np.ndarray, end: np.ndarray
     return out
 
 
+CONCAT_BYTES = 32 << 20     # _gather_units: small files are read as one buffer up to this many bytes
+
+
+def _buffers(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files):
+    """(unit indices, bytes, their positions in the bytes, the end of their file in the bytes) for the units
+    (sorted by file index fi): one buffer of every file they point into when those files hold at most
+    CONCAT_BYTES together (small files: one pass over all units instead of a dozen array operations per
+    file), else one per file (large files are never copied)."""
+    m = len(uoff)
+    cuts = np.flatnonzero(np.diff(fi)) + 1
+    groups = np.split(np.arange(m), cuts)
+    raws = [files[int(fi[g[0]])][2]() for g in groups]
+    if len(groups) > 1 and sum(len(r) for r in raws) <= CONCAT_BYTES:
+        at = np.cumsum([0] + [len(r) for r in raws])
+        gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+        pos = uoff - starts[fi] + at[gid]
+        yield np.arange(m), np.concatenate(raws), pos, at[gid + 1]
+        return
+    for g, raw in zip(groups, raws):
+        yield g, raw, uoff[g] - starts[fi[g[0]]], np.full(len(g), len(raw), dtype=np.int64)
+
+
 def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, topic: bytes | None):
-    """What unit_problems compares, read file by file (units sorted by file index fi): each record's head
-    (TOTALSIZE .. SYSFLAG), whether the head lies inside the file's readable bytes, the bytes from the record
-    to the file's end, the header size and body length, and the bytes where a topic of `topic`'s length
-    would be, in the v1 form for v1 records and the v2 form for the others (zero where not read)."""
+    """What unit_problems compares, read from the files' bytes (_buffers; units sorted by file index fi):
+    each record's head (TOTALSIZE .. SYSFLAG), whether the head lies inside the file's readable bytes, the
+    bytes from the record to the file's end, the header size and body length, and the bytes where a topic
+    of `topic`'s length would be, in the v1 form for v1 records and the v2 form for the others (zero where
+    not read). Nothing is read past the end of a unit's own file."""
     m = len(uoff)
     head = np.zeros(m, dtype=_UNIT_HEAD)
     inside = np.zeros(m, dtype=bool)
@@ -91,13 +114,10 @@ def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, t
     tl = len(topic) if topic is not None else 0
     topics = {True: np.zeros(m, dtype=f"V{tl + 1}"), False: np.zeros(m, dtype=f"V{tl + 2}")}
     hs_all = np.zeros(m, dtype=np.int64)
-    cuts = np.flatnonzero(np.diff(fi)) + 1
-    for grp in np.split(np.arange(m), cuts) if m else []:
-        raw = files[int(fi[grp[0]])][2]()
-        pos = uoff[grp] - starts[fi[grp[0]]]
-        room[grp] = len(raw) - pos
-        ok = pos + codec.HEADER_V4.size <= len(raw)
-        g, p = grp[ok], pos[ok]
+    for grp, raw, pos, lim in _buffers(uoff, fi, starts, files) if m else []:
+        room[grp] = lim - pos
+        ok = pos + codec.HEADER_V4.size <= lim
+        g, p, lim = grp[ok], pos[ok], lim[ok]
         inside[g] = True
         h = gather_rows(raw, p, _UNIT_HEAD)
         head = _put(head, g, h)
@@ -106,7 +126,7 @@ def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, t
             hs = codec.HEADER_V4.size + 12 * ((sf & codec.SYSFLAG_BORNHOST_V6) != 0) \
                 + 12 * ((sf & codec.SYSFLAG_STOREHOST_V6) != 0)
             hs_all[g] = hs
-            rec_end = np.minimum(p + h["total"].astype(np.int64), len(raw))
+            rec_end = np.minimum(p + h["total"].astype(np.int64), lim)
             b_ok = p + hs <= rec_end
             bl = np.full(len(g), -1, dtype=np.int64)
             bl[b_ok] = gather_rows(raw, p[b_ok] + hs[b_ok] - 4, ">i4")
@@ -114,7 +134,7 @@ def _gather_units(uoff: np.ndarray, fi: np.ndarray, starts: np.ndarray, files, t
             tpos = p + hs + bl
             v1 = h["magic"] == codec.MESSAGE_MAGIC_CODE      # each record's topic is read in its own form
             for is_v1, width in ((True, tl + 1), (False, tl + 2)):
-                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= len(raw)) & (v1 == is_v1))
+                t_ok = np.flatnonzero((bl >= 0) & (tpos + width <= lim) & (v1 == is_v1))
                 if len(t_ok):
                     topics[is_v1] = _put(topics[is_v1], g[t_ok], gather_rows(raw, tpos[t_ok], f"V{width}"))
         del h, raw
