@@ -102,18 +102,24 @@ def has_records(store: Path) -> bool:
 GATE_DIR = Path(__file__).resolve().parent / "spark_kill_gate"
 
 
-def run_and_kill(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -> int:
-    """Run DRIVER in a child process and SIGKILL it in the middle of phase kill_in of its two-phase append;
-    returns how many records of that phase it had written. The child's Python processes load
-    spark_kill_gate/sitecustomize.py, which stops the append in that phase after one and a half chunks
-    (transaction.CHUNK rows each) until the kill: so the kill lands mid-phase on any machine, however fast
-    (no race with a poll loop), and n needs only be more than two chunks."""
+def start_killed_writer(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -> tuple:
+    """Start DRIVER in a child process that stops in the middle of phase kill_in of its two-phase append
+    (see kill_writer); returns (process, gate file)."""
     src = Path(__file__).resolve().parent.parent / "src"
     gate = store.parent / f"gate-{kill_in}"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(GATE_DIR)]),
                RMQSTORE_TEST_GATE=f"{kill_in}:{gate}")
     p = subprocess.Popen([sys.executable, "-c", DRIVER, str(store), str(conf), str(n), write_id, JVM_OPTIONS], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    return p, gate
+
+
+def kill_writer(p, gate: Path, store: Path, conf: Path, kill_in: str) -> int:
+    """SIGKILL a start_killed_writer child in the middle of phase kill_in; returns how many records of that
+    phase it had written. The child's Python processes load spark_kill_gate/sitecustomize.py, which stops
+    the append in that phase after one and a half chunks (transaction.CHUNK rows each) until the kill: so
+    the kill lands mid-phase on any machine, however fast (no race with a poll loop), and n needs only be
+    more than two chunks."""
     try:
         deadline = time.time() + 300
         while time.time() < deadline and p.poll() is None and not gate.exists():
@@ -137,18 +143,35 @@ def run_and_kill(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -
             time.sleep(0.2)
 
 
-@pytest.mark.parametrize("phase", ["PREPARING", "COMMITTING"])
-def test_killed_write_is_all_or_none_and_rerun_is_exactly_once(spark, tmp_path, phase):
+def test_killed_writes_are_all_or_none_and_reruns_are_exactly_once(spark, tmp_path):
+    """Two drivers SIGKILLed, one in each phase of its append (both run at once: each is a child with its
+    own JVM, whose start is most of the test's time)."""
     from rmqstore.spark import recover_writes
     from rmqstore.spark.transaction import CHUNK
-    # more than two chunks: the kill lands after one and a half chunks of the phase (run_and_kill), so
+    # more than two chunks: the kill lands after one and a half chunks of the phase (kill_writer), so
     # each phase is cut inside a chunk with whole chunks before and after, and the rollback spans 2 chunks
-    store, conf, n = tmp_path / "store", tmp_path / "store.conf", 2 * CHUNK + 1808
-    conf.write_text(CONF)
+    n = 2 * CHUNK + 1808
+    runs = {}
+    try:
+        for phase in ("PREPARING", "COMMITTING"):
+            d = tmp_path / phase
+            d.mkdir()
+            (d / "store.conf").write_text(CONF)
+            runs[phase] = (d / "store", d / "store.conf", *start_killed_writer(d / "store", d / "store.conf", n,
+                                                                             "job-1", phase))
+        written = {ph: kill_writer(p, gate, store, conf, ph) for ph, (store, conf, p, gate) in runs.items()}
+    finally:
+        for _, _, p, _ in runs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    for phase, (store, conf, _, _) in runs.items():
+        _after_the_kill(spark, store, conf, n, phase, written[phase], recover_writes)
+
+
+def _after_the_kill(spark, store: Path, conf: Path, n: int, phase: str, written: int, recover_writes) -> None:
     cfg = StoreConfig.load(conf)
     topics = ["K0", "K1", "K2"]
-    written = run_and_kill(store, conf, n, "job-1", phase)
-    assert 0 < written < n
+    assert 0 < written < n, phase
     if phase == "PREPARING":
         assert visible(store, cfg, topics) == 0          # only halves: nothing visible, before any repair
     got = recover_writes(store, cfg)                     # what the next write does first
