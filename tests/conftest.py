@@ -76,6 +76,13 @@ def rmqstore_cmd() -> list[str]:
 
 
 def run_cli(*args: str, input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m rmqstore ARGS`, its output captured: a process forked from tests/cli_forkserver.py (the
+    modules imported once), or a new interpreter with RMQSTORE_TEST_CLI=subprocess."""
+    if os.environ.get("RMQSTORE_TEST_CLI") != "subprocess":
+        import cli_forkserver
+        got = cli_forkserver.run([str(a) for a in args], input, timeout)
+        if got is not None:
+            return got
     return subprocess.run([*rmqstore_cmd(), *map(str, args)], input=input, capture_output=True, timeout=timeout)
 
 
