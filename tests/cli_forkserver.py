@@ -13,6 +13,7 @@ The ~0.5 s a real start costs (interpreter, numpy, rmqstore) was a tenth of the 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -122,7 +123,21 @@ def _start() -> str | None:
         ok = p.stdout.readline().strip() == b"READY"
         _server["path"] = path if ok else None
         _server["proc"] = p
+        atexit.register(_stop, p, d)
         return _server["path"]
+
+
+def _stop(p, d: str) -> None:
+    """At the pytest worker's exit: the server ended (it would anyway, its parent gone) and waited for."""
+    import shutil
+    p.terminate()
+    try:
+        p.wait(10)
+    except Exception:
+        p.kill()
+        p.wait()
+    p.stdout.close()
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def run(argv: list[str], input: bytes | None, timeout: float):

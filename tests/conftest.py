@@ -141,21 +141,22 @@ def admin(server):
 
 
 # --- the order modules are handed to the two workers -----------------------------------------------------
-# Seconds each module took in one `make test` run (two workers, a loaded 2-core machine, 2026-11-24);
+# Seconds each module took in one `make test` run (two workers, a quiet 2-core machine, 2026-11-24);
 # modules not listed count as 1 s. The Makefile passes --no-loadscope-reorder, so xdist hands modules out in
 # collection order: longest first (LPT scheduling), the short ones last, and both workers finish together
 # instead of one running a long module alone at the end. Only the order changes, never what runs.
 MODULE_SECONDS = {
-    "test_spark_write": 126, "test_check": 93, "test_kill_loop": 91, "test_fuzz_corruption": 78, "test_readme": 77,
-    "test_spark_rebuild": 70, "test_spark_jobs": 65, "test_spark_remote": 55, "test_spark_columns": 20, "test_spark_records": 8, "test_put_path": 51, "test_spark_source": 51,
-    "test_crash": 51, "test_spark_kafka_options": 49, "test_cli": 47, "test_spark_view": 46,
-    "test_record_scanner": 46, "test_grpc_proxy": 45, "test_client": 45, "test_power_loss": 38,
-    "test_spark_read": 37, "test_durability": 34, "test_cli_truth": 32, "test_cli_store": 30,
-    "test_read_only_commands": 30, "test_benchsuite": 29, "test_cli_newcomer": 26, "test_index_file": 22,
-    "test_codec": 21, "test_server": 19, "test_admin": 14, "test_recovery_plan": 9, "test_damage_range": 9,
-    "test_lock": 9, "test_rocketmq_issues": 8, "test_remoting": 8, "test_consumer": 8, "test_store": 7,
-    "test_timer": 10, "test_demo": 6, "test_validation": 6, "test_schedule": 6, "test_pop": 6,
-    "test_network_imports": 5, "test_admin_ops": 17, "test_timer_recovery": 8,
+    "test_spark_write": 95, "test_spark_jobs": 72, "test_fuzz_corruption": 56, "test_readme": 55,
+    "test_kill_loop": 52, "test_spark_rebuild": 41, "test_spark_read": 37, "test_grpc_proxy": 35,
+    "test_crash": 35, "test_spark_remote": 34, "test_put_path": 32, "test_client": 27, "test_power_loss": 26,
+    "test_spark_kafka_options": 25, "test_record_scanner": 23, "test_spark_view": 21, "test_benchsuite": 20,
+    "test_admin_ops": 19, "test_check": 19, "test_grpc_bench": 18, "test_cli_store": 18,
+    "test_durability": 17, "test_spark_columns": 17, "test_codec": 16, "test_index_file": 15,
+    "test_server": 13, "test_admin": 12, "test_timer": 11, "test_read_only_commands": 9,
+    "test_timer_recovery": 9, "test_cli_truth": 8, "test_consumer": 8, "test_cli": 8, "test_damage_range": 7,
+    "test_schedule": 6, "test_lock": 6, "test_spark_source": 5, "test_pop": 5, "test_recovery_plan": 5,
+    "test_rocketmq_issues": 5, "test_spark_records": 5, "test_cli_newcomer": 4, "test_demo": 4,
+    "test_grpc_node": 4, "test_network_imports": 3, "test_commit_log": 3,
 }
 
 
