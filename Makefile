@@ -12,6 +12,12 @@ PYTEST_ARGS ?=
 
 all: test
 
+# Python's bytecode cache goes to .venv/pycache and is written even where PYTHONDONTWRITEBYTECODE is set (as on
+# the machines this was built on): else every process of the suite (pytest workers, Spark's Python workers,
+# the CLI's children) compiled numpy, pyarrow and pyspark again, 74 s of a fresh clone's `make test`.
+export PYTHONDONTWRITEBYTECODE :=
+export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
+
 $(PY):
 	@if command -v python3.11 >/dev/null 2>&1; then python3.11 -m venv $(VENV); \
 	else python3 -m venv $(VENV); fi
