@@ -114,6 +114,15 @@ def local_spark(app: str, **sql_conf: str):
     return s
 
 
+def load_store(spark, root, **opts):
+    """spark.read of the store at root with its config beside it (root.parent / "store.conf", written by the
+    module's fixture) and the given options."""
+    r = spark.read.format("rocketmq").option("config", str(root.parent / "store.conf"))
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load(str(root))
+
+
 # --- `rmqstore serve` for a whole module -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory):

@@ -17,6 +17,7 @@ from rmqstore.spark import plan  # noqa: E402
 from rmqstore.store.config import StoreConfig  # noqa: E402
 from rmqstore.store.message import Message  # noqa: E402
 from rmqstore.store.store import MessageStore  # noqa: E402
+from conftest import load_store as load
 
 pytestmark = pytest.mark.spark
 CFG = StoreConfig(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 10_000)
@@ -43,13 +44,6 @@ def store(tmp_path_factory):
     _put(root, 0, N)
     (root.parent / "store.conf").write_text(CFG.to_properties())
     return root
-
-
-def load(spark, root, **opts):
-    r = spark.read.format("rocketmq").option("config", str(root.parent / "store.conf"))
-    for k, v in opts.items():
-        r = r.option(k, v)
-    return r.load(str(root))
 
 
 def _sorted(df, keys=("topic", "queueId", "queueOffset")):

@@ -19,6 +19,7 @@ from rmqstore.spark import skipped_data
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.message import Message
 from rmqstore.store.store import MessageStore
+from conftest import load_store as load
 
 pytestmark = pytest.mark.spark
 CFG = StoreConfig(mapped_file_size_commit_log=8192, mapped_file_size_consume_queue=20 * 1000)
@@ -42,13 +43,6 @@ def store(tmp_path_factory):
             time.sleep(0.03)
     (root.parent / "store.conf").write_text(CFG.to_properties())
     return root
-
-
-def load(spark, root, **opts):
-    r = spark.read.format("rocketmq").option("config", str(root.parent / "store.conf"))
-    for k, v in opts.items():
-        r = r.option(k, v)
-    return r.load(str(root))
 
 
 def rows(df) -> list[tuple]:

@@ -15,6 +15,7 @@ pytest.importorskip("pyarrow")
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.message import Message
 from rmqstore.store.store import MessageStore
+from conftest import load_store as load  # noqa: E402
 
 pytestmark = pytest.mark.spark
 TOPICS = {"TopicA": 60, "TopicB": 30, "TopicC": 10}     # messages per queue (2 queues each)
@@ -36,13 +37,6 @@ def store(tmp_path_factory):
         assert st.wait_dispatched()
     (root.parent / "store.conf").write_text(cfg.to_properties())
     return root
-
-
-def load(spark, root, **opts):
-    r = spark.read.format("rocketmq").option("config", str(root.parent / "store.conf"))
-    for k, v in opts.items():
-        r = r.option(k, v)
-    return r.load(str(root))
 
 
 def test_own_session_reads_and_a_reused_dataframe_gives_each_query_its_rows(spark, store):
