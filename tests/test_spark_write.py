@@ -32,9 +32,11 @@ CONF = "mapedFileSizeCommitLog=33554432\nmapedFileSizeConsumeQueue=600000\ndefau
 # -> 15 s of JVM CPU for session start plus this write); the code under test is Python
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+# A plain session, as a user's script makes it, run by this interpreter with no PYSPARK_PYTHON and a `python3`
+# first on its PATH that cannot be a Python worker (start_killed_writer): register() must give the source's
+# workers the driver's interpreter, as `.venv/bin/python script.py` needs
 DRIVER = r'''
 import os, sys
-os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark.sql import SparkSession
 from rmqstore.spark import register
 store, conf, n, write_id, JVM_OPTIONS = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -107,8 +109,13 @@ def start_killed_writer(store: Path, conf: Path, n: int, write_id: str, kill_in:
     (see kill_writer); returns (process, gate file)."""
     src = Path(__file__).resolve().parent.parent / "src"
     gate = store.parent / f"gate-{kill_in}"
+    fake = store.parent / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "python3").write_text("#!/bin/sh\necho 'not a Python for Spark workers' >&2\nexit 3\n")
+    (fake / "python3").chmod(0o755)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(GATE_DIR)]),
-               RMQSTORE_TEST_GATE=f"{kill_in}:{gate}")
+               RMQSTORE_TEST_GATE=f"{kill_in}:{gate}", PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("PYSPARK_PYTHON", None)
     p = subprocess.Popen([sys.executable, "-c", DRIVER, str(store), str(conf), str(n), write_id, JVM_OPTIONS], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     return p, gate

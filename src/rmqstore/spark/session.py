@@ -14,7 +14,35 @@ def register(spark) -> None:
     cls = type("RocketMQDataSource", (RocketMQDataSource,), {"loss_counter": session_counter(spark),
                                                               "parallelism": _parallelism(spark),
                                                               "__module__": __name__})
-    spark.dataSource.register(cls)
+    sc, exe = _worker_python(spark)
+    if exe is None:
+        spark.dataSource.register(cls)
+        return
+    # the source's Python workers (planning, reads, writes, streams) run exe: Spark takes the interpreter of a
+    # Python function from the SparkContext when the function is wrapped, here at registration
+    before = sc.pythonExec
+    sc.pythonExec = exe
+    try:
+        spark.dataSource.register(cls)
+    finally:
+        sc.pythonExec = before
+
+
+def _worker_python(spark) -> tuple:
+    """(SparkContext, the interpreter the source's Python workers should run) when that is this driver's
+    (sys.executable): a local master (workers on this machine) whose session names none (neither
+    PYSPARK_PYTHON nor spark.pyspark.python), where Spark would start `python3` from the PATH, often another
+    Python without rmqstore (a script run as .venv/bin/python). Else (None, None): Spark's choice stands."""
+    try:
+        sc = spark.sparkContext
+        conf = sc.getConf()
+        local = conf.get("spark.master", "").startswith("local")
+        named = os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python", None)
+    except Exception:       # noqa: BLE001 - Spark Connect: no SparkContext, the server's workers
+        return None, None
+    if not local or named or sc.pythonExec == sys.executable:
+        return None, None
+    return sc, sys.executable
 
 
 def _parallelism(spark) -> int | None:
