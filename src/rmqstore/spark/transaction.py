@@ -31,6 +31,7 @@ import bisect
 import logging
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -123,15 +124,34 @@ def _records(store, start: int, end: int, tran: int) -> Iterator[MessageExt]:
 
 
 def _put_all(store, msgs: list[Message], what: str, delay_rewrite: bool) -> list[int]:
-    """Put msgs; their commitlog offsets, or RuntimeError naming the first refusal. A columnar batch's
-    answer (PutMessageResults) is read as columns, never as a result per message."""
-    res = store.put_messages(msgs, delay_rewrite=delay_rewrite)
+    """Put msgs and dispatch them (in this thread: the writer's store runs no dispatcher thread, and a columnar
+    put hands the dispatcher its own columns, _hinted, instead of records to parse back); their commitlog
+    offsets, or RuntimeError naming the first refusal. A columnar batch's answer (PutMessageResults) is read
+    as columns, never as a result per message."""
+    with _hinted(store):
+        res = store.put_messages(msgs, delay_rewrite=delay_rewrite)
+        store.dispatcher.do_reput()
     if getattr(res, "all_ok", None) is True:
         return list(res.wrote_offsets)
     bad = [r for r in res if not r.ok]
     if bad:
         raise RuntimeError(f"{store.path}: {what} failed with {bad[0].status.value}: {bad[0].reason}")
     return [r.append_result.wrote_offset for r in res]
+
+
+@contextmanager
+def _hinted(store):
+    """Dispatch hints on (commit_log.dispatch_hints) while a put of _put_all runs, as a running dispatcher has
+    them: the do_reput after it takes them (and nothing else does: off again after)."""
+    cl = store.commit_log
+    if cl.dispatch_hints is not None:
+        yield
+        return
+    cl.dispatch_hints = {}
+    try:
+        yield
+    finally:
+        cl.dispatch_hints = None
 
 
 def _end_all(store, halves: Iterable[MessageExt], tran: int) -> int:
