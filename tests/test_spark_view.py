@@ -371,3 +371,35 @@ def test_options_fail_naming_the_option(golden, tmp_path):
         O.parse({"path": str(tmp_path / "nothing*")})
     with pytest.raises(O.OptionError, match="path"):
         O.parse({"paths": json.dumps([root, str(tmp_path)])})
+
+
+def _messages_in(view) -> int:
+    return sum(q.end - q.min_offset for q in view.queues.values())
+
+
+def test_view_cache_sees_an_append_whose_files_kept_their_sizes_and_mtimes(tmp_path):
+    """The views kept between reads (viewcache): an append that left every file's size and mtime as they
+    were (preallocated files; times put back as cp -p, rsync -t or tar do) is still a changed store, and so
+    is a new config/damagedRanges.json; an unchanged store is served from the cache."""
+    from rmqstore.spark.viewcache import ViewCache
+    root = tmp_path / "store"
+    cfg = StoreConfig(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 1000)
+    with MessageStore.open(root, cfg) as st:
+        st.put_messages([Message("T", b"m%d" % i, queue_id=i % 2) for i in range(100)])
+        assert st.wait_dispatched()
+    cache = ViewCache()
+    first = cache.load(str(root), cfg, None)
+    assert _messages_in(first) == 100 and cache.load(str(root), cfg, None) is first
+    times = {p: (p.stat().st_atime_ns, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+    with MessageStore.open(root, cfg) as st:
+        st.put_messages([Message("T", b"n%d" % i, queue_id=i % 2) for i in range(10)])
+        assert st.wait_dispatched()
+    for p, ns in times.items():
+        os.utime(p, ns=ns)
+    assert {p: p.stat().st_size for p in times} == {p: os.path.getsize(p) for p in times}   # same sizes
+    second = cache.load(str(root), cfg, None)
+    assert second is not first and _messages_in(second) == 110
+    assert cache.load(str(root), cfg, None) is second
+    (root / "config").mkdir(exist_ok=True)
+    (root / "config" / "damagedRanges.json").write_text('{"ranges": []}')
+    assert cache.load(str(root), cfg, None) is not second

@@ -1,7 +1,7 @@
 """Store views kept between the triggers of a stream, and between the batch reads planned in one Python
 process (plan.load_views; Spark reuses its Python workers): a view is loaded again only when a file of the
-store changed (names, sizes and modification times of the commitlog, consume queue, index, checkpoint,
-abort and lock files), so a read or trigger on a store nobody writes does not emulate recovery again. Live
+store changed (names, sizes, modification and change times and inodes of the commitlog, consume queue,
+index, checkpoint, abort, lock and config files), so a read or trigger on a store nobody writes does not emulate recovery again. Live
 views (a store another process has open) and stores at URIs (store_fs: their listing has its own time to
 live) are never kept."""
 from __future__ import annotations
@@ -14,17 +14,24 @@ from . import storeview as SV
 _MAX = 16
 
 
+def _stamp(st: os.stat_result) -> tuple:
+    # size and mtime, and what no copy or `touch` can set back: the inode and its change time (ctime moves on
+    # every write and every utime, so an append whose writer restored sizes and mtimes is still seen)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
 def fingerprint(root: str) -> tuple:
-    """What identifies the store's state on disk: (path, size, mtime_ns) of the files a view reads."""
+    """What identifies the store's state on disk: (path, size, mtime, ctime, inode) of the files a view reads:
+    the commitlog, consume queue and index files, checkpoint, abort, lock and config/ (damagedRanges.json)."""
     out = []
     for name in ("checkpoint", "abort", "lock"):
         p = os.path.join(root, name)
         try:
-            st = os.stat(p)
-            out.append((name, st.st_size, st.st_mtime_ns))
+            out.append((name, *_stamp(os.stat(p))))
         except OSError:
-            out.append((name, -1, 0))
-    for d in (SV.commitlog_dir(root) or "", os.path.join(root, "consumequeue"), os.path.join(root, "index")):
+            out.append((name, -1))
+    for d in (SV.commitlog_dir(root) or "", os.path.join(root, "consumequeue"), os.path.join(root, "index"),
+              os.path.join(root, "config")):
         for dirpath, dirnames, files in os.walk(d):
             dirnames.sort()
             for f in sorted(files):
@@ -32,7 +39,7 @@ def fingerprint(root: str) -> tuple:
                     st = os.stat(os.path.join(dirpath, f))
                 except OSError:
                     continue
-                out.append((dirpath, f, st.st_size, st.st_mtime_ns))
+                out.append((dirpath, f, *_stamp(st)))
     return tuple(out)
 
 
