@@ -403,3 +403,34 @@ def test_view_cache_sees_an_append_whose_files_kept_their_sizes_and_mtimes(tmp_p
     (root / "config").mkdir(exist_ok=True)
     (root / "config" / "damagedRanges.json").write_text('{"ranges": []}')
     assert cache.load(str(root), cfg, None) is not second
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_consume_queue_file_deleted_after_planning_is_data_loss(tmp_path, fail):
+    """A read planned before `rmqstore clean` (or a broker's cleaner) deleted a consume queue file: its
+    offsets are data loss (failOnDataLoss: the read fails naming the queue, offsets and file; false: skipped
+    and counted), the queue's other files and the other queues are read. It was a FileNotFoundError."""
+    from rmqstore.spark.loss import DataLossError
+    root = tmp_path / "store"
+    cfg = StoreConfig(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 100)
+    with MessageStore.open(root, cfg) as st:
+        st.put_messages([Message("T", b"m%d" % i, queue_id=i % 2) for i in range(500)])   # 250 a queue
+        assert st.wait_dispatched()
+    conf = tmp_path / "store.conf"
+    conf.write_text(cfg.to_properties())
+    parts = P.plan_batch(O.parse({"path": str(root), "config": str(conf), "failOnDataLoss": str(fail).lower()}), [])
+    gone = root / "consumequeue" / "T" / "0" / "00000000000000000000"      # queue 0's offsets 0..99
+    gone.unlink()
+    rows = []
+    if fail:
+        with pytest.raises(DataLossError, match=r"queue T/0 offsets 0 to 100: its consume queue file .*00000000000000000000 is gone"):
+            for part in parts:
+                for b in S.read_partition(part):
+                    rows.extend(b.to_pylist())
+        return
+    for part in parts:
+        for b in S.read_partition(part):
+            rows.extend(b.to_pylist())
+    got = {(r["queueId"], r["queueOffset"]) for r in rows}
+    assert len(rows) == 400 and len(got) == 400
+    assert got == {(0, o) for o in range(100, 250)} | {(1, o) for o in range(250)}

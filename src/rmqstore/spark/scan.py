@@ -444,28 +444,56 @@ def _read_queue(part: Partition, cache: SV.FileCache):
     cl_lo, cl_hi = int_range(part.conds, "commitLogOffset")
     cl_min = part.store.cl_files[0][0] if part.store.cl_files else 0
     for qv, a, b in part.items:
-        offs, sizes = qv.units(a, b)
-        if not len(offs):
-            continue
-        qoffs = np.arange(max(a, qv.min_offset), max(a, qv.min_offset) + len(offs), dtype=np.int64)
         what = f"queue {qv.topic}/{qv.queue_id}"
-        ok = (sizes > 0) & (sizes != SV.BLANK_SIZE)
-        gone = ok & (offs < cl_min)
-        if gone.any():
-            _lost(part, what, offs[gone], qoffs[gone], f"its commitlog files were deleted (the commitlog starts "
-                  f"at {cl_min})")
-            ok &= ~gone
-        if cl_lo is not None:
-            ok &= offs >= cl_lo
-        if cl_hi is not None:
-            ok &= offs < cl_hi
-        if not ok.all():
-            offs, sizes, qoffs = offs[ok], sizes[ok], qoffs[ok]
-        for recs in _records_at(part, cache, offs, sizes, what, qoffs):
-            for chunk in _chunks(recs):
-                batch = rows_of(chunk, part)
-                if batch is not None:
-                    yield batch
+        for offs, sizes, qoffs in _units(part, qv, a, b, what):
+            yield from _read_units(part, cache, offs, sizes, qoffs, what, cl_lo, cl_hi, cl_min)
+
+
+def _units(part: Partition, qv, a: int, b: int, what: str) -> list:
+    """(commitlog offsets, sizes, queue offsets) of the queue's units [a, b), in pieces: a consume queue file
+    deleted since the read was planned (`rmqstore clean`, a broker's cleaner) is data loss for its offsets
+    (failOnDataLoss), and the files still there are read."""
+    try:
+        pieces = [(a, b, qv.units(a, b))]
+    except FileNotFoundError:
+        unit = codec.CQ_STORE_UNIT_SIZE
+        cuts = sorted({a, b, min(max(qv.disk_end, a), b), *(min(max(base // unit, a), b) for base, _, _ in qv.files)})
+        pieces = []
+        for x, y in zip(cuts, cuts[1:]):
+            if x < y:
+                try:
+                    pieces.append((x, y, qv.units(x, y)))
+                except FileNotFoundError as e:
+                    data_loss(part.fail_on_data_loss, f"{part.store.root}: {what} offsets {x} to {y}: its consume "
+                              f"queue file {e.filename} is gone (deleted since the read was planned)", y - x,
+                              part.loss_counter)
+    out = []
+    for x, _, (offs, sizes) in pieces:
+        if len(offs):
+            start = max(x, qv.min_offset)
+            out.append((offs, sizes, np.arange(start, start + len(offs), dtype=np.int64)))
+    return out
+
+
+def _read_units(part: Partition, cache: SV.FileCache, offs, sizes, qoffs, what: str, cl_lo, cl_hi, cl_min: int):
+    """The rows of one queue's units (_read_queue)."""
+    ok = (sizes > 0) & (sizes != SV.BLANK_SIZE)
+    gone = ok & (offs < cl_min)
+    if gone.any():
+        _lost(part, what, offs[gone], qoffs[gone], f"its commitlog files were deleted (the commitlog starts "
+              f"at {cl_min})")
+        ok &= ~gone
+    if cl_lo is not None:
+        ok &= offs >= cl_lo
+    if cl_hi is not None:
+        ok &= offs < cl_hi
+    if not ok.all():
+        offs, sizes, qoffs = offs[ok], sizes[ok], qoffs[ok]
+    for recs in _records_at(part, cache, offs, sizes, what, qoffs):
+        for chunk in _chunks(recs):
+            batch = rows_of(chunk, part)
+            if batch is not None:
+                yield batch
 
 
 def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outcome, last_base: int) -> None:
