@@ -434,3 +434,31 @@ def test_consume_queue_file_deleted_after_planning_is_data_loss(tmp_path, fail):
     got = {(r["queueId"], r["queueOffset"]) for r in rows}
     assert len(rows) == 400 and len(got) == 400
     assert got == {(0, o) for o in range(100, 250)} | {(1, o) for o in range(250)}
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_commitlog_file_cut_short_in_the_middle_is_data_loss(tmp_path, fail):
+    """A middle commitlog file truncated (a bad copy): its lost part is data loss (failOnDataLoss), every
+    message before the cut and in the later files is read, as from an object store. It was a
+    CorruptStoreError traceback from the view's recovery, whatever failOnDataLoss said."""
+    from rmqstore.spark.loss import DataLossError
+    root = tmp_path / "store"
+    cfg = StoreConfig(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 1000)
+    with MessageStore.open(root, cfg) as st:
+        res = st.put_messages([Message("T", b"x%05d" % i + b"y" * 100, queue_id=i % 2) for i in range(2000)])
+        put = [(r.append_result.wrote_offset, r.append_result.wrote_bytes) for r in res]
+        assert st.wait_dispatched()
+        second = st.commit_log.queue.files[1]
+        lo, hi = second.file_from_offset, second.file_from_offset + second.file_size
+    conf = tmp_path / "store.conf"
+    conf.write_text(cfg.to_properties())
+    cut = lo + 30000
+    os.truncate(root / "commitlog" / ("%020d" % lo), 30000)
+    opts = {"path": str(root), "config": str(conf), "failOnDataLoss": str(fail).lower()}
+    if fail:
+        with pytest.raises(DataLossError, match="%020d" % lo):
+            read_local(opts)
+        return
+    offs = [r["commitLogOffset"] for r in read_local(opts)]
+    assert sorted(offs) == [o for o, size in put if o + size <= cut or o >= hi]
+    assert any(o >= hi for o in offs) and any(lo <= o < cut for o in offs)

@@ -423,9 +423,11 @@ class MappedFileQueue:
     """The ordered files of one directory, each of mapped_file_size bytes, named by starting offset."""
 
     def __init__(self, store_path: str | os.PathLike, mapped_file_size: int, use_write_buffer: bool = False,
-                 read_only: bool = False):
+                 read_only: bool = False, short_middle_as_zeros: bool = False):
         self.store_path = Path(store_path)
         self.read_only = read_only          # ReadOnlyMappedFiles: loads, cuts and appends stay in memory
+        # read-only only: a file cut short before other files with data reads as zeros past its end (load)
+        self.short_middle_as_zeros = read_only and short_middle_as_zeros
         self.mapped_file_size = mapped_file_size
         self.use_write_buffer = use_write_buffer
         self.files: list[MappedFile] = []   # replaced, never mutated in place: readers take a snapshot
@@ -461,8 +463,16 @@ class MappedFileQueue:
             # A short file is only repaired where the geometry is not in doubt: an empty file, or one after
             # files of the configured size. Otherwise the config is likelier wrong than the file.
             geometry_known = size == 0 or len(files) > 0 or extend_short_first
-            if size < self.mapped_file_size and geometry_known and \
-                    all(_holds_no_data(self.store_path / m) for m in names[i + 1:]):
+            last_data = size < self.mapped_file_size and geometry_known and \
+                all(_holds_no_data(self.store_path / m) for m in names[i + 1:])
+            if size < self.mapped_file_size and geometry_known and self.short_middle_as_zeros and not last_data:
+                # a read-only commitlog (a view: dump, Spark, stats): a middle file cut short reads as zeros past
+                # its end, so what it lost is a damaged range of that file (recovery and the readers report it)
+                # and the later files are read; opening the store to write refuses the file (below)
+                log.warning("%s: %d bytes instead of %d with data in later files (truncated?): read as zeros past "
+                            "its end, what it held there is lost", p, size, self.mapped_file_size)
+                self.repaired.append((str(p), size))
+            elif last_data:
                 # The last file with data cut short (only empty files after it): killed between creating and
                 # sizing it (RocketMQ then fails to start, #9728 / PR 6903), or truncated by a copy. Its
                 # missing tail is zeros; recovery keeps what is valid.

@@ -287,7 +287,7 @@ class StoreFiles:
         self.commit_log = commit_log or CommitLog(self.root, config)
         if read_only:       # the same CommitLog over files mapped privately (MappedFileQueue(read_only))
             self.commit_log.queue = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log,
-                                                    read_only=True)
+                                                    read_only=True, short_middle_as_zeros=True)
         self.consume_queues = consume_queues or ConsumeQueueTable(
             self.root, config.mapped_file_size_consume_queue, read_only=read_only)
         self.index_service = index_service or IndexService(self.root, config, read_only=read_only)
