@@ -37,8 +37,9 @@ install: $(VENV)/.stamp-spark,test,bench,grpc
 # Two workers (pytest-xdist), a test module per worker at a time: the suite's Spark sessions, child
 # processes and tmpfs mounts stay within their module; the longest modules start first (tests/conftest.py
 # MODULE_SECONDS; --no-loadscope-reorder keeps that order). PYTEST_ARGS='-n 0' runs it in one process.
-# About 8 minutes on a quiet 2-core machine, 9 from a fresh clone (install included: 8m59s measured). It needs the golden stores
-# RocketMQ 4.4.0 wrote: $RMQSTORE_GOLDEN, by default ../shared/golden beside the repository.
+# About 8 minutes on a quiet 2-core machine, 9 from a fresh clone (install included: 8m59s and 9m08s
+# measured). It needs the golden stores RocketMQ 4.4.0 wrote: $RMQSTORE_GOLDEN, by default ../shared/golden
+# beside the repository.
 RMQSTORE_GOLDEN ?= $(abspath ../shared/golden)
 export RMQSTORE_GOLDEN
 test: $(VENV)/.stamp-spark,test,bench,grpc node-client

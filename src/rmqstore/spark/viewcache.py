@@ -1,9 +1,9 @@
 """Store views kept between the triggers of a stream, and between the batch reads planned in one Python
 process (plan.load_views; Spark reuses its Python workers): a view is loaded again only when a file of the
 store changed (names, sizes, modification and change times and inodes of the commitlog, consume queue,
-index, checkpoint, abort, lock and config files), so a read or trigger on a store nobody writes does not emulate recovery again. Live
-views (a store another process has open) and stores at URIs (store_fs: their listing has its own time to
-live) are never kept."""
+index, checkpoint, abort, lock and config files), so a read or trigger on a store nobody writes does not
+emulate recovery again. Live views (a store another process has open) and stores at URIs (store_fs: their
+listing has its own time to live) are never kept."""
 from __future__ import annotations
 
 import os
