@@ -73,6 +73,11 @@ def test_columns_option_errors(spark, store):
     from pyspark.errors import PySparkException
     with pytest.raises(PySparkException, match="no column 'offset'"):
         load(spark, store, columns="offset")
+    # a user schema: refused at planning, naming .schema() and the option to use (it failed in the task)
+    reader = spark.read.format("rocketmq").option("config", str(store.parent / "store.conf"))
+    with pytest.raises(PySparkException, match=r"schema given with \.schema\(\) \(topic\).*option 'columns'"):
+        reader.schema("topic STRING").load(str(store)).count()
+    assert reader.schema("topic STRING").option("columns", "topic").load(str(store)).count() == N
 
 
 def test_a_stream_reads_its_columns(spark, store, tmp_path):

@@ -73,6 +73,17 @@ def to_cond(f) -> Cond | None | bool:
         return None
 
 
+def _check_user_schema(ro: O.ReadOptions, schema) -> None:
+    """A schema given with .schema(...) must name the source's own columns, in order: rows are not converted
+    to another schema, and Spark would refuse them only when a task returns them
+    (DATA_SOURCE_RETURN_SCHEMA_MISMATCH)."""
+    names = [f.name for f in getattr(schema, "fields", ())]
+    want = [n for n in COLUMNS if ro.columns is None or n in ro.columns]
+    if schema is not None and names != want:
+        raise O.OptionError(f"a schema given with .schema() ({', '.join(names)}) is not the rocketmq source's "
+                            f"({', '.join(want)}): leave .schema() out; to read fewer columns, option 'columns'")
+
+
 class RocketMQDataSource(DataSource):
     """Messages of RocketMQ store directories (see the package docstring for the options). register(spark)
     registers a subclass of it whose loss_counter is the session's skipped-data accumulator (loss.py)."""
@@ -99,6 +110,7 @@ class RocketMQDataSource(DataSource):
         ro = self._options()
         if ro.view == "queues":
             return QueuesReader(ro)
+        _check_user_schema(ro, schema)
         # Only a reader that asks for pushed filters has pushFilters: PySpark refuses a reader that has it
         # when spark.sql.python.filterPushdown.enabled is false (DATA_SOURCE_PUSHDOWN_DISABLED), and the
         # default reader must work in any session.
@@ -106,6 +118,7 @@ class RocketMQDataSource(DataSource):
 
     def streamReader(self, schema):
         from .stream import RocketMQStreamReader
+        _check_user_schema(O.parse(self.options), schema)
         return RocketMQStreamReader(self.options, self.loss_counter, self.parallelism)
 
     def writer(self, schema, overwrite: bool):
