@@ -326,6 +326,26 @@ def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
     return recs.batch(part.store.broker, part.include_body, props=props, topics=topics, columns=part.columns)
 
 
+def _walk(walk_buf, buf, base: int, start: int, limit: int) -> tuple:
+    """The records walked in [start, limit) of a commitlog file's bytes (buf, at commitlog offset base;
+    walk_buf: the same bytes as the walk takes them), cut before the first invalid one: (records, where the
+    data stops, why, whether a record the walk took was invalid: then why is Outcome.INVALID)."""
+    positions, stop, why = scanner.walk_positions(walk_buf, start, limit)
+    recs = R.Records(buf, base, positions, limit)
+    bad = np.flatnonzero(~recs.valid)
+    if len(bad):
+        return recs.slice(0, int(bad[0])), int(positions[bad[0]]), Outcome.INVALID, True
+    return recs, stop, why, False
+
+
+def _rows(part: Partition, recs: R.Records):
+    """The Arrow batches of recs (BATCH_ROWS / BATCH_BYTES at most each)."""
+    for chunk in _chunks(recs):
+        batch = rows_of(chunk, part)
+        if batch is not None:
+            yield batch
+
+
 def _chunks(recs: R.Records):
     n = len(recs)
     if n <= BATCH_ROWS and int(recs.total.sum()) <= BATCH_BYTES:
@@ -490,10 +510,7 @@ def _read_units(part: Partition, cache: SV.FileCache, offs, sizes, qoffs, what: 
     if not ok.all():
         offs, sizes, qoffs = offs[ok], sizes[ok], qoffs[ok]
     for recs in _records_at(part, cache, offs, sizes, what, qoffs):
-        for chunk in _chunks(recs):
-            batch = rows_of(chunk, part)
-            if batch is not None:
-                yield batch
+        yield from _rows(part, recs)
 
 
 def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outcome, last_base: int) -> None:
@@ -526,19 +543,9 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
             continue
         if mm is None:
             continue
-        limit = min(limit, len(buf))
-        positions, stop, why = scanner.walk_positions(mm, start, limit)
-        recs = R.Records(buf, base, positions, limit)
-        bad = np.flatnonzero(~recs.valid)
-        if len(bad):
-            stop = int(positions[bad[0]])
-            recs = recs.slice(0, int(bad[0]))
-            why = Outcome.INVALID
+        recs, stop, why, _ = _walk(mm, buf, base, start, min(limit, len(buf)))
         _check_file_end(part, base, path, stop, why, last_base)
-        for chunk in _chunks(recs):
-            batch = rows_of(chunk, part)
-            if batch is not None:
-                yield batch
+        yield from _rows(part, recs)
 
 
 def _read_remote_range(part: Partition, reader: store_fs.RangeReader, base: int, path: str, start: int, limit: int,
@@ -553,16 +560,9 @@ def _read_remote_range(part: Partition, reader: store_fs.RangeReader, base: int,
             data_loss(part.fail_on_data_loss, f"{part.store.root}: commitlog file {path} is gone", 0,
                       part.loss_counter)
             return
-        positions, stop, why = scanner.walk_positions(buf, 0, len(buf))
-        recs = R.Records(buf, base + pos, positions, len(buf))
-        bad = np.flatnonzero(~recs.valid)
-        if len(bad):
-            stop, why, recs = int(positions[bad[0]]), Outcome.INVALID, recs.slice(0, int(bad[0]))
-        for chunk in _chunks(recs):
-            batch = rows_of(chunk, part)
-            if batch is not None:
-                yield batch
-        cut = _cut_at(buf, stop, limit - pos) if not len(bad) and len(buf) == end - pos < limit - pos else 0
+        recs, stop, why, bad = _walk(buf, buf, base + pos, 0, len(buf))
+        yield from _rows(part, recs)
+        cut = _cut_at(buf, stop, limit - pos) if not bad and len(buf) == end - pos < limit - pos else 0
         if not cut:
             _check_file_end(part, base, path, pos + stop, why, last_base)
             return
@@ -586,7 +586,4 @@ def _read_offsets(part: Partition, cache: SV.FileCache):
     cl_min = part.store.cl_files[0][0] if part.store.cl_files else 0
     offs = offs[offs >= cl_min]        # index entries outlive deleted commitlog files (RocketMQ skips them too)
     for recs in _records_at(part, cache, offs, None, f"index entries for key {part.key!r}"):
-        for chunk in _chunks(recs):
-            batch = rows_of(chunk, part)
-            if batch is not None:
-                yield batch
+        yield from _rows(part, recs)

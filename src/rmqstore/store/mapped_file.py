@@ -463,9 +463,9 @@ class MappedFileQueue:
             # A short file is only repaired where the geometry is not in doubt: an empty file, or one after
             # files of the configured size. Otherwise the config is likelier wrong than the file.
             geometry_known = size == 0 or len(files) > 0 or extend_short_first
-            last_data = size < self.mapped_file_size and geometry_known and \
-                all(_holds_no_data(self.store_path / m) for m in names[i + 1:])
-            if size < self.mapped_file_size and geometry_known and self.short_middle_as_zeros and not last_data:
+            short = size < self.mapped_file_size and geometry_known
+            last_data = short and all(_holds_no_data(self.store_path / m) for m in names[i + 1:])
+            if short and self.short_middle_as_zeros and not last_data:
                 # a read-only commitlog (a view: dump, Spark, stats): a middle file cut short reads as zeros past
                 # its end, so what it lost is a damaged range of that file (recovery and the readers report it)
                 # and the later files are read; opening the store to write refuses the file (below)
