@@ -477,6 +477,42 @@ def _req(off: int, ts: int, keys: str | None = None, uniq: str | None = None, to
     return codec.DispatchRequest(topic, 0, off, 100, 0, ts, 0, keys, uniq, sys_flag, 0, {})
 
 
+@pytest.mark.parametrize("uniq", [True, False])
+@pytest.mark.parametrize("keys", ["one", "two words", "mixed", "odd spaces"])
+def test_batch_of_one_topic_indexes_as_message_by_message(tmp_path, keys, uniq):
+    """build_index_columns' vectorised path (one topic, a UNIQ_KEY each or none, KEYS of one or several words) writes
+    exactly the index that build_index writes one message at a time, and so do the batches it leaves to
+    _entries (empty words)."""
+    rnd = random.Random(keys)
+
+    def key(i: int) -> str:
+        return {"one": f"k{i}", "two words": f"order-{i} user-{i % 7}",
+                "mixed": " ".join(f"w{i}-{j}" for j in range(1 + i % 4)),
+                "odd spaces": rnd.choice([f"a{i}  b", f" c{i}", f"d{i} ", f"e{i} f"])}[keys]
+    t0 = 1_700_000_000_000
+    reqs = [codec.DispatchRequest("Topic", 0, 100 * i, 100, 0, t0 + 10 * i, 0, key(i),
+                                  f"U{i:030d}" if uniq else None, 0, 0, {}) for i in range(3000)]
+    cfg = StoreConfig(max_hash_slot_num=500, max_index_num=2000)     # rolls over inside the batch
+    one, cols = IndexService(tmp_path / "one", cfg), IndexService(tmp_path / "cols", cfg)
+    for svc in (one, cols):
+        svc.load(True, 0)
+    for r in reqs:
+        one.build_index(r)
+    for a in range(0, len(reqs), 700):
+        part = reqs[a:a + 700]
+        cols.build_index_columns([r.topic for r in part], [r.keys for r in part], [r.uniq_key for r in part],
+                                 np.array([r.commit_log_offset for r in part]),
+                                 np.array([r.store_timestamp for r in part]), np.zeros(len(part), np.int64))
+    for svc in (one, cols):
+        svc.flush()
+    ours, want = _index_files(tmp_path / "cols" / "index"), _index_files(tmp_path / "one" / "index")
+    assert len(want) >= 2 and len(ours) == len(want)      # (named by the time they were made)
+    for o, w in zip(ours, want):
+        assert o.read_bytes() == w.read_bytes()
+    one.shutdown()
+    cols.shutdown()
+
+
 def test_index_file_basics(tmp_path):
     f = IndexFile(tmp_path / "f", 4, 3, 500, 1_700_000_000_000)   # carries a previous file's end values
     assert f.header() == (1_700_000_000_000, 1_700_000_000_000, 500, 500, 0, 1)

@@ -62,6 +62,7 @@ import operator
 import os
 import threading
 import time
+from itertools import repeat
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -239,29 +240,51 @@ def _entries(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end: in
 
 
 def _uniform_columns(topics, keys_col, uniq_col, offsets, timestamps, sys_flags, end: int):
-    """The index entries of the common batch (what producers send: one topic, every message with a UNIQ_KEY
-    and a one-word KEYS, none rolled back, none indexed yet) as (key hashes, offsets, timestamps) arrays,
-    without building the `topic#key` strings: hash(topic#key) = hash(topic#) * 31**len(key) + hash(key).
-    None for any other batch (_entries takes it)."""
+    """The index entries of the common batch (what producers send: one topic, every message with a UNIQ_KEY,
+    or none with one, and a KEYS of one or more words, single spaces between them, none rolled back, none
+    indexed yet) as (key hashes, offsets, timestamps) arrays, without building the `topic#key` strings:
+    hash(topic#key) = hash(topic#) * 31**len(key) + hash(key). None for any other batch (_entries takes it)."""
     n = len(offsets)
     if n < _VECTOR_MIN_KEYS or offsets[0] < end or not isinstance(topics, list):
         return None
     topic = topics[0]
-    if topics.count(topic) != n or None in uniq_col or not all(keys_col) or " " in "".join(keys_col):
+    if topics.count(topic) != n or not all(keys_col):
         return None
+    nuniq = n - uniq_col.count(None) if isinstance(uniq_col, list) else n - list(uniq_col).count(None)
+    if nuniq not in (0, n):
+        return None             # some messages with a UNIQ_KEY, some without
+    joined = " ".join(keys_col)
+    words = joined.split(" ") if " " in joined else keys_col
+    if len(words) > n and "" in words:
+        return None             # an empty word (two spaces in a row, a space at either end): _entries skips it
     flags = np.asarray(sys_flags, dtype=np.int64)
     if ((flags & ROLLBACK) == ROLLBACK).any():
         return None
-    hu, lu = string_hashes(uniq_col)
-    hk, lk = string_hashes(keys_col)
+    hk, lk = string_hashes(words)
+    hu, lu = string_hashes(uniq_col) if nuniq else (hk[:0], lk[:0])
     prefix = string_hashes([topic + "#"])[0].astype(np.uint64)[0]
-    table = _pow31_table(int(max(lu.max(), lk.max())) + 1)
+    table = _pow31_table(int(max(lu.max(initial=0), lk.max())) + 1)
     mask = np.uint64(0xFFFFFFFF)
-    out = np.empty(2 * n, dtype=np.uint32)
-    out[0::2] = (prefix * table[lu].astype(np.uint64) + hu) & mask     # per message: its UNIQ_KEY, then its key
-    out[1::2] = (prefix * table[lk].astype(np.uint64) + hk) & mask
-    phys = np.repeat(np.asarray(offsets, dtype=np.int64), 2)
-    stamps = np.repeat(np.asarray(timestamps, dtype=np.int64), 2)
+    uniq = (prefix * table[lu].astype(np.uint64) + hu) & mask
+    word = (prefix * table[lk].astype(np.uint64) + hk) & mask
+    if not nuniq and len(words) == n:   # per message: its key
+        out, counts = word.astype(np.uint32), 1
+    elif len(words) == n:               # per message: its UNIQ_KEY, then its key
+        out = np.empty(2 * n, dtype=np.uint32)
+        out[0::2], out[1::2], counts = uniq, word, 2
+    else:                               # per message: its UNIQ_KEY (if any), then each word of its KEYS
+        counts = np.fromiter(map(str.count, keys_col, repeat(" ")), np.int64, n) + (2 if nuniq else 1)
+        out = np.empty(len(words) + nuniq, dtype=np.uint32)
+        if nuniq:
+            first = np.cumsum(counts) - counts
+            is_uniq = np.zeros(len(out), dtype=bool)
+            is_uniq[first] = True
+            out[first] = uniq
+            out[~is_uniq] = word
+        else:
+            out[:] = word
+    phys = np.repeat(np.asarray(offsets, dtype=np.int64), counts)
+    stamps = np.repeat(np.asarray(timestamps, dtype=np.int64), counts)
     return _java_abs(out), phys, stamps
 
 
