@@ -147,6 +147,7 @@ def test_write_a_store_read_from_another(spark, golden, tmp_path):
                for r in spark.read.format("rocketmq").load(str(dst)).select("topic", "queueId", "body", "properties")
                .collect())
     assert a == b and len(a) == 2480
+    assert not list(dst.glob(".spark-write-*"))     # the tasks' staged rows are removed once appended
 
 
 def test_write_errors(spark, tmp_path):
@@ -165,6 +166,12 @@ def test_write_errors(spark, tmp_path):
     with pytest.raises((PySparkException, Py4JJavaError), match="topic"):
         spark.createDataFrame([("x" * 200, b"x")], "topic string, body binary") \
             .write.format("rocketmq").mode("append").save(str(store))
+    new = tmp_path / "new-store"
+    with pytest.raises((PySparkException, Py4JJavaError), match="topic"):
+        spark.createDataFrame([("x" * 200, b"x")], "topic string, body binary") \
+            .write.format("rocketmq").mode("append").save(str(new))
+    assert not new.exists()                         # made for the write's staging directory, removed with it
+    assert not list(store.glob(".spark-write-*"))
     with MessageStore.open(store, SMALL, start_services=False) as st:
         assert st.get_max_phy_offset() == 0         # nothing was appended by the failed writes
 

@@ -19,6 +19,8 @@ from conftest import local_spark
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+import pyarrow as pa  # noqa: E402
+
 from rmqstore.store import codec
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.reader import CommitLogReader
@@ -256,29 +258,241 @@ def test_committed_write_id_is_skipped_before_any_message_is_built(tmp_path):
     def never():
         raise AssertionError("the messages of a committed write were built")
     with MessageStore.open(tmp_path / "s", StoreConfig(), start_services=False) as store:
-        got = two_phase_append(store, lambda: [Message("T", b"a"), Message("T", b"b")], write_id="w1")
+        got = two_phase_append(store, lambda: [[Message("T", b"a"), Message("T", b"b")]], write_id="w1")
         assert got["messages"] == 2 and got["skipped"] is None
         assert two_phase_append(store, never, write_id="w1")["skipped"] == "writeId w1 is committed already"
-        assert two_phase_append(store, [Message("T", b"c")], sink=("q", 0))["messages"] == 1
+        assert two_phase_append(store, [[Message("T", b"c")]], sink=("q", 0))["messages"] == 1
         assert "batch 0 of sink q" in two_phase_append(store, never, sink=("q", 0))["skipped"]
 
 
-def test_two_phase_append_keeps_each_queues_order_across_interleaved_topics(tmp_path):
-    """The halves go in one topic at a time (the columnar path); each queue still holds its rows in order."""
-    from rmqstore.store.message import Message
+def _encoded(partition: int, columns: dict):
+    """A writer task's commit message for rows given as columns (normalize: the executors' part)."""
+    import io
+    import pyarrow as pa
+    from rmqstore.spark.writer import NORMAL, EncodedRows, normalize
+    nb = normalize(pa.RecordBatch.from_pydict(columns), 4 << 20, 1_700_000_000_000)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, NORMAL) as w:
+        w.write_batch(nb)
+    return EncodedRows(partition, 0, nb.num_rows, sink.getvalue())
+
+
+def test_writer_keeps_each_queues_order_and_every_field_across_topics_and_chunks(tmp_path):
+    """The driver's part of a write (to_chunks + two_phase_append): rows of interleaved topics over more than
+    a chunk, null queue ids round robin, rows whose properties differ in names (a chunk of Messages) beside
+    uniform ones (a MessageBatch: the columnar path). Each queue holds its rows in order, and every field
+    reads back as it was given, through the half and its commit record."""
+    import pyarrow as pa
     from rmqstore.spark.transaction import CHUNK, two_phase_append
-    n = CHUNK + 500                              # spans longer than a chunk, and topic boundaries inside one
-    msgs = [Message(("A", "B", "C")[i % 3 if i < n // 2 else i % 2], b"%d" % i, queue_id=i % 2) for i in range(n)]
+    from rmqstore.spark.writer import to_chunks
+    from rmqstore.store.message_batch import MessageBatch
+    n = 2 * CHUNK + 2000            # topics A and B: more than a chunk each; C: less, with other property names
+    topics = [("A", "B", "C")[i % 3 if i < n // 2 else i % 2] for i in range(n)]
+    rows = {"topic": topics, "body": [b"%d" % i for i in range(n)],
+            "queueId": pa.array([None if i % 5 == 0 else i % 2 for i in range(n)], pa.int32()),
+            "tags": [f"t{i % 7}" for i in range(n)], "keys": [f"k{i} x{i}" for i in range(n)],
+            # topic C: one row with another property name, so its chunk is Messages
+            "properties": [[("seq", str(i))] + ([("odd", "1")] if i == 3 * 7 + 2 else []) for i in range(n)],
+            "bornTimestamp": [1_700_000_000_000 + i for i in range(n)]}
+    enc = [_encoded(0, {k: v[:n // 3] for k, v in rows.items()}),
+           _encoded(1, {k: v[n // 3:] for k, v in rows.items()})]
+    want_q: list = []
+    rr = {t: 0 for t in "ABC"}
+    for i in range(n):                           # null queue ids: each topic's queues round robin, in row order
+        q = rows["queueId"][i].as_py()
+        if q is None:
+            q, rr[topics[i]] = rr[topics[i]] % 4, rr[topics[i]] + 1
+        want_q.append(q)
     with MessageStore.open(tmp_path / "s", StoreConfig(), start_services=False) as store:
-        assert two_phase_append(store, msgs)["messages"] == n
+        chunks = to_chunks(enc, {}, 4)
+        a, b, c = (topics.count(t) for t in "ABC")
+        assert CHUNK < a < 2 * CHUNK and CHUNK < b < 2 * CHUNK and c < CHUNK
+        assert [(type(c) is MessageBatch, len(c)) for c in chunks] == \
+            [(True, CHUNK), (True, a - CHUNK), (True, CHUNK), (True, b - CHUNK), (False, c)]
+        assert two_phase_append(store, chunks)["messages"] == n
         assert store.wait_dispatched()
         for topic in "ABC":
-            for q in (0, 1):
-                want = [m.body for m in msgs if m.topic == topic and m.queue_id == q]
+            for q in range(4):
+                want = [i for i in range(n) if topics[i] == topic and want_q[i] == q]
                 got: list = []
                 while True:                      # a get answers at most 32 messages
                     more = store.get_message("g", topic, q, len(got), 32).messages
                     if not more:
                         break
-                    got += [m.body for m in more]
+                    got += more
+                assert [m.body for m in got] == [b"%d" % i for i in want]
+                for i, m in zip(want, got):
+                    assert (m.tags, m.keys, m.born_timestamp, m.properties["seq"]) == \
+                        (f"t{i % 7}", [f"k{i}", f"x{i}"], 1_700_000_000_000 + i, str(i))
+                    assert ("odd" in m.properties) == (i == 3 * 7 + 2)
+                    assert m.sys_flag & codec.TRANSACTION_TYPE_MASK == codec.TRANSACTION_COMMIT_TYPE
+
+
+def test_properties_built_with_arrow_equal_the_row_by_row_rule():
+    """normalize's properties column (Arrow kernels) is exactly the row-by-row build, and refuses what it
+    refuses with the same message, over tags, keys (lists and space-separated strings) and property maps
+    with nulls, empty values, duplicate names and names that the tags / keys columns replace."""
+    import random
+    import pyarrow as pa
+    from rmqstore.spark.writer import WriteError, _properties, _properties_by_row
+    rnd = random.Random(7)
+    words = ["", " ", "a", "b c", "k1", "ü", "x  y", None]
+    names = ["seq", "a", "TAGS", "KEYS", "zz", "UNIQ_KEY"]
+    mtype = pa.map_(pa.string(), pa.string())
+    for case in range(300):
+        n = rnd.randint(1, 12)
+        cols = {}
+        if rnd.random() < 0.7:
+            cols["tags"] = pa.array([rnd.choice(["", "t", "tag b", None]) for _ in range(n)], pa.string())
+        if rnd.random() < 0.4:
+            cols["keys"] = pa.array([None if rnd.random() < 0.2 else
+                                     [rnd.choice(words) for _ in range(rnd.randint(0, 3))] for _ in range(n)],
+                                    pa.list_(pa.string()))
+        elif rnd.random() < 0.5:
+            cols["keys"] = pa.array([rnd.choice(words) for _ in range(n)], pa.string())
+        if rnd.random() < 0.8:
+            once = case % 3 != 0            # a third of the cases may name a property twice
+            cols["properties"] = pa.array(
+                [None if rnd.random() < 0.1 else
+                 [(nm, rnd.choice(["1", "", "v w", None])) for nm in
+                  (rnd.sample(names, rnd.randint(0, 4)) if once else rnd.choices(names, k=rnd.randint(0, 3)))]
+                 for _ in range(n)], mtype)
+        batch = pa.RecordBatch.from_pydict(cols) if cols else pa.RecordBatch.from_pydict({"x": [0] * n})
+        assert _properties(batch, n).to_pylist() == _properties_by_row(batch, n).to_pylist(), (case, cols)
+    for bad in ([("a\x01", "1")], [("a", "x\x02")], [("", "1")], [("a", "x" * 40000)]):
+        batch = pa.RecordBatch.from_pydict({"properties": pa.array([[("ok", "1")], bad], mtype)})
+        with pytest.raises(WriteError) as fast:
+            _properties(batch, 2)
+        with pytest.raises(WriteError) as slow:
+            _properties_by_row(batch, 2)
+        assert str(fast.value) == str(slow.value) and "row 1" in str(fast.value)
+    batch = pa.RecordBatch.from_pydict({"tags": pa.array(["t", "x\x01"])})
+    with pytest.raises(WriteError, match="row 1"):
+        _properties(batch, 2)
+    for col, value in (("tags", pa.array(["t", "t\x02X\x01evil"])),          # replacing the map's TAGS / KEYS
+                       ("keys", pa.array([["k"], ["k\x01"]], pa.list_(pa.string())))):
+        name = "TAGS" if col == "tags" else "KEYS"
+        batch = pa.RecordBatch.from_pydict({col: value, "properties": pa.array([[(name, "m")]] * 2, mtype)})
+        with pytest.raises(WriteError, match="row 1: property"):
+            _properties(batch, 2)
+
+
+def _read_queue(store, topic: str, q: int) -> list:
+    got: list = []
+    while True:
+        more = store.get_message("g", topic, q, len(got), 32).messages
+        if not more:
+            return got
+        got += more
+
+
+def test_commit_records_carry_every_property_of_their_rows(tmp_path):
+    """Empty values included, whatever the chunk (a MessageBatch, or Messages when the rows' names differ) and
+    whatever an earlier write of the same process put in the property-order cache (found by an outside test:
+    an order cached from a row with an empty value dropped that name from every later commit record)."""
+    from rmqstore.spark.transaction import two_phase_append
+    from rmqstore.spark.writer import to_chunks
+    mtype = pa.map_(pa.string(), pa.string())
+    writes = [{"topic": ["A", "A", "B", "B"], "body": [b"1", b"2", b"3", b"4"], "queueId": [0, 0, 0, 0],
+               "tags": ["", "t", "", "u"],
+               "properties": pa.array([[("e", ""), ("a", "1")], [("z", "9")], [("e", "x1"), ("a", "1")],
+                                       [("e", "x2"), ("a", "2")]], mtype)},
+              {"topic": ["C", "C"], "body": [b"5", b"6"], "queueId": [0, 0], "tags": ["", ""],
+               "properties": pa.array([[("e", ""), ("a", "1")], [("e", "x"), ("a", "2")]], mtype)}]
+    with MessageStore.open(tmp_path / "s", StoreConfig(), start_services=False) as store:
+        for w in writes:
+            assert two_phase_append(store, to_chunks([_encoded(0, w)], {}, 4))["messages"] == len(w["body"])
+        assert store.wait_dispatched()
+        for w in writes:
+            for topic in sorted(set(w["topic"])):
+                want = [(b, t, dict(p)) for tp, b, t, p in zip(w["topic"], w["body"], w["tags"],
+                                                               w["properties"].to_pylist()) if tp == topic]
+                got = [(m.body, m.properties.get("TAGS"),
+                        {k: v for k, v in m.properties.items() if k not in ("TAGS", "TRAN_MSG", "PGROUP")})
+                       for m in _read_queue(store, topic, 0)]
                 assert got == want
+
+
+def test_rows_the_store_would_grow_past_the_limit_are_refused_by_their_task(tmp_path):
+    """A row's properties must fit with what the store adds (TRAN_MSG, PGROUP; REAL_TOPIC, REAL_QID with
+    DELAY): refused in the task, naming the row, never after the transaction began (found by an outside test:
+    the driver failed mid-append, and with DELAY after the commit point, leaving a transaction no write could
+    finish). A row just at the limit is appended."""
+    from rmqstore.spark.transaction import two_phase_append
+    from rmqstore.spark.writer import WriteError, to_chunks
+    from rmqstore.store.codec import MAX_PROPERTIES_LENGTH
+    mtype = pa.map_(pa.string(), pa.string())
+
+    def row(pad: int, delay: bool):
+        props = ([("DELAY", "3")] if delay else []) + [("pad", "p" * pad)]
+        return {"topic": ["T"], "body": [b"x"], "queueId": [0], "properties": pa.array([props], mtype)}
+    fixed = len("pad\x01\x02")
+    for delay, extra in ((False, 36), (True, 36 + 27 + 1)):
+        room = MAX_PROPERTIES_LENGTH - extra - fixed - (len("DELAY\x013\x02") if delay else 0)
+        with pytest.raises(WriteError, match="row 0: properties of"):
+            _encoded(0, row(room + 1, delay))
+        with MessageStore.open(tmp_path / f"s{delay}", StoreConfig(), start_services=False) as store:
+            assert two_phase_append(store, to_chunks([_encoded(0, row(room, delay))], {}, 4))["messages"] == 1
+            assert json.loads((tmp_path / f"s{delay}" / "config" / "sparkTransaction.json").read_text())["open"] == {}
+
+
+def test_a_failed_halves_phase_is_rolled_back_at_once(tmp_path, monkeypatch):
+    """A write failing before its commit point rolls its halves back before raising (not at the next write)."""
+    from rmqstore.store.message import Message
+    from rmqstore.spark import transaction as T
+    put_all, calls = T._put_all, []
+
+    def failing(store, msgs, what, delay_rewrite):
+        calls.append(what)
+        if what == "appending half messages" and calls.count(what) == 2:
+            raise OSError(28, "No space left on device")
+        return put_all(store, msgs, what, delay_rewrite)
+    monkeypatch.setattr(T, "_put_all", failing)
+    with MessageStore.open(tmp_path / "s", StoreConfig(), start_services=False) as store:
+        with pytest.raises(OSError, match="No space"):
+            T.two_phase_append(store, [[Message("T", b"a")], [Message("U", b"b")]])
+        assert json.loads((tmp_path / "s" / "config" / "sparkTransaction.json").read_text())["open"] == {}
+    kinds = [m.sys_flag & codec.TRANSACTION_TYPE_MASK for m in CommitLogReader(tmp_path / "s").messages()]
+    assert kinds == [codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE]
+
+
+def test_tasks_stage_their_rows_in_the_store_and_the_driver_checks_them(tmp_path):
+    """A task that sees the write's staging directory writes its rows there (not into its commit message,
+    which the driver's JVM would hold: OutOfMemoryError with Spark's default driver, found by `make bench`);
+    the driver reads them mapped, and a staged file it cannot see, or whose size differs, is an error naming
+    it, not rows missing."""
+    from rmqstore.spark import handoff
+    from rmqstore.spark.transaction import two_phase_append
+    from rmqstore.spark.writer import check_target, encode_task, to_chunks
+    store = tmp_path / "s"
+    stage, made = handoff.make_stage(str(store))
+    assert made and os.path.isdir(stage)
+    batch = pa.RecordBatch.from_pydict({"topic": ["T"] * 50, "body": [b"%d" % i for i in range(50)]})
+    m = encode_task(iter([batch]), 4 << 20, stage)
+    assert m.payload == b"" and m.staged and m.size == os.path.getsize(os.path.join(stage, m.staged))
+    with MessageStore.open(store, StoreConfig(), start_services=False) as st:
+        assert two_phase_append(st, to_chunks([m], {}, 4, stage))["messages"] == 50
+    elsewhere = encode_task(iter([batch]), 4 << 20, str(tmp_path / "not-seen"))   # an executor elsewhere
+    assert elsewhere.staged is None and len(elsewhere.payload) > 0
+    with open(os.path.join(stage, m.staged), "ab") as f:
+        f.write(b"x")
+    with pytest.raises(handoff.StagingError, match=f"partition 0 .*{m.staged}"):
+        to_chunks([m], {}, 4, stage)
+    handoff.remove_stage(stage, str(store), made)
+    assert not os.path.exists(stage) and store.is_dir()     # the store stays: the write appended
+    with pytest.raises(handoff.StagingError, match="missing"):
+        to_chunks([m], {}, 4, stage)
+    dead, _ = handoff.make_stage(str(tmp_path / "new"))      # a write whose driver was killed left only this:
+    check_target({"path": str(tmp_path / "new")}, False)     # the path still takes a write
+
+
+def test_staging_on_a_full_disk_is_an_error_naming_the_file(tmp_path):
+    """A task whose staged rows do not fit (a real 1 MB filesystem) fails with an error naming the file."""
+    from rmqstore.spark import handoff
+    from rmqstore.spark.writer import WriteError, encode_task
+    from store_checks import small_filesystem
+    with small_filesystem(tmp_path / "fs", 1):
+        stage, _ = handoff.make_stage(str(tmp_path / "fs" / "store"))
+        batch = pa.RecordBatch.from_pydict({"topic": ["T"] * 3000, "body": [b"x" * 1000] * 3000})
+        with pytest.raises(WriteError, match=f"partition 0: writing its staged rows to {stage}/part-.*No space"):
+            encode_task(iter([batch]), 4 << 20, stage)

@@ -26,7 +26,8 @@ def _install(spec: str) -> None:
             out = put_all(store, msgs, w, delay_rewrite)
             state["written"] += len(msgs)
             return out
-        put_all(store, msgs[:len(msgs) // 2], w, delay_rewrite)
+        half = len(msgs) // 2
+        put_all(store, msgs[:half] if isinstance(msgs, list) else msgs.slice(0, half), w, delay_rewrite)
         state["written"] += len(msgs) // 2
         tmp = gate + ".tmp"
         with open(tmp, "w") as f:

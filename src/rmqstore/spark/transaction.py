@@ -27,7 +27,6 @@ excludes every other writer), so halves need no transaction id property.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 import uuid
@@ -36,9 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
+
 from ..store import codec
 from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from ..store.message import Message, MessageExt
+from ..store.message_batch import MessageBatch
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ FILE_NAME = "sparkTransaction.json"
 PRODUCER_GROUP = "rmqstore-spark"
 PREPARING, COMMITTING = "PREPARING", "COMMITTING"
 CHUNK = 4096
+Chunk = "MessageBatch | list[Message]"       # messages to one topic, at most CHUNK of them (two_phase_append)
 _MASK = codec.TRANSACTION_TYPE_MASK
 
 
@@ -123,7 +126,7 @@ def _records(store, start: int, end: int, tran: int) -> Iterator[MessageExt]:
                 yield m
 
 
-def _put_all(store, msgs: list[Message], what: str, delay_rewrite: bool) -> list[int]:
+def _put_all(store, msgs: Chunk, what: str, delay_rewrite: bool) -> list[int]:
     """Put msgs and dispatch them (in this thread: the writer's store runs no dispatcher thread, and a columnar
     put hands the dispatcher its own columns, _hinted, instead of records to parse back); their commitlog
     offsets, or RuntimeError naming the first refusal. A columnar batch's answer (PutMessageResults) is read
@@ -155,11 +158,14 @@ def _hinted(store):
 
 
 def _end_all(store, halves: Iterable[MessageExt], tran: int) -> int:
+    """Rollback records (RocketMQ's end_record) or commit records (_commit_of, as the writer makes them:
+    the same properties) of halves read back, appended a chunk at a time; how many."""
     from ..messaging.transaction import end_record
     n = 0
     chunk: list[Message] = []
     for h in halves:
-        chunk.append(end_record(h, tran))
+        chunk.append(_commit_of(h, h.commit_log_offset) if tran == codec.TRANSACTION_COMMIT_TYPE
+                     else end_record(h, tran))
         if len(chunk) == CHUNK:
             _put_all(store, chunk, "ending a transaction", True)
             n, chunk = n + len(chunk), []
@@ -200,26 +206,38 @@ def recover(store) -> list[dict]:
     return done
 
 
-def _topic_of(m: Message) -> str:
-    return m.topic
+def half_chunk(c: Chunk) -> Chunk:
+    """The half messages of a chunk (half_of, column-wise for a MessageBatch)."""
+    if not isinstance(c, MessageBatch):
+        return [half_of(m) for m in c]
+    props = dict(zip(*c.property_columns()))
+    props[codec.PROPERTY_TRAN_PREPARED] = "true"
+    props[codec.PROPERTY_PRODUCER_GROUP] = PRODUCER_GROUP
+    return MessageBatch(c.topic, c.bodies, queue_ids=c.queue_ids, properties=props, flag=c.flag,
+                        sys_flag=(c.sys_flag & ~_MASK) | codec.TRANSACTION_PREPARED_TYPE,
+                        born_timestamp=c.born_timestamp, born_host=c.born_host, store_host=c.store_host)
 
 
-def _topic_spans(msgs: list[Message]) -> Iterator[tuple[int, int]]:
-    """(start, end) of runs of msgs (sorted by topic) with one topic, each at most CHUNK long."""
-    s, n = 0, len(msgs)
-    while s < n:
-        e = bisect.bisect_right(msgs, msgs[s].topic, s, min(s + CHUNK, n), key=_topic_of)
-        yield s, e
-        s = e
+def commit_chunk(half: Chunk, offsets) -> Chunk:
+    """The commit records of a chunk of halves written at offsets (_commit_of, column-wise for a
+    MessageBatch: one property order for all, as its messages share their names)."""
+    if not isinstance(half, MessageBatch):
+        return [_commit_of(h, off) for h, off in zip(half, offsets)]
+    return MessageBatch(half.topic, half.bodies, queue_ids=half.queue_ids,
+                        properties=_broker_order(dict(zip(*half.property_columns()))), flag=half.flag,
+                        sys_flag=(half.sys_flag & ~_MASK) | codec.TRANSACTION_COMMIT_TYPE,
+                        born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
+                        prepared_transaction_offset=np.asarray(offsets, dtype=np.int64))
 
 
-def two_phase_append(store, msgs: list[Message] | Callable[[], list[Message]], *,
+def two_phase_append(store, chunks: list[Chunk] | Callable[[], list[Chunk]], *,
                      sink: tuple[str, int] | None = None, write_id: str | None = None) -> dict:
-    """Append msgs to the open store (lock held) as one transaction (see the module docstring). With
-    sink=(sink id, batch id): skipped when that batch (or a later one) is committed already; with write_id:
-    skipped when a write of that id is. msgs may be a function making them, called only when not skipped
-    (a re-run of a committed job builds no message). Returns {"messages": appended, "skipped": reason or
-    None}."""
+    """Append the messages of chunks (each of one topic and at most CHUNK messages: a MessageBatch, or a
+    list of Messages; in the order to append) to the open store (lock held) as one transaction (see the
+    module docstring). With sink=(sink id, batch id): skipped when that batch (or a later one) is committed
+    already; with write_id: skipped when a write of that id is. chunks may be a function making them, called
+    only when not skipped (a re-run of a committed job builds no message). Returns {"messages": appended,
+    "skipped": reason or None}."""
     recovered = recover(store)
     tlog = load_log(store.path)
     if sink is not None and tlog.sinks.get(sink[0], -1) >= sink[1]:
@@ -227,48 +245,59 @@ def two_phase_append(store, msgs: list[Message] | Callable[[], list[Message]], *
                 "recovered": recovered}
     if write_id is not None and write_id in tlog.writes:
         return {"messages": 0, "skipped": f"writeId {write_id} is committed already", "recovered": recovered}
-    if callable(msgs):
-        msgs = msgs()
-    # one topic per put, so that the columnar path takes it (with _put_all reading its answer as columns:
-    # the driver's part of a write 58 -> 36 us a row, measured); a stable sort keeps the order within each topic, hence within each
-    # queue (the only order a queue's reader sees)
-    halves = [half_of(m) for m in sorted(msgs, key=_topic_of)]
-    del msgs
-    spans = list(_topic_spans(halves))
+    if callable(chunks):
+        chunks = chunks()
+    # a MessageBatch of one topic is what the columnar path takes (with _put_all reading its answer as
+    # columns)
+    halves = [half_chunk(c) for c in chunks]
+    del chunks
+    total = sum(map(len, halves))
     t = OpenTransaction(uuid.uuid4().hex, PREPARING, store.get_max_phy_offset())
     tlog.open[t.txid] = t
     save_log(store.path, tlog)                                  # durable before the first half
-    offsets: list[int] = []
-    for s, e in spans:                      # halves (and commit records) made a chunk at a time
-        offsets += _put_all(store, halves[s:e], "appending half messages", False)
-    store.flush_all()
-    t.state, t.half_to, t.halves, t.commit_from = COMMITTING, store.get_max_phy_offset(), len(halves), \
+    try:
+        offsets = [_put_all(store, h, "appending half messages", False) for h in halves]
+        store.flush_all()
+    except BaseException:
+        _roll_back_now(store, t.txid)
+        raise
+    t.state, t.half_to, t.halves, t.commit_from = COMMITTING, store.get_max_phy_offset(), total, \
         store.get_max_phy_offset()
     if sink is not None:
         tlog.sinks[sink[0]] = sink[1]
     if write_id is not None:
-        tlog.writes[write_id] = len(halves)
+        tlog.writes[write_id] = total
     save_log(store.path, tlog)                                  # the commit point
-    for s, e in spans:
-        _put_all(store, [_commit_of(h, off) for h, off in zip(halves[s:e], offsets[s:e])],
-                 "appending commit records", True)
+    for h, offs in zip(halves, offsets):
+        _put_all(store, commit_chunk(h, offs), "appending commit records", True)
     store.flush_all()
     del tlog.open[t.txid]
     save_log(store.path, tlog)
-    return {"messages": len(halves), "skipped": None, "recovered": recovered}
+    return {"messages": total, "skipped": None, "recovered": recovered}
+
+
+def _roll_back_now(store, txid: str) -> None:
+    """The halves phase of txid failed: roll back what it wrote now (recover), not at the next write; when
+    that fails too (a full disk), the next write does it."""
+    try:
+        recover(store)
+    except Exception as e:      # the original failure is what the caller raises
+        log.warning("%s: Spark write %s failed before its commit point and its halves could not be rolled back "
+                    "now (%s): the next write to the store rolls them back", store.path, txid, e)
 
 
 _ORDERS: dict[tuple, list[str]] = {}
 
 
-def _broker_order(props: dict[str, str]) -> dict[str, str]:
-    """props in the order of the broker's HashMap (java_map.as_broker_map): that order depends only on the
-    names and the order they are put in, so it is computed once per tuple of names."""
+def _broker_order(props: dict) -> dict:
+    """props (values, or columns of values) in the order of the broker's HashMap (java_map.hashmap_order),
+    every one kept (an empty value too: the commit record carries what the half does). That order depends
+    only on the names and the order they are put in, so it is computed once per tuple of names."""
     names = tuple(props)
     order = _ORDERS.get(names)
     if order is None:
-        from ..store.java_map import as_broker_map
-        order = list(as_broker_map(props).to_dict())
+        from ..store.java_map import hashmap_order
+        order = list(hashmap_order(dict.fromkeys(names, "")))
         if len(_ORDERS) > 4096:
             _ORDERS.clear()
         _ORDERS[names] = order

@@ -4,8 +4,9 @@ A store has one writer at a time (its `lock` file), and a Spark job has many tas
 twice (retries, speculation). So:
 
 * executors encode: each task checks and normalises its rows (topic, body, properties built from the
-  tags / keys / properties columns, queue id, flag, born time and host) into one Arrow IPC buffer, its
-  commit message; nothing is written by a task;
+  tags / keys / properties columns, queue id, flag, born time and host) into one Arrow IPC stream, a file
+  in the write's staging directory inside the store (or, for an executor that does not see it, its commit
+  message: handoff.py); nothing is appended by a task;
 * the driver appends: commit() opens the store (taking its lock: a store open in another process fails
   with StoreLockedError naming it) and appends the tasks' messages (grouped by topic, in partition order
   within each topic: each queue's order is the rows' order) as one two-phase
@@ -16,8 +17,9 @@ twice (retries, speculation). So:
   the next write). Option writeId (like Delta's txnAppId): a write whose id the store has committed is
   skipped, so re-running a job whose driver died gives exactly one copy.
 
-Everything passes through the driver: this suits what a broker's store takes (GBs), not more. Each row
-costs two commitlog records (its half and its commit record).
+Every row is appended by the driver's Python process, column-wise (MessageBatch chunks of one topic): this
+suits what a broker's store takes (GBs), not more. Each row costs two commitlog records (its half and its
+commit record).
 
 Columns: topic (string, required), body (binary or string, required), tags (string), keys (array<string>,
 or a string of space-separated keys), properties (map<string,string>), queueId (int: when null or absent the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -42,8 +45,9 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from ..store import codec, store_fs, validation
 from ..store.config import StoreConfig
 from ..errors import ConfigError, StoreLockedError
-from . import storeview as SV
+from . import handoff, storeview as SV
 from .records import COLUMNS
+from .transaction import PRODUCER_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,9 @@ class EncodedRows(WriterCommitMessage):
     partition: int
     attempt: int
     rows: int
-    payload: bytes          # Arrow IPC stream in NORMAL
+    payload: bytes          # Arrow IPC stream in NORMAL (empty when staged)
+    staged: str | None = None   # else: the name of the file in the write's staging directory (handoff.py) ...
+    size: int = 0               # ... of this many bytes
 
 
 def _store_path(options: dict) -> str:
@@ -95,7 +101,7 @@ def check_target(options: dict, overwrite: bool, known: tuple = ("path", "config
             raise WriteError(f"option 'path': {path} is not a directory")
         if SV.lock_held_elsewhere(path):
             raise StoreLockedError(path)
-        names = set(os.listdir(path))
+        names = {n for n in os.listdir(path) if not n.startswith(handoff.PREFIX)}   # a dead write's staging dir
         if names and not names & {"commitlog", "consumequeue", "index", "lock", "checkpoint", "abort"}:
             raise WriteError(f"option 'path': {path} is not a RocketMQ store directory (no commitlog/) and not empty")
     try:
@@ -139,14 +145,38 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
     else:
         born = born.cast(pa.int64()).fill_null(now_ms)
     host = _born_hosts(batch, n)
+    plen, extra, tlen = _grown(props, tlen)
+    over = np.flatnonzero(plen + extra > codec.MAX_PROPERTIES_LENGTH)
+    if len(over):
+        i = int(over[0])
+        raise WriteError(f"row {i}: properties of {int(plen[i])} bytes exceed {codec.MAX_PROPERTIES_LENGTH} with "
+                         f"up to the {int(extra[i])} bytes the store adds (TRAN_MSG and PGROUP of the two-phase "
+                         "append; with DELAY, REAL_TOPIC and REAL_QID of the delay)")
     sizes = (codec.HEADER_STRUCTS[3].size + pc.binary_length(body).to_numpy(zero_copy_only=False) + 3 + tlen
-             + pc.binary_length(props.cast(pa.binary())).to_numpy(zero_copy_only=False))
+             + plen + extra)
     big = np.flatnonzero(sizes > max_message_size)
     if len(big):
         raise WriteError(f"row {int(big[0])}: a message of {int(sizes[big[0]])} bytes exceeds maxMessageSize "
                          f"{max_message_size}")
     return pa.RecordBatch.from_arrays([topic.cast(pa.string()), qid, flag, born, host.cast(pa.string()), props, body],
                                       schema=NORMAL)
+
+
+# what the store's records add to a row's properties: the half and the commit record carry TRAN_MSG and PGROUP
+# (transaction.py); a row with DELAY has its commit record rewritten to SCHEDULE_TOPIC_XXXX with REAL_TOPIC and
+# REAL_QID (messaging/schedule.py: its queue id is at most MAX_QUEUE_ID)
+_HALF_EXTRA = len(codec.properties_to_string({codec.PROPERTY_TRAN_PREPARED: "true",
+                                              codec.PROPERTY_PRODUCER_GROUP: PRODUCER_GROUP}))
+_DELAY_EXTRA = len(codec.properties_to_string({codec.PROPERTY_REAL_TOPIC: "", codec.PROPERTY_REAL_QUEUE_ID:
+                                               str(validation.MAX_QUEUE_ID)}))
+
+
+def _grown(props: pa.Array, tlen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(properties bytes, bytes the store's largest record of the row adds to them, its topic bytes) per row."""
+    plen = pc.binary_length(props.cast(pa.binary())).to_numpy(zero_copy_only=False).astype(np.int64)
+    delayed = pc.match_substring_regex(props, f"(^|\x02){codec.PROPERTY_DELAY}\x01").to_numpy(zero_copy_only=False)
+    extra = _HALF_EXTRA + np.where(delayed, _DELAY_EXTRA + tlen, 0)
+    return plen, extra, np.where(delayed, np.maximum(tlen, len(codec.SCHEDULE_TOPIC)), tlen)
 
 
 def _topics(batch: pa.RecordBatch):
@@ -180,7 +210,99 @@ def _bodies(batch: pa.RecordBatch):
 
 def _properties(batch: pa.RecordBatch, n: int) -> pa.Array:
     """Each row's properties string: the properties map, then tags (TAGS) and keys (KEYS, words joined by a
-    space), checked by the store's rule and against MAX_PROPERTIES_LENGTH."""
+    space; a map naming TAGS or KEYS gets the column's value in its place), checked by the store's rule and
+    against MAX_PROPERTIES_LENGTH. Built with Arrow kernels; a batch where a map names a property twice, or
+    that breaks a rule, goes row by row (_properties_by_row, which names the row)."""
+    tags, keys, props = _col(batch, "tags"), _col(batch, "keys"), _col(batch, "properties")
+    if not _string_columns(tags, keys, props):
+        return _properties_by_row(batch, n)     # it refuses what is not a str, naming it
+    keys = _keys_joined(keys)
+    for col in (tags, keys):        # a value with a separator (also one that replaces the map's): row by row
+        if col is not None and pc.any(pc.match_substring_regex(col, _SEPARATORS)).as_py():
+            return _properties_by_row(batch, n)
+    entries = []        # (row of each entry, "name\x01value\x02" of each entry): map entries, TAGS, KEYS
+    placed: dict[str, np.ndarray] = {}      # rows whose map names TAGS / KEYS: the column's value goes there
+    if props is not None:
+        lst = props.cast(pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())])))
+        flat = pc.list_flatten(lst)
+        rows = pc.list_parent_indices(lst).to_numpy(zero_copy_only=False)
+        names, values = flat.field("key"), flat.field("value")
+        keep = values.is_valid()
+        names, values, rows = names.filter(keep), values.filter(keep), rows[keep.to_numpy(zero_copy_only=False)]
+        if len(names):
+            bad = pc.or_(pc.equal(pc.binary_length(names), 0),
+                         pc.or_(pc.match_substring_regex(names, _SEPARATORS),
+                                pc.match_substring_regex(values, _SEPARATORS)))
+            codes = pc.dictionary_encode(names).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            if pc.any(bad).as_py() or len(np.unique(rows * (int(codes.max()) + 1) + codes)) != len(codes):
+                return _properties_by_row(batch, n)     # a name twice, or a rule broken
+            at = pa.array(rows)
+            for name, col in (("TAGS", tags), ("KEYS", keys)):
+                if col is not None:     # named in the map and given as a column: the column's value, in place
+                    hit = pc.and_(pc.equal(names, name), col.is_valid().take(at))
+                    values = pc.if_else(hit, col.take(at), values)
+                    placed[name] = rows[hit.to_numpy(zero_copy_only=False)]
+            entries.append((rows, _pairs(names, values)))
+    for name, col in (("TAGS", tags), ("KEYS", keys)):
+        if col is not None and col.null_count < n:
+            valid = col.is_valid()
+            if name in placed:
+                free = np.ones(n, dtype=bool)
+                free[placed[name]] = False
+                valid = pc.and_(valid, pa.array(free))
+            values = col.filter(valid)
+            entries.append((np.flatnonzero(valid.to_numpy(zero_copy_only=False)),
+                            _pairs(pa.array([name] * len(values), pa.string()), values)))
+    if not entries:
+        return pa.array([""] * n, pa.string())
+    rows = np.concatenate([r for r, _ in entries])
+    order = np.argsort(rows, kind="stable")       # per row: its map entries in order, then TAGS, then KEYS
+    offsets = np.searchsorted(rows[order], np.arange(n + 1)).astype(np.int32)
+    pieces = pa.concat_arrays([e for _, e in entries]).take(pa.array(order))
+    out = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), pieces), "")
+    size = pc.binary_length(out.cast(pa.binary())).to_numpy(zero_copy_only=False)
+    if len(size) and int(size.max()) > codec.MAX_PROPERTIES_LENGTH:
+        return _properties_by_row(batch, n)
+    return out
+
+
+_SEPARATORS = validation._SEPARATORS.pattern       # the store's rule's separators, as an Arrow regex
+
+
+def _string_columns(tags, keys, props) -> bool:
+    """tags a string column, keys a string or list of strings column, properties a map of strings (or absent)."""
+    def text(t) -> bool:
+        return pa.types.is_string(t) or pa.types.is_large_string(t)
+    return ((tags is None or text(tags.type))
+            and (keys is None or text(keys.type) or (pa.types.is_list(keys.type) and text(keys.type.value_type)))
+            and (props is None or (pa.types.is_map(props.type) and text(props.type.key_type)
+                                   and text(props.type.item_type))))
+
+
+def _pairs(names: pa.Array, values: pa.Array) -> pa.Array:
+    """"name\x01value\x02" of each entry."""
+    return pc.binary_join_element_wise(pc.binary_join_element_wise(names, values, "\x01"), "", "\x02")
+
+
+def _keys_joined(keys) -> pa.Array | None:
+    """The keys column as KEYS values: the non-empty words (of a list, or of a space-separated string) joined
+    by a space; null where there is none."""
+    if keys is None:
+        return None
+    if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+        keys = pc.split_pattern(keys.cast(pa.string()), codec.KEY_SEPARATOR)
+    words = pc.list_flatten(keys)
+    rows = pc.list_parent_indices(keys).to_numpy(zero_copy_only=False)
+    keep = pc.and_(words.is_valid(), pc.greater(pc.binary_length(words), 0)).fill_null(False)
+    words, rows = words.filter(keep).cast(pa.string()), rows[keep.to_numpy(zero_copy_only=False)]
+    offsets = np.searchsorted(rows, np.arange(len(keys) + 1)).astype(np.int32)
+    counts = np.diff(offsets)
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), words), codec.KEY_SEPARATOR)
+    return pc.if_else(pa.array(counts > 0), joined, pa.nulls(len(keys), pa.string()))
+
+
+def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
+    """_properties one row at a time: the rule, exact, and the error naming the first bad row."""
     tags = _col(batch, "tags")
     keys = _col(batch, "keys")
     props_col = _col(batch, "properties")
@@ -238,20 +360,37 @@ def _born_hosts(batch: pa.RecordBatch, n: int) -> pa.Array:
     return host
 
 
-def encode_task(iterator, max_message_size: int) -> EncodedRows:
-    """A task's rows (Arrow batches), checked and normalised, as its commit message."""
+def encode_task(iterator, max_message_size: int, stage: str | None = None) -> EncodedRows:
+    """A task's rows (Arrow batches), checked and normalised, as its commit message: the rows themselves, or
+    the file of stage they were written to when this executor sees stage (handoff.py)."""
     from pyspark import TaskContext
     ctx = TaskContext.get()
+    partition, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx else (0, 0)
     now = int(time.time() * 1000)
-    sink = io.BytesIO()
+    try:
+        sink, name = handoff.open_sink(stage, partition, attempt)
+    except OSError as e:
+        raise WriteError(f"partition {partition}: cannot make its staged rows' file in {stage}: {e}") from None
     rows = 0
-    with pa.ipc.new_stream(sink, NORMAL) as w:
-        for batch in iterator:
-            if batch.num_rows:
-                nb = normalize(batch, max_message_size, now)
-                w.write_batch(nb)
-                rows += nb.num_rows
-    return EncodedRows(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0, rows, sink.getvalue())
+    try:
+        with pa.ipc.new_stream(sink, NORMAL) as w:
+            for batch in iterator:
+                if batch.num_rows:
+                    nb = normalize(batch, max_message_size, now)
+                    w.write_batch(nb)
+                    rows += nb.num_rows
+        if name is None:
+            return EncodedRows(partition, attempt, rows, sink.getvalue())
+        size = sink.tell()
+    except OSError as e:        # a full disk: name the file
+        raise WriteError(f"partition {partition}: writing its staged rows to {stage}/{name} failed: {e}") from None
+    finally:
+        if name is not None:
+            try:
+                sink.close()
+            except OSError:
+                pass            # the write's own error (above) says what went wrong
+    return EncodedRows(partition, attempt, rows, b"", name, size)
 
 
 class RocketMQWriter(DataSourceArrowWriter):
@@ -259,52 +398,102 @@ class RocketMQWriter(DataSourceArrowWriter):
         self.options = dict(options)
         self.path, self.config = check_target(self.options, overwrite)
         check_schema(schema)
+        try:
+            self.stage, self.made_store = handoff.make_stage(self.path)
+        except OSError as e:
+            raise WriteError(f"option 'path': cannot make a staging directory in {self.path}: {e}") from None
 
     def write(self, iterator) -> EncodedRows:
-        return encode_task(iterator, self.config.max_message_size)
+        return encode_task(iterator, self.config.max_message_size, self.stage)
 
     def commit(self, messages) -> None:
         msgs = sorted((m for m in messages if m is not None), key=lambda m: m.partition)
-        append_encoded(self.path, self.config, msgs, write_id=self.options.get("writeId")
-                       or self.options.get("writeid"))
+        try:
+            append_encoded(self.path, self.config, msgs, write_id=self.options.get("writeId")
+                           or self.options.get("writeid"), stage=self.stage)
+        finally:
+            handoff.remove_stage(self.stage, self.path, False)
 
     def abort(self, messages) -> None:
+        handoff.remove_stage(self.stage, self.path, self.made_store)
         log.warning("%s: write aborted: nothing was appended", self.path)
 
 
-def to_messages(msgs: list[EncodedRows], queues: dict[str, list[int]], default_queues: int) -> list:
-    """The encoded rows as Messages, in order; null queue ids round robin over the topic's queues."""
+def to_chunks(msgs: list[EncodedRows], queues: dict[str, list[int]], default_queues: int,
+              stage: str | None = None) -> list:
+    """The encoded rows as two_phase_append's chunks: grouped by topic (topics in name order, rows in their
+    order within each: each queue's order is the rows' order), at most transaction.CHUNK rows each; null
+    queue ids round robin over the topic's queues, in row order. A chunk whose rows share flag, born host and
+    property names is a MessageBatch (the columnar put path), any other a list of Messages."""
+    from .transaction import CHUNK
+    tables = [pa.ipc.open_stream(handoff.rows_source(stage, m.staged, m.size, m.payload, m.partition)).read_all()
+              for m in msgs if m.rows]
+    if not tables:
+        return []
+    t = pa.concat_tables(tables).combine_chunks()
+    enc = pc.dictionary_encode(t.column("topic")).combine_chunks()
+    names = enc.dictionary.to_pylist()
+    idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    qid = t.column("queueId").fill_null(-1).to_numpy().astype(np.int64)
+    for i, topic in enumerate(names):
+        free = np.flatnonzero((idx == i) & (qid < 0))
+        if len(free):
+            qs = np.asarray(queues.get(topic) or range(default_queues), dtype=np.int64)
+            qid[free] = qs[np.arange(len(free)) % len(qs)]
+    rank = np.empty(len(names), np.int64)
+    rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    order = np.argsort(rank[idx], kind="stable")
+    t, idx, qid = t.take(order), idx[order], qid[order]
+    cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), t.num_rows]
+    return [_chunk(t.slice(s, min(s + CHUNK, b) - s), names[int(idx[a])], qid[s:min(s + CHUNK, b)])
+            for a, b in zip(cuts, cuts[1:]) for s in range(a, b, CHUNK)]
+
+
+def _chunk(t: pa.Table, topic: str, qids: np.ndarray):
+    """One chunk of rows of one topic (to_chunks)."""
     from ..store.message import DEFAULT_HOST, Message
-    rr: dict[str, int] = {}
-    out = []
-    for m in msgs:
-        if not m.rows:
-            continue
-        with pa.ipc.open_stream(m.payload) as r:
-            for batch in r:
-                d = batch.to_pydict()
-                for topic, qid, flag, born, host, props, body in zip(
-                        d["topic"], d["queueId"], d["flag"], d["bornTimestamp"], d["bornHost"],
-                        d["properties"], d["body"]):
-                    if qid is None:
-                        qs = queues.get(topic) or list(range(default_queues))
-                        i = rr.get(topic, 0)
-                        qid = qs[i % len(qs)]
-                        rr[topic] = i + 1
-                    out.append(Message(topic=topic, body=body, queue_id=qid, flag=flag, born_timestamp=born,
-                                       born_host=host or DEFAULT_HOST, properties=codec.string_to_properties(props)))
-    return out
+    from ..store.message_batch import MessageBatch
+    n = t.num_rows
+    flags = t.column("flag").to_numpy()
+    hosts = t.column("bornHost").to_pylist()
+    born = t.column("bornTimestamp").to_numpy()
+    bodies = t.column("body").to_pylist()
+    props = t.column("properties").combine_chunks()
+    columns = None
+    if int(flags.min()) == int(flags.max()) and hosts.count(hosts[0]) == n:
+        columns = _property_columns(props)
+    if columns is not None:
+        return MessageBatch(topic, bodies, queue_ids=qids, properties=columns, flag=int(flags[0]),
+                            born_timestamp=born, born_host=hosts[0] or DEFAULT_HOST)
+    return [Message(topic=topic, body=body, queue_id=q, flag=f, born_timestamp=b, born_host=h or DEFAULT_HOST,
+                    properties=codec.string_to_properties(p))
+            for body, q, f, b, h, p in zip(bodies, qids.tolist(), flags.tolist(), born.tolist(), hosts,
+                                           props.to_pylist())]
+
+
+def _property_columns(props: pa.Array) -> dict | None:
+    """{name: one value per row} when every row's properties string (normalize's) has the first row's names
+    in the same order, else None."""
+    first = codec.string_to_properties(props[0].as_py())
+    if not first:
+        return {} if pc.max(pc.binary_length(props.cast(pa.binary()))).as_py() == 0 else None
+    pattern = "^" + "".join(f"{re.escape(name)}\x01(?P<v{j}>[^\x01\x02]*)\x02" for j, name in enumerate(first)) + "$"
+    if not pc.all(pc.match_substring_regex(props, pattern)).as_py():
+        return None
+    values = pc.extract_regex(props, pattern)
+    return {name: values.field(j).to_pylist() for j, name in enumerate(first)}
 
 
 def append_encoded(path: str, config: StoreConfig, msgs: list[EncodedRows], *, write_id: str | None = None,
-                   sink: tuple[str, int] | None = None) -> dict:
+                   sink: tuple[str, int] | None = None, stage: str | None = None) -> dict:
     """Append the encoded rows (in order) to the store at path as one transaction (transaction.py),
     holding its lock; returns counts."""
     from ..store.store import MessageStore
     from .transaction import two_phase_append, wait_visible
     store = MessageStore.open(path, config, start_services=False)
     try:
-        got = two_phase_append(store, lambda: to_messages(msgs, store.topics(), config.default_topic_queue_nums),
+        handoff.remove_stale(path)
+        got = two_phase_append(store, lambda: to_chunks(msgs, store.topics(), config.default_topic_queue_nums, stage),
                                sink=sink, write_id=write_id)
         wait_visible(store)
     finally:

@@ -38,7 +38,8 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 class MessageBatch:
     """Messages to one topic as columns; every sequence has one item per message (len(bodies)).
 
-    queue_ids, born_timestamp: one int for all, or one per message (a list or a numpy int array). properties: name -> one str for all,
+    queue_ids, born_timestamp, prepared_transaction_offset: one int for all, or one per message (a list or a
+    numpy int array). properties: name -> one str for all,
     or a sequence of str (one per message); tags and keys are shorthands for the TAGS and KEYS
     properties (keys: one str per message, several keys separated by a space). born_timestamp defaults
     to the batch's creation time in ms.
@@ -58,6 +59,7 @@ class MessageBatch:
     born_timestamp: int | Sequence[int] | None = None
     born_host: str = DEFAULT_HOST
     store_host: str | None = None
+    prepared_transaction_offset: int | Sequence[int] = 0
 
     def __post_init__(self):
         n = len(self.bodies)
@@ -78,7 +80,7 @@ class MessageBatch:
         self._props = props
         if self.born_timestamp is None:
             self.born_timestamp = time.time_ns() // 1_000_000
-        for name in ("queue_ids", "born_timestamp"):
+        for name in ("queue_ids", "born_timestamp", "prepared_transaction_offset"):
             v = getattr(self, name)
             if isinstance(v, np.integer):
                 setattr(self, name, v := int(v))
@@ -88,10 +90,20 @@ class MessageBatch:
     def __len__(self) -> int:
         return len(self.bodies)
 
+    def slice(self, start: int, stop: int) -> "MessageBatch":
+        """Messages start..stop-1 of this batch, as a batch."""
+        def part(v):
+            return v if isinstance(v, (int, str)) else v[start:stop]
+        return MessageBatch(self.topic, self.bodies[start:stop], part(self.queue_ids),
+                            {k: part(v) for k, v in self._props.items()}, flag=self.flag, sys_flag=self.sys_flag,
+                            born_timestamp=part(self.born_timestamp), born_host=self.born_host,
+                            store_host=self.store_host,
+                            prepared_transaction_offset=part(self.prepared_transaction_offset))
+
     def column(self, name: str) -> list:
-        """A per-message column (queue_ids, born_timestamp) as a list of n values."""
+        """A per-message column (queue_ids, born_timestamp, prepared_transaction_offset) as a list of n values."""
         v = getattr(self, name)
-        return [v] * len(self.bodies) if isinstance(v, int) else list(v)
+        return [v] * len(self.bodies) if isinstance(v, int) else v.tolist() if isinstance(v, np.ndarray) else list(v)
 
     def property(self, name: str):
         """A property's value: one str (or None) for all messages, or a list of one per message."""
@@ -108,9 +120,11 @@ class MessageBatch:
         names, cols = self.property_columns()
         rows = [[v] * n if isinstance(v, str) else v for v in cols]
         qids, borns = self.column("queue_ids"), self.column("born_timestamp")
+        prepared = self.column("prepared_transaction_offset")
         return [Message(topic=self.topic, body=self.bodies[i], queue_id=qids[i], flag=self.flag,
                         sys_flag=self.sys_flag, born_timestamp=borns[i], born_host=self.born_host,
-                        store_host=self.store_host, properties={k: r[i] for k, r in zip(names, rows)})
+                        store_host=self.store_host, prepared_transaction_offset=prepared[i],
+                        properties={k: r[i] for k, r in zip(names, rows)})
                 for i in range(n)]
 
 

@@ -227,6 +227,9 @@ class MessageEncoder:
                                n, _QUEUE_IDS)
         born_ts = int_column(born_ts if type(born_ts) is list or type(born_ts) is np.ndarray
                              else mb.column("born_timestamp"), n, INT64)
+        prepared = mb.prepared_transaction_offset
+        prepared = int_column(prepared if type(prepared) is list or type(prepared) is np.ndarray
+                              else mb.column("prepared_transaction_offset"), n, INT64)
         sys_flags = int_column([mb.sys_flag], 1, INT32)
         flags = int_column([mb.flag], 1, INT32)
         names, columns = mb.property_columns()
@@ -237,7 +240,7 @@ class MessageEncoder:
         if props is None:
             return None
         bodies = mb.bodies if type(mb.bodies) is list else list(mb.bodies)
-        b = encode_columns(n, mb.topic, *target, queue_ids, sys_flags, flags, born_ts, 0, 0, props, bodies,
+        b = encode_columns(n, mb.topic, *target, queue_ids, sys_flags, flags, born_ts, 0, prepared, props, bodies,
                            self.config.max_message_size, self.file_size)
         if b is not None and hints and mb.topic != codec.SCHEDULE_TOPIC:
             keys, uniqs = mb.property(codec.PROPERTY_KEYS), mb.property(codec.PROPERTY_UNIQ_KEY)
