@@ -38,7 +38,8 @@ failOnDataLoss         true (default): messages the read should return but canno
                        warning naming them, and counted: rmqstore.spark.skipped_data(spark) ->
                        {"ranges": n, "messages": m} for the session
 checkCRC               true (default, as Kafka's check.crcs) / false: check returned bodies against BODYCRC
-minPartitions          at least this many partitions (queues are split), as Kafka's; otherwise one per core
+minPartitions          at least this many partitions (queues are split; mode=commitlog: files cut at record
+                       starts, pieces.py), as Kafka's; otherwise one per core
                        of the session (register(spark) tells it), 8 when unknown
 minOffsetsPerTrigger   stream: wait until this many messages are there, at most maxTriggerDelay (15m)
 view                   queues: one row per queue (broker, topic, queueId, minOffset, maxOffset, messages,

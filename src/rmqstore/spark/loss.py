@@ -1,11 +1,13 @@
 """Kafka's failOnDataLoss for the rocketmq data source: messages a read should return but cannot (deleted
-commitlog files, offsets below a queue's minimum, a damaged or missing middle commitlog file).
+commitlog files, offsets below a queue's minimum, a damaged or missing middle commitlog file, consume queue
+units past the commitlog's data, a record whose PHYSICALOFFSET field is not where it lies).
 
 failOnDataLoss=true (the default): the read fails with DataLossError naming the store, the queue (or
 commitlog file) and the offsets. false: they are skipped with a warning that says the same, and counted in
 the session's metric: rmqstore.spark.skipped_data(spark) -> {"ranges": skipped ranges, "messages": the
-messages among them whose number is known (queue offsets, records; a missing or cut commitlog file counts
-as a range only)}, summed over every read and stream of the session since register(spark) (a Spark
+messages among them whose number is known (queue offsets, records; missing commitlog files: the messages of
+the read's queues that a local store's consume queues place there; a cut middle commitlog file counts as a
+range only)}, summed over every read and stream of the session since register(spark) (a Spark
 accumulator: executors add to it, the driver reads it).
 """
 from __future__ import annotations

@@ -4,9 +4,12 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
+
 from . import storeview as SV
 from .loss import data_loss
 from .options import OptionError, ReadOptions
+from .pieces import MIN_PIECE_BYTES, cut_pieces
 from .scan import Cond, Partition, StoreRef, int_range
 from .viewcache import ViewCache
 
@@ -241,8 +244,9 @@ def queue_partitions(view: SV.StoreView, ranges: list[tuple[SV.QueueView, int, i
 
 
 def commitlog_items(view: SV.StoreView, start: int = 0, cl_lo: int | None = None,
-                    cl_hi: int | None = None) -> list[tuple[int, str, int, int]]:
-    """(base, path, start position, limit) of each file's part in [start, data end) and [cl_lo, cl_hi)."""
+                    cl_hi: int | None = None) -> list[tuple[int, str, int, int, bool]]:
+    """(base, path, start position, limit, False) of each file's part in [start, data end) and [cl_lo, cl_hi):
+    pieces.py's pieces, each a whole file's part."""
     out = []
     end = view.data_end
     for f in view.cl_files:
@@ -254,17 +258,21 @@ def commitlog_items(view: SV.StoreView, start: int = 0, cl_lo: int | None = None
             continue
         if cl_lo is not None and f.base + limit <= cl_lo:
             continue
-        out.append((f.base, f.path, max(start - f.base, 0), limit))
+        out.append((f.base, f.path, max(start - f.base, 0), limit, False))
     return out
 
 
-def _pack_commitlog(view: SV.StoreView, items, conds, include_body, key=None, key_topics=None) -> list[Partition]:
+def _pack_commitlog(view: SV.StoreView, items, conds, include_body, key=None, key_topics=None,
+                    pack_bytes: int = PACK_BYTES) -> list[Partition]:
     ref = StoreRef.of(view)
     parts, cur, size = [], [], 0
     for it in items:
+        if cur and size + it[3] - it[2] > pack_bytes:
+            parts.append(Partition("commitlog", ref, cur, conds, include_body, key, key_topics, rows=size))
+            cur, size = [], 0
         cur.append(it)
         size += it[3] - it[2]
-        if size >= PACK_BYTES:
+        if size >= pack_bytes:
             parts.append(Partition("commitlog", ref, cur, conds, include_body, key, key_topics, rows=size))
             cur, size = [], 0
     if cur:
@@ -304,13 +312,54 @@ def key_partitions(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> li
     return parts
 
 
-def check_commitlog_gaps(ro: ReadOptions, view: SV.StoreView) -> None:
-    """Commitlog files follow each other: a missing middle file is data loss (failOnDataLoss decides)."""
-    for f, g in zip(view.cl_files, view.cl_files[1:]):
-        if g.base != f.base + view.cl_file_size:
-            data_loss(ro.fail_on_data_loss, f"{view.root}: commitlog offsets {f.base + view.cl_file_size}.."
-                      f"{g.base - 1} have no file (a commitlog file between {os.path.basename(f.path)} and "
-                      f"{os.path.basename(g.path)} is missing)", 0, ro.loss_counter)
+def check_commitlog_gaps(ro: ReadOptions, view: SV.StoreView, conds: list[Cond]) -> None:
+    """Commitlog files follow each other and hold what the consume queues point at: a missing middle file
+    is data loss (failOnDataLoss decides), of as many messages as the read's queues lost with it
+    (_lost_in); so are units past the end of a stopped local store's commitlog data (its last files
+    missing, cut or zeroed: recovery drops those units)."""
+    gaps = [(f.base + view.cl_file_size, g.base, f, g) for f, g in zip(view.cl_files, view.cl_files[1:])
+            if g.base != f.base + view.cl_file_size]
+    local = view.fs is None
+    queues = selected_queues(ro, conds, view) if local and (gaps or not view.live) else []
+    if gaps:
+        lost = _lost_in(queues, [(a, b) for a, b, _, _ in gaps])
+        for (a, b, f, g), n in zip(gaps, lost):
+            data_loss(ro.fail_on_data_loss, f"{view.root}: commitlog offsets {a}..{b - 1} have no file (a "
+                      f"commitlog file between {os.path.basename(f.path)} and {os.path.basename(g.path)} is missing"
+                      + (f"; {n} messages of the read's queues were in it)" if n else ")"), n, ro.loss_counter)
+    if local and not view.live and view.data_end is not None:
+        past = {(qv.topic, qv.queue_id): int((qv.dropped_units()[:, 0] >= view.data_end).sum()) for qv in queues}
+        past = {k: n for k, n in past.items() if n}
+        if past:
+            (t, q), n = next(iter(past.items()))
+            data_loss(ro.fail_on_data_loss, f"{view.root}: the commitlog's data ends at offset {view.data_end}, but "
+                      f"{sum(past.values())} consume queue units of the read's queues point past it (queue {t}/{q}: "
+                      f"{n}; its last commitlog file(s) are missing, cut or zeroed)", sum(past.values()),
+                      ro.loss_counter)
+
+
+def _lost_in(queues: list[SV.QueueView], gaps: list[tuple[int, int]]) -> list[int]:
+    """Messages of each queue lost with each commitlog range [a, b) of gaps (sorted): the units recovery
+    dropped that point into it, or (when those are gone too) the filler units a local view's recovery put
+    between the queue's last unit before a and its first after b in the units it re-dispatched (a queue's
+    tail), whichever is more; fillers between two units with several gaps between them count for the first.
+    A remote view is not recovered: its reads count the units that point into a missing file."""
+    out = [0] * len(gaps)
+    for qv in queues:
+        t = qv.tail
+        real = np.flatnonzero(t[:, 1] != SV.BLANK_SIZE) if len(t) else np.empty(0, np.int64)
+        offs = t[real, 0] if len(t) else real
+        seen = set()
+        for k, (a, b) in enumerate(gaps):
+            units = qv.dropped_units()[:, 0]
+            dropped = int(((units >= a) & (units < b)).sum())
+            filled = 0
+            i, j = (int(x) for x in np.searchsorted(offs, [a, b]))
+            if j < len(real) and (i, j) not in seen and j == i:     # no unit points into the gap itself
+                seen.add((i, j))
+                filled = int(real[j]) - (int(real[i - 1]) if i > 0 else -1) - 1
+            out[k] += max(dropped, filled)
+    return out
 
 
 def _queue_ranges(ro: ReadOptions, conds: list[Cond], view: SV.StoreView) -> list[tuple[SV.QueueView, int, int]]:
@@ -335,19 +384,26 @@ def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
     for view in views:
         for note in view.notes:
             log.warning("%s", note)
-        check_commitlog_gaps(ro, view)
+        check_commitlog_gaps(ro, view, conds)
         if ro.key is not None:
             parts.extend(key_partitions(ro, conds, view))
         elif ro.mode == "commitlog":
             cl_lo, cl_hi = int_range(conds, "commitLogOffset")
             items = commitlog_items(view, 0, cl_lo, cl_hi)
-            parts.extend(_pack_commitlog(view, items, conds, ro.include_body))
+            want = ro.min_partitions or target_partitions(ro)
+            items = cut_pieces(view, items, want, 1 if ro.min_partitions else MIN_PIECE_BYTES)
+            total = sum(it[3] - it[2] for it in items)
+            parts.extend(_pack_commitlog(view, items, conds, ro.include_body,
+                                         pack_bytes=min(PACK_BYTES, max(1, -(-total // want)))))
         else:
             queue_reads.append((view, _queue_ranges(ro, conds, view)))
     per = partition_rows(ro, sum(b - a for _, ranges in queue_reads for _, a, b in ranges))
     for view, ranges in queue_reads:
         parts.extend(queue_partitions(view, ranges, conds, ro.include_body, per))
+    selection = (ro.topics, ro.pattern, ro.queue_ids)
     for p in parts:
         p.fail_on_data_loss, p.check_crc, p.loss_counter = ro.fail_on_data_loss, ro.check_crc, ro.loss_counter
         p.columns = ro.columns
+        if p.kind == "commitlog" and ro.key is None and selection != (None, None, None):
+            p.selection = selection     # a commitlog walk meets every topic: the options select rows
     return parts

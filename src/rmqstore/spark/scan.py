@@ -175,6 +175,8 @@ class Partition(_Base):
     loss_counter = None               # and the session's skipped-data accumulator (loss.py)
     check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
     columns = None                    # option columns: the only columns built (None: all)
+    selection = None                  # mode=commitlog: (topics, pattern, queue ids) of options topics /
+                                      # subscribePattern / queueIds, applied to the rows (None: every record)
 
     def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
                  key: str | None = None, key_topics: frozenset | None = None, rows: int = 0):
@@ -267,8 +269,48 @@ def _key_bytes_mask(recs: R.Records, key: str) -> np.ndarray:
     return out
 
 
+def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set | None) -> np.ndarray:
+    """The records of the topics (a set, or those fully matching pattern) and queue ids selected."""
+    m = np.ones(len(recs), dtype=bool)
+    if topics is not None or pattern is not None:
+        enc = pc.dictionary_encode(recs.topics())
+        names = enc.dictionary.to_pylist()
+        keep = np.array([(t in topics) if topics is not None else pattern.fullmatch(t) is not None for t in names],
+                        dtype=bool)
+        m &= keep[enc.indices.to_numpy(zero_copy_only=False)] if len(names) else False
+    if queue_ids is not None:
+        m &= np.isin(recs.queue_id, np.fromiter(queue_ids, np.int64))
+    return m
+
+
+def _in_place_and_selected(recs: R.Records, part: Partition) -> R.Records | None:
+    """recs without those whose PHYSICALOFFSET field (not covered by BODYCRC) is not where they lie (damaged:
+    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog, those of topics
+    and queues the options do not select; None when none is left."""
+    real = recs.base + recs.pos
+    moved = recs.phys != real
+    if moved.any():
+        n = int(moved.sum())
+        data_loss(part.fail_on_data_loss, f"{part.store.root}: {n} message(s) whose PHYSICALOFFSET field is not "
+                  f"where they lie (a damaged header), first at commitlog offset {int(real[moved][0])} (the field "
+                  f"says {int(recs.phys[moved][0])})", n, part.loss_counter)
+        if moved.all():
+            return None
+        recs = recs.select(~moved)
+    if part.selection is not None:
+        sel = _selection_mask(recs, *part.selection)
+        if not sel.any():
+            return None
+        if not sel.all():
+            recs = recs.select(sel)
+    return recs
+
+
 def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
     """Rows of valid records that pass the partition's conditions (and key), or None."""
+    recs = _in_place_and_selected(recs, part)
+    if recs is None:
+        return None
     conds = part.conds
     m = _header_mask(recs, conds)
     if part.key is not None:
@@ -529,12 +571,32 @@ def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outco
         log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, base + stop)
 
 
+def _check_end(part: Partition, base: int, path: str, start: int, limit: int, stop: int, why: Outcome,
+               last_base: int, piece: bool) -> None:
+    """The walk of [start, limit) of a commitlog file stopped at stop: _check_piece_end for a piece that
+    another piece goes on from at limit (pieces.py), else _check_file_end."""
+    if piece:
+        _check_piece_end(part, base, path, start, limit, stop, why)
+    else:
+        _check_file_end(part, base, path, stop, why, last_base)
+
+
+def _check_piece_end(part: Partition, base: int, path: str, start: int, limit: int, stop: int, why: Outcome) -> None:
+    """The walk of a piece (pieces.py) that another piece goes on from at limit stopped at stop: anything but
+    limit leaves [stop, limit) unread, which is data loss."""
+    if stop != limit:
+        data_loss(part.fail_on_data_loss, f"{part.store.root}: commitlog file {path}: the records from offset "
+                  f"{base + start} stop at {base + stop} ({why.name}), before the next piece of the read at "
+                  f"{base + limit}: offsets {base + stop}..{base + limit} are not read (damaged)", 0,
+                  part.loss_counter)
+
+
 def _read_commitlog(part: Partition, cache: SV.FileCache):
     store = part.store
     last_base = store.cl_files[-1][0] if store.cl_files else -1
-    for base, path, start, limit in part.items:
+    for base, path, start, limit, piece in part.items:
         if store.fs is not None:
-            yield from _read_remote_range(part, cache, base, path, start, limit, last_base)
+            yield from _read_remote_range(part, cache, base, path, start, limit, last_base, piece)
             continue
         try:
             mm, buf = cache.get(path)
@@ -544,12 +606,12 @@ def _read_commitlog(part: Partition, cache: SV.FileCache):
         if mm is None:
             continue
         recs, stop, why, _ = _walk(mm, buf, base, start, min(limit, len(buf)))
-        _check_file_end(part, base, path, stop, why, last_base)
+        _check_end(part, base, path, start, limit, stop, why, last_base, piece)
         yield from _rows(part, recs)
 
 
 def _read_remote_range(part: Partition, reader: store_fs.RangeReader, base: int, path: str, start: int, limit: int,
-                       last_base: int):
+                       last_base: int, piece: bool = False):
     """_read_commitlog for one file of a remote store: [start, limit) walked REMOTE_CHUNK bytes at a time."""
     pos, want = start, REMOTE_CHUNK
     while True:
@@ -564,7 +626,7 @@ def _read_remote_range(part: Partition, reader: store_fs.RangeReader, base: int,
         yield from _rows(part, recs)
         cut = _cut_at(buf, stop, limit - pos) if not bad and len(buf) == end - pos < limit - pos else 0
         if not cut:
-            _check_file_end(part, base, path, pos + stop, why, last_base)
+            _check_end(part, base, path, start, limit, pos + stop, why, last_base, piece)
             return
         pos, want = pos + stop, max(REMOTE_CHUNK, cut)
 

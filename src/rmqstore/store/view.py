@@ -217,6 +217,7 @@ class QueueView:
     tail_skip: int = 0                      # tail units dropped from the front (a partition's copy)
     blank: tuple = ()                       # commitlog ranges recovery skipped: disk units there are fillers
     fs: RemoteStore | None = None           # the store's filesystem when it is not local (store_fs)
+    kept_end: int = -1                      # the byte (queue space) where recovery cut the files (-1: none)
 
     @property
     def end(self) -> int:
@@ -248,6 +249,15 @@ class QueueView:
         if not offs:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         return np.concatenate(offs), np.concatenate(sizes)
+
+    def dropped_units(self) -> np.ndarray:
+        """(offset, size) of the written units on disk that recovery dropped (past kept_end): read on the first
+        call, for the planner's data loss checks only (none for a view without recovery)."""
+        got = self.__dict__.get("_dropped")
+        if got is None:
+            got = self.__dict__["_dropped"] = _dropped_units(self.dir, self.kept_end) \
+                if self.kept_end >= 0 and self.fs is None else np.empty((0, 2), dtype=np.int64)
+        return got
 
     def slim(self, a: int, b: int) -> "QueueView":
         """A copy carrying only the tail units of [a, b) (what a partition reading [a, b) needs)."""
@@ -472,7 +482,8 @@ def _fill_view(view: StoreView, rec: RecoveredStore, topics: set[str] | None) ->
         t = cq.units(disk_end, hi)
         tail = np.stack([t["offset"].astype(np.int64), t["size"].astype(np.int64)], axis=1) if len(t) \
             else np.empty((0, 2), dtype=np.int64)
-        qv = QueueView(cq.topic, cq.queue_id, d, disk, lo, disk_end, cq.max_physic_offset, tail, per, 0, blank)
+        qv = QueueView(cq.topic, cq.queue_id, d, disk, lo, disk_end, cq.max_physic_offset, tail, per, 0, blank,
+                       kept_end=qp.end if qp is not None else -1)
         if qv.end > 0 or qv.files:
             view.queues[key] = qv
     view.data_end = plan.commitlog.end
@@ -482,6 +493,26 @@ def _fill_view(view: StoreView, rec: RecoveredStore, topics: set[str] | None) ->
     if plan.index is not None:
         view.index_files = [os.path.join(view.root, "index", n) for n in plan.index.kept]
         view.index_end = plan.index.resume_from
+
+
+def _dropped_units(d: str, end: int) -> np.ndarray:
+    """(offset, size) of the written units in the consume queue files of d from byte `end` (queue space) on,
+    up to the first unwritten one (a file is written from its start: preallocated zeros after), read in
+    blocks growing from one unit (most queues have none: one 20-byte read)."""
+    out = [np.empty((0, 2), dtype=np.int64)]
+    for base, path, size in _digit_files(d):
+        pos, stop, block = max(end, base), base + size - size % UNIT, 1
+        while pos < stop:
+            arr = np.fromfile(path, dtype=CQ_NP, count=min(block, (stop - pos) // UNIT), offset=pos - base)
+            unwritten = np.flatnonzero(_unwritten(arr))
+            keep = arr[:unwritten[0]] if len(unwritten) else arr
+            keep = keep[_is_real(keep)]
+            out.append(np.stack([keep["offset"].astype(np.int64), keep["size"].astype(np.int64)], axis=1))
+            if len(unwritten) or not len(arr):
+                return np.concatenate(out)
+            pos, block = pos + len(arr) * UNIT, min(block * 8, 1 << 16)
+    return np.concatenate(out)
+
 
 REMOTE_UNITS_BLOCK = 3276 * UNIT       # the first ranged read of a remote consume queue file (64 KiB)
 
