@@ -191,6 +191,38 @@ def _bench_reads(out: dict, spark, work: str, store: str, conf_path: str, scale:
     out["queries"] = [{"query": q, "rmqstore_seconds": round(a, 3), "parquet_seconds": round(b, 3), "same": ok}
                       for q, a, b, ok in queries]
     out["floor_seconds"] = round(_floor(spark, pq, repeat), 3)
+    _bench_write(out, spark, work, pq, conf_path, scale, repeat)
+
+
+WRITTEN = "topic,queueId,body,tags,keys,properties,flag,bornTimestamp,bornHost"    # what _bench_write writes
+
+
+def _bench_write(out: dict, spark, work: str, pq: str, conf_path: str, scale: int, repeat: int) -> None:
+    """The rocketmq writer (every row appended as one exactly-once two-phase transaction to a new store)
+    against Spark writing the same rows as Parquet, from the Parquet copy (cached): a row of out["queries"]
+    whose answer is the number of rows the new store's queues hold."""
+    from ..store.store import MessageStore
+    df = spark.read.parquet(pq).select(*WRITTEN.split(",")).cache()
+    df.count()
+    runs = iter(range(1 << 30))
+    config = StoreConfig.load(conf_path)
+
+    def ours() -> int:
+        d = os.path.join(work, f"written-{next(runs)}")
+        df.write.format("rocketmq").mode("append").option("config", conf_path).save(d)
+        with MessageStore.open(d, config, start_services=False) as st:
+            n = sum(st.get_max_offset_in_queue(t, q) for t, qs in st.topics().items() for q in qs)
+        shutil.rmtree(d, ignore_errors=True)
+        return n
+
+    def theirs() -> int:
+        df.write.mode("overwrite").parquet(os.path.join(work, "written.parquet"))
+        return scale
+    a, got, b, want = _pair(ours, theirs, repeat)
+    df.unpersist()
+    out["queries"].append({"query": "write: df.write.format('rocketmq') (exactly once: halves, commit point, "
+                                    "commit records) vs df.write.parquet", "rmqstore_seconds": round(a, 3),
+                           "parquet_seconds": round(b, 3), "same": got == want})
 
 
 def _view_count(df) -> int:
