@@ -25,7 +25,14 @@ $(PY):
 # .venv/.stamp-X installs '.[X]' (X a comma-separated list of extras; 'base' installs '.'). With uv
 # (from PyPI, into the venv) when it installs: about half pip's time on a fresh machine (pyspark, grpcio);
 # else with pip.
+# pyspark comes from PyPI as a source package, built on the machine: the install takes about 3 GB of disk
+# (1.1 GB .venv, 1.9 GB of uv's cache in ~/.cache/uv; measured on a fresh machine). With less free than that
+# make says so before pip's own "No space left on device" (it goes on: the cache may already hold it).
 $(VENV)/.stamp-%: pyproject.toml | $(PY)
+	@free=$$(df -Pm "$${UV_CACHE_DIR:-$$HOME/.cache}" . 2>/dev/null | awk 'NR>1 {print $$4}' | sort -n | head -1); \
+	if [ -n "$$free" ] && [ "$$free" -lt 3500 ]; then \
+		echo "make: only $$free MB free on $$(df -P . | awk 'NR>1 {print $$6}') or ~/.cache;" \
+		"installing pyspark takes about 3 GB (a source build)" >&2; fi
 	@spec='.$(if $(filter base,$*),,[$*])'; \
 	if $(PY) -m pip install --disable-pip-version-check -q uv >/dev/null 2>&1 && \
 		$(PY) -m uv pip install -q --python $(PY) -e "$$spec"; then :; \
