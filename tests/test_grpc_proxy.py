@@ -484,3 +484,24 @@ def test_default_grpc_port_taken_serves_remoting_only(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_picked_grpc_port_taken_before_the_bind_is_picked_again(tmp_path, monkeypatch):
+    """Another process binds the gRPC port ServerProcess picked before its server does (a race seen in the
+    suite: two workers, random ports): the start is retried on new ports instead of failing."""
+    import socket
+    from rmqstore.broker import process
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    srv = ServerProcess(tmp_path / "store")
+    picks = iter([taken])               # the next port picked (the gRPC port, at the start) is the taken one
+    real = process.free_port
+    monkeypatch.setattr(process, "free_port", lambda host="127.0.0.1": next(picks, None) or real(host))
+    srv.start()
+    try:
+        assert srv.grpc_addr and not srv.grpc_addr.endswith(f":{taken}")
+    finally:
+        holder.close()
+        assert srv.stop() == 0, srv.log_tail()

@@ -101,7 +101,7 @@ class ServerProcess:
                 self._started = True
                 return self
             except RuntimeError as e:
-                if self._started or attempt == 2 or "address already in use" not in str(e) \
+                if self._started or attempt == 2 or "address already in use" not in str(e).lower() \
                         or not any(self._own_ports):
                     raise
                 if self._own_ports[0]:
