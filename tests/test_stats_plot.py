@@ -29,8 +29,11 @@ def test_plot_of_golden_store_fits_its_span_and_names_cjk_glyphs(golden, tmp_pat
     span_ms = max(r["lastStoreTime"] for r in rows) - min(r["firstStoreTime"] for r in rows)
     assert span_ms < 60_000 and "订单Topic" in {r["topic"] for r in rows}
 
+    assert len(_glyph_warnings(caplog, [])) <= 1       # stats' own plot: one warning at most (no CJK font)
+
     _, per_second = S.local_scan(store, S.StoreConfig.load(golden / "rmq440-clean" / "store.conf"))
     S._warned_glyphs.clear()
+    caplog.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fig = S.draw_rates(per_second, name="store", where="rates.png")
