@@ -36,12 +36,13 @@ JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 # A plain session, as a user's script makes it, run by this interpreter with no PYSPARK_PYTHON and a `python3`
 # first on its PATH that cannot be a Python worker (start_killed_writer): register() must give the source's
-# workers the driver's interpreter, as `.venv/bin/python script.py` needs
+# workers the driver's interpreter, as `.venv/bin/python script.py` needs. It runs one write per (store, conf)
+# pair of its arguments, side by side in threads (Spark runs jobs of several threads at once)
 DRIVER = r'''
-import os, sys
+import os, sys, threading
 from pyspark.sql import SparkSession
 from rmqstore.spark import register
-store, conf, n, write_id, JVM_OPTIONS = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+n, write_id, JVM_OPTIONS, pairs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
 s = (SparkSession.builder.master("local[2]").appName("killed-writer").config("spark.ui.enabled", "false")
      .config("spark.ui.showConsoleProgress", "false")
      .config("spark.driver.extraJavaOptions", JVM_OPTIONS).getOrCreate())
@@ -50,7 +51,16 @@ register(s)
 df = s.range(n, numPartitions=4).selectExpr("concat('K', cast(id % 3 as string)) as topic",
                                           "cast(concat('body-', cast(id as string)) as binary) as body",
                                           "map('seq', cast(id as string)) as properties")
-df.write.format("rocketmq").mode("append").option("config", conf).option("writeId", write_id).save(store)
+def write(store, conf):
+    # Spark 4.3 looks a Python data source's name up in the JVM thread's active session, which a Python
+    # thread's JVM thread lacks (DATA_SOURCE_NOT_FOUND otherwise; README: writing from threads)
+    s._jvm.SparkSession.setActiveSession(s._jsparkSession)
+    df.write.format("rocketmq").mode("append").option("config", conf).option("writeId", write_id).save(store)
+writers = [threading.Thread(target=write, args=(pairs[i], pairs[i + 1])) for i in range(0, len(pairs), 2)]
+for t in writers:
+    t.start()
+for t in writers:
+    t.join()
 print("WRITTEN", flush=True)
 '''
 
@@ -106,74 +116,78 @@ def has_records(store: Path) -> bool:
 GATE_DIR = Path(__file__).resolve().parent / "spark_kill_gate"
 
 
-def start_killed_writer(store: Path, conf: Path, n: int, write_id: str, kill_in: str) -> tuple:
-    """Start DRIVER in a child process that stops in the middle of phase kill_in of its two-phase append
-    (see kill_writer); returns (process, gate file)."""
+def start_killed_writer(stores: dict, n: int, write_id: str) -> tuple:
+    """Start DRIVER in a child process writing n rows to each store of stores ({phase: (store, conf)}), each
+    write stopping in the middle of its phase of the two-phase append (see kill_writer); returns (process,
+    {phase: gate file})."""
     src = Path(__file__).resolve().parent.parent / "src"
-    gate = store.parent / f"gate-{kill_in}"
-    fake = store.parent / "bin"
+    top = next(iter(stores.values()))[0].parent.parent
+    gates = {phase: store.parent / f"gate-{phase}" for phase, (store, _) in stores.items()}
+    fake = top / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "python3").write_text("#!/bin/sh\necho 'not a Python for Spark workers' >&2\nexit 3\n")
     (fake / "python3").chmod(0o755)
+    spec = ";".join(f"{phase}:{gates[phase]}:{store}" for phase, (store, _) in stores.items())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(GATE_DIR)]),
-               RMQSTORE_TEST_GATE=f"{kill_in}:{gate}", PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
+               RMQSTORE_TEST_GATE=spec, PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYSPARK_PYTHON", None)
-    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(store), str(conf), str(n), write_id, JVM_OPTIONS], env=env,
+    pairs = [str(x) for store, conf in stores.values() for x in (store, conf)]
+    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(n), write_id, JVM_OPTIONS, *pairs], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    return p, gate
+    return p, gates
 
 
-def kill_writer(p, gate: Path, store: Path, conf: Path, kill_in: str) -> int:
-    """SIGKILL a start_killed_writer child in the middle of phase kill_in; returns how many records of that
-    phase it had written. The child's Python processes load spark_kill_gate/sitecustomize.py, which stops
-    the append in that phase after one and a half chunks (transaction.CHUNK rows each) until the kill: so
-    the kill lands mid-phase on any machine, however fast (no race with a poll loop), and n needs only be
-    more than two chunks."""
+def kill_writer(p, gates: dict, stores: dict) -> dict:
+    """SIGKILL a start_killed_writer child once every write is in the middle of its phase; returns {phase: how
+    many records of that phase its write had written}. The child's Python processes load
+    spark_kill_gate/sitecustomize.py, which stops each append in its phase after one and a half chunks
+    (transaction.CHUNK rows each) until the kill: so the kill lands mid-phase on any machine, however fast
+    (no race with a poll loop), and n needs only be more than two chunks."""
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and p.poll() is None and not gate.exists():
+        while time.time() < deadline and p.poll() is None and not all(g.exists() for g in gates.values()):
             time.sleep(0.02)
         assert p.poll() is None, "the writer finished before it could be killed"
-        assert gate.exists(), "the writer did not reach the phase to kill in"
-        assert tx_state(store) == kill_in and has_records(store)
+        assert all(g.exists() for g in gates.values()), "a write did not reach the phase to kill in"
+        for phase, (store, _) in stores.items():
+            assert tx_state(store) == phase and has_records(store)
         os.kill(p.pid, signal.SIGKILL)        # the driver process only
         p.wait(60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    deadline = time.time() + 60               # its JVM notices and exits, ending the worker that appends
+    deadline = time.time() + 60               # its JVM notices and exits, ending the workers that append
     from rmqstore.errors import StoreLockedError
-    while True:
-        try:
-            MessageStore.open(store, StoreConfig.load(conf), start_services=False).close()
-            return int(gate.read_text())
-        except StoreLockedError:
-            assert time.time() < deadline
-            time.sleep(0.2)
+    written = {}
+    for phase, (store, conf) in stores.items():
+        while phase not in written:
+            try:
+                MessageStore.open(store, StoreConfig.load(conf), start_services=False).close()
+                written[phase] = int(gates[phase].read_text())
+            except StoreLockedError:
+                assert time.time() < deadline
+                time.sleep(0.2)
+    return written
 
 
 def test_killed_writes_are_all_or_none_and_reruns_are_exactly_once(spark, tmp_path):
-    """Two drivers SIGKILLed, one in each phase of its append (both run at once: each is a child with its
-    own JVM, whose start is most of the test's time)."""
+    """Two writes whose driver is SIGKILLed, one in each phase of its two-phase append: one child driver
+    (with its own JVM, whose start is most of the test's time) runs both side by side, each stopped in the
+    middle of its phase, then is killed once."""
     from rmqstore.spark import recover_writes
     from rmqstore.spark.transaction import CHUNK
     # more than two chunks: the kill lands after one and a half chunks of the phase (kill_writer), so
     # each phase is cut inside a chunk with whole chunks before and after, and the rollback spans 2 chunks
     n = 2 * CHUNK + 1808
-    runs = {}
-    try:
-        for phase in ("PREPARING", "COMMITTING"):
-            d = tmp_path / phase
-            d.mkdir()
-            (d / "store.conf").write_text(CONF)
-            runs[phase] = (d / "store", d / "store.conf", *start_killed_writer(d / "store", d / "store.conf", n,
-                                                                             "job-1", phase))
-        written = {ph: kill_writer(p, gate, store, conf, ph) for ph, (store, conf, p, gate) in runs.items()}
-    finally:
-        for _, _, p, _ in runs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    for phase, (store, conf, _, _) in runs.items():
+    stores = {}
+    for phase in ("PREPARING", "COMMITTING"):
+        d = tmp_path / phase
+        d.mkdir()
+        (d / "store.conf").write_text(CONF)
+        stores[phase] = (d / "store", d / "store.conf")
+    p, gates = start_killed_writer(stores, n, "job-1")
+    written = kill_writer(p, gates, stores)
+    for phase, (store, conf) in stores.items():
         _after_the_kill(spark, store, conf, n, phase, written[phase], recover_writes)
 
 

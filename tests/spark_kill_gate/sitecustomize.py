@@ -1,9 +1,9 @@
 """Put on the PYTHONPATH of a killed-writer child of test_spark_write.py (every Python process of that
 child's Spark reads it: driver, Spark's Python workers, the worker running the writer's commit). With
-RMQSTORE_TEST_GATE="PHASE:FILE" the Spark writer's two-phase append (rmqstore.spark.transaction) stops
-in the middle of PHASE: it writes the phase's first chunk and half of its second one, as usual, then
-writes FILE (the number of that phase's records written) and sleeps until the test kills the driver
-(Spark's shutdown then ends this worker). So the kill lands mid-phase however fast the machine is, and
+RMQSTORE_TEST_GATE="PHASE:FILE:STORE[;PHASE:FILE:STORE...]" the Spark writer's two-phase append
+(rmqstore.spark.transaction) to STORE stops in the middle of PHASE: it writes the phase's first chunk and half
+of its second one, as usual, then writes FILE (the number of that phase's records written) and sleeps until
+the test kills the driver (Spark's shutdown then ends this worker). So the kill lands mid-phase however fast the machine is, and
 the records written before it are known exactly. Without that variable: nothing."""
 import os
 
@@ -13,13 +13,16 @@ _SPEC = os.environ.get("RMQSTORE_TEST_GATE")
 def _install(spec: str) -> None:
     import time
     from rmqstore.spark import transaction as T
-    phase, gate = spec.split(":", 1)
-    what = {"PREPARING": "appending half messages", "COMMITTING": "appending commit records"}[phase]
+    what = {"PREPARING": "appending half messages", "COMMITTING": "appending commit records"}
+    gates = {}                            # store path -> (what to stop in, gate file, state)
+    for item in spec.split(";"):
+        phase, gate, store = item.split(":", 2)
+        gates[os.path.realpath(store)] = (what[phase], gate, {"calls": 0, "written": 0})
     put_all = T._put_all
-    state = {"calls": 0, "written": 0}
 
     def gated(store, msgs, w, delay_rewrite):
-        if w != what:
+        stop_in, gate, state = gates.get(os.path.realpath(str(store.path)), (None, None, None))
+        if w != stop_in:
             return put_all(store, msgs, w, delay_rewrite)
         state["calls"] += 1
         if state["calls"] < 2:
