@@ -216,6 +216,9 @@ def _properties(batch: pa.RecordBatch, n: int) -> pa.Array:
     tags, keys, props = _col(batch, "tags"), _col(batch, "keys"), _col(batch, "properties")
     if not _string_columns(tags, keys, props):
         return _properties_by_row(batch, n)     # it refuses what is not a str, naming it
+    if keys is not None and pa.types.is_list(keys.type) \
+            and pc.any(pc.match_substring(pc.list_flatten(keys), codec.KEY_SEPARATOR)).as_py():
+        return _properties_by_row(batch, n)     # a key holding the separator: refused there, naming the row
     keys = _keys_joined(keys)
     for col in (tags, keys):        # a value with a separator (also one that replaces the map's): row by row
         if col is not None and pc.any(pc.match_substring_regex(col, _SEPARATORS)).as_py():
@@ -285,8 +288,8 @@ def _pairs(names: pa.Array, values: pa.Array) -> pa.Array:
 
 
 def _keys_joined(keys) -> pa.Array | None:
-    """The keys column as KEYS values: the non-empty words (of a list, or of a space-separated string) joined
-    by a space; null where there is none."""
+    """The keys column as KEYS values: the non-empty words (of a list, none holding a space: _properties, or of a
+    space-separated string) joined by a space; null where there is none."""
     if keys is None:
         return None
     if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
@@ -311,6 +314,13 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
         keys_l = keys.to_pylist()
         if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
             keys_l = [None if k is None else [w for w in k.split(" ") if w] for k in keys_l]
+        else:
+            for i, ks in enumerate(keys_l):
+                bad = next((k for k in ks or () if isinstance(k, str) and codec.KEY_SEPARATOR in k), None)
+                if bad is not None:
+                    raise WriteError(f"row {i}: key {bad!r} of column 'keys' holds a space, the separator of "
+                                     f"RocketMQ's KEYS property: it would be stored as other keys (give each key "
+                                     f"as its own array element, without spaces)")
     else:
         keys_l = None
     props_l = props_col.to_pylist() if props_col is not None else None
