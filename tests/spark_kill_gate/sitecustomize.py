@@ -1,10 +1,10 @@
 """Put on the PYTHONPATH of a killed-writer child of test_spark_write.py (every Python process of that
 child's Spark reads it: driver, Spark's Python workers, the worker running the writer's commit). With
 RMQSTORE_TEST_GATE="PHASE:FILE:STORE[;PHASE:FILE:STORE...]" the Spark writer's two-phase append
-(rmqstore.spark.transaction) to STORE stops in the middle of PHASE: it writes the phase's first chunk and half
-of its second one, as usual, then writes FILE (the number of that phase's records written) and sleeps until
-the test kills the driver (Spark's shutdown then ends this worker). So the kill lands mid-phase however fast the machine is, and
-the records written before it are known exactly. Without that variable: nothing."""
+(rmqstore.spark.transaction) to STORE stops in the middle of PHASE: it writes the phase's first chunk and
+half of its second one, as usual, then writes FILE (the number of that phase's records written) and sleeps
+until the test kills the driver (Spark's shutdown then ends this worker). So the kill lands mid-phase however
+fast the machine is, and the records written before it are known exactly. Without that variable: nothing."""
 import os
 
 _SPEC = os.environ.get("RMQSTORE_TEST_GATE")
