@@ -55,7 +55,12 @@ def write(store, conf):
     # Spark 4.3 looks a Python data source's name up in the JVM thread's active session, which a Python
     # thread's JVM thread lacks (DATA_SOURCE_NOT_FOUND otherwise; README: writing from threads)
     s._jvm.SparkSession.setActiveSession(s._jsparkSession)
-    df.write.format("rocketmq").mode("append").option("config", conf).option("writeId", write_id).save(store)
+    try:
+        df.write.format("rocketmq").mode("append").option("config", conf).option("writeId", write_id).save(store)
+    except BaseException:       # the other write may sleep at its gate: end the child, the test fails at once
+        import traceback
+        traceback.print_exc()
+        os._exit(1)
 writers = [threading.Thread(target=write, args=(pairs[i], pairs[i + 1])) for i in range(0, len(pairs), 2)]
 for t in writers:
     t.start()
