@@ -21,6 +21,7 @@ from rmqstore.store import scanner
 from rmqstore.store.check import check_store
 from rmqstore.store.config import StoreConfig
 from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.message import Message
 from rmqstore.store.store import MessageStore
 
 SET = "rmq440-clean"
@@ -317,6 +318,40 @@ def test_check_on_a_store_being_written_says_it_is_open_and_checks_what_is_stabl
         child.kill()
         child.wait()
         child.stdout.close()
+
+
+def test_a_live_stores_newest_files_still_empty_are_being_created_not_damage(tmp_path):
+    """A live store's newest commitlog, queue and index files with no bytes yet are files their writer has
+    just created (RocketMQ sizes a file after creating it): check passes them; the same files in a closed
+    store are problems (CI saw check fail on a live store's queue file of size 0)."""
+    path = tmp_path / "store"
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600})
+    with MessageStore.open(path, cfg) as s:
+        for i in range(30):             # the queue's first file is full: the next one is created
+            s.put_message(Message("T", b"m%d" % i, properties={"KEYS": f"k{i}"}))
+    (path / "commitlog" / f"{65536:020d}").touch()
+    (path / "consumequeue" / "T" / "0" / f"{600:020d}").unlink(missing_ok=True)
+    (path / "consumequeue" / "T" / "0" / f"{600:020d}").touch()
+    (path / "index" / "99999999999999999").touch()
+    live = check_store(path, cfg, live=True)
+    assert live.ok, live.problems
+    assert live.records == live.units == 30
+    closed = check_store(path, cfg, live=False)
+    assert sorted(p.kind for p in closed.problems) == ["commitlog", "consume queue", "index"], closed.problems
+
+
+def test_a_new_store_file_appears_whole(tmp_path):
+    """A mapped file is created at its full size under a hidden name and renamed into place: no reader
+    ever sees it empty, and no temporary is left (a stale one from a crash is overwritten)."""
+    from rmqstore.store.mapped_file import MappedFile
+    p = tmp_path / f"{0:020d}"
+    (tmp_path / f".{p.name}.new").write_bytes(b"stale")
+    mf = MappedFile(p, 8192)
+    try:
+        assert p.stat().st_size == 8192
+        assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]
+    finally:
+        mf.close()
 
 
 def test_repair_never_writes_through_a_symlink_out_of_the_store(tmp_path):

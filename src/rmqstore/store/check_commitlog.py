@@ -153,6 +153,8 @@ def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: Fil
     for i, (base, path, size) in enumerate(files):
         if i and base != files[i - 1][0] + fsize:
             _missing_before(report, files, i, fsize, report.accepted)
+        if report.being_created(files, i):
+            break
         if size != fsize:
             report.add("commitlog", path, size, _size_problem(path, size, fsize, i == len(files) - 1))
         mm, _ = maps.get(path)

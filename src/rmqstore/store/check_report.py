@@ -70,6 +70,11 @@ class CheckReport:
     def add(self, kind: str, path, offset: int, what: str) -> None:
         self.problems.append(Problem(kind, str(path), int(offset), what))
 
+    def being_created(self, files: list, i: int) -> bool:
+        """files[i] is a live store's newest file, still empty: its writer has just created it (a store
+        written by RocketMQ, or by rmqstore before files were created whole, sizes it after creating it)."""
+        return self.live and i == len(files) - 1 and files[i][2] == 0
+
     def summary(self) -> str:
         state = "ok" if self.ok else f"{len(self.problems)} problem{'s' * (len(self.problems) != 1)}"
         return (f"{self.store}: {state}: {self.records} commitlog records, {self.units} consume queue units, "

@@ -85,6 +85,24 @@ def _fd_has_data(fd: int, pos: int, end: int) -> bool:
     return False
 
 
+def _open_new(path: Path, file_size: int) -> int | None:
+    """A file that does not exist yet, created whole: sized under a hidden temporary name and renamed into
+    place, so that no reader (`rmqstore check` on a live store, a Spark task) ever sees it short or empty.
+    None when the file exists already."""
+    if path.exists():
+        return None
+    tmp = path.with_name(f".{path.name}.new")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, file_size)
+        os.rename(tmp, path)
+    except OSError:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd
+
+
 class MappedFile:
     """One fixed-size file mapped into memory."""
 
@@ -95,9 +113,10 @@ class MappedFile:
         self.file_from_offset = int(self.path.name) if file_from_offset is None else file_from_offset
         self.first_create_in_queue = False
         self.store_timestamp = 0
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = _open_new(self.path, file_size) if create else None
+            if fd is None:
+                fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         except OSError as e:
             raise CorruptStoreError(str(self.path), 0, f"cannot open: {e.strerror}") from e
         try:
