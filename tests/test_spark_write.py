@@ -356,7 +356,7 @@ def test_properties_built_with_arrow_equal_the_row_by_row_rule():
     from rmqstore.spark.writer import WriteError, _properties, _properties_by_row
     rnd = random.Random(7)
     words = ["", " ", "a", "b c", "k1", "ü", "x  y", None]
-    listed = ["", "a", "k1", "ü", None]            # a key in an array holding a space is refused (below)
+    listed = ["a", "k1", "ü"]           # a key in an array that is null, empty or holds a space is refused (below)
     names = ["seq", "a", "TAGS", "KEYS", "zz", "UNIQ_KEY"]
     mtype = pa.map_(pa.string(), pa.string())
     for case in range(300):
@@ -393,12 +393,48 @@ def test_properties_built_with_arrow_equal_the_row_by_row_rule():
         batch = pa.RecordBatch.from_pydict({"keys": pa.array([["k"], ["a", key]], pa.list_(pa.string()))})
         with pytest.raises(WriteError, match="row 1: key .* holds a space"):
             _properties(batch, 2)
+    for key, what in (("", "an empty key"), (None, "a null key")):    # no key at all: refused, not dropped
+        batch = pa.RecordBatch.from_pydict({"keys": pa.array([["k"], None, [], ["a", key]], pa.list_(pa.string())),
+                                            "tags": ["t", "u", "v", "w"]})
+        with pytest.raises(WriteError) as fast:
+            _properties(batch, 4)
+        with pytest.raises(WriteError) as slow:
+            _properties_by_row(batch, 4)
+        assert str(fast.value) == str(slow.value) and str(fast.value).startswith(f"row 3: {what} in column 'keys'")
     for col, value in (("tags", pa.array(["t", "t\x02X\x01evil"])),          # replacing the map's TAGS / KEYS
                        ("keys", pa.array([["k"], ["k\x01"]], pa.list_(pa.string())))):
         name = "TAGS" if col == "tags" else "KEYS"
         batch = pa.RecordBatch.from_pydict({col: value, "properties": pa.array([[(name, "m")]] * 2, mtype)})
         with pytest.raises(WriteError, match="row 1: property"):
             _properties(batch, 2)
+
+
+def test_refused_rows_are_named_by_their_index_across_a_tasks_batches():
+    """encode_task counts the rows of earlier batches: outside a Spark task the index is over all the batches
+    given (and says so); normalize of one batch names the batch's row. Every check that refuses a row names it."""
+    from rmqstore.spark.writer import RowError, WriteError, encode_task, normalize
+    good = pa.RecordBatch.from_pydict({"topic": ["T"] * 3, "body": [b"x"] * 3})
+    for column, value, what in (("topic", None, "column 'topic' is null"),
+                                ("topic", "a" * 200, "column 'topic': 'aaa"),
+                                ("topic", "a/b", "column 'topic': topic 'a/b' contains"),
+                                ("body", None, "column 'body' is null"),
+                                ("queueId", -2, "column 'queueId' has a negative queue id -2"),
+                                ("queueId", 1 << 20, "column 'queueId' has queue id 1048576, above"),
+                                ("bornHost", "nohost", "column 'bornHost': ")):
+        cols = {"topic": ["T"] * 3, "body": [b"x"] * 3, "queueId": [1, 2, 3], "bornHost": ["1.2.3.4:5"] * 3}
+        cols[column] = cols[column][:2] + [value]         # the third row is bad
+        cols["queueId"] = pa.array(cols["queueId"], pa.int32())
+        bad = pa.RecordBatch.from_pydict(cols)
+        with pytest.raises(RowError) as e:
+            normalize(bad, 4 << 20, 0)
+        assert str(e.value).startswith(f"row 2: {what}") and e.value.row == 2, (column, str(e.value))
+        with pytest.raises(WriteError) as e:
+            normalize(bad, 4 << 20, 0, partition=3, first_row=20_000)
+        assert str(e.value).startswith(f"partition 3, row 20002: {what}"), str(e.value)
+        with pytest.raises(WriteError) as e:       # no TaskContext: no partition, the index over the batches
+            encode_task(iter([good, good.slice(0, 0), bad]), 4 << 20)
+        assert str(e.value).startswith("row 5 (counted from 0 over all the batches given, outside any Spark "
+                                       f"task): {what}"), str(e.value)
 
 
 def _read_queue(store, topic: str, q: int) -> list:
@@ -520,3 +556,74 @@ def test_staging_on_a_full_disk_is_an_error_naming_the_file(tmp_path):
         batch = pa.RecordBatch.from_pydict({"topic": ["T"] * 3000, "body": [b"x" * 1000] * 3000})
         with pytest.raises(WriteError, match=f"partition 0: writing its staged rows to {stage}/part-.*No space"):
             encode_task(iter([batch]), 4 << 20, stage)
+
+
+# --- errors name the Spark partition and the row's index in it; empty / null keys of an array are refused ----
+def _write_fails(spark, df, store: Path) -> str:
+    """The message of the write of df to store that must fail (Spark wraps the task's WriteError)."""
+    with pytest.raises(Exception) as e:
+        df.write.format("rocketmq").mode("append").save(str(store))
+    return str(e.value)
+
+
+BAD_ROW = 35_000    # spark.range(40_000, numPartitions=2): partition 1 holds ids 20,000.., so this is its row 15,000
+BAD_ROWS = {        # a column whose value at BAD_ROW breaks a rule, and the message's text after the place
+    "key with a space":
+        ("keys", "case when id = {b} then array('k', 'a b') else array(concat('k', cast(id as string))) end",
+         "key 'a b' of column 'keys' holds a space"),
+    "property over the limit with the store's TRAN_MSG and PGROUP":     # checked in normalize (Arrow kernels)
+        ("properties", "case when id = {b} then map('pad', repeat('p', 32760)) "
+                       "else map('seq', cast(id as string)) end",
+         "properties of 32765 bytes exceed 32767"),
+    "bad bornHost": ("bornHost", "case when id = {b} then 'nohost' else '10.0.0.1:9' end", "column 'bornHost'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_a_refused_row_is_named_by_its_partition_and_its_index_in_it(spark, tmp_path, case):
+    """A partition of more rows than an Arrow batch (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000): the
+    refused row is named by its Spark partition and its index in that partition, rows of the partition's
+    earlier batches counted (found by an outside test: its index in its Arrow batch was given, "row 5000")."""
+    column, expr, what = BAD_ROWS[case]
+    df = spark.range(40_000, numPartitions=2).selectExpr(
+        "'T' as topic", "cast(cast(id as string) as binary) as body", f"{expr.format(b=BAD_ROW)} as {column}")
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "10000")            # so the bad row is in the partition's second batch
+    try:
+        msg = _write_fails(spark, df, tmp_path / "s")
+    finally:
+        spark.conf.set(key, before) if before is not None else spark.conf.unset(key)
+    assert f"partition 1, row 15000: {what}" in msg, msg[-2000:]
+    assert "row 5000" not in msg
+    assert not (tmp_path / "s").exists()        # the aborted write removed the store it made
+
+
+def test_empty_or_null_keys_in_an_array_are_refused_and_nothing_is_appended(spark, tmp_path):
+    """RocketMQ has no empty key (KEYS is a space-separated string): an empty or null element of an array
+    `keys` is refused naming its partition and row, as a key holding a space is, and the write appends
+    nothing. No keys (a null or empty array, a null, empty or blank string) is allowed; a string of keys is
+    RocketMQ's KEYS value, split at spaces, its empty words (runs of spaces) no key, as the store reads it."""
+    store, topics = tmp_path / "s", ["T", "U"]
+    cfg = StoreConfig()
+    good = spark.createDataFrame(
+        [("T", b"0", ["k0", "x0"]), ("T", b"1", None), ("T", b"2", []), ("T", b"3", ["k3"])],
+        "topic string, body binary, keys array<string>")
+    good.write.format("rocketmq").mode("append").save(str(store))
+    spaced = spark.createDataFrame([("U", b"4", " a  b "), ("U", b"5", None), ("U", b"6", ""), ("U", b"7", "  ")],
+                                   "topic string, body binary, keys string")
+    spaced.write.format("rocketmq").mode("append").save(str(store))
+    with MessageStore.open(store, cfg, start_services=False) as st:
+        got = {m.body: (m.keys, m.properties.get("KEYS")) for t in topics for q in range(4)
+               for m in _read_queue(st, t, q)}
+    assert got == {b"0": (["k0", "x0"], "k0 x0"), b"1": ([], None), b"2": ([], None), b"3": (["k3"], "k3"),
+                   b"4": (["a", "b"], "a b"), b"5": ([], None), b"6": ([], None), b"7": ([], None)}
+    count = visible(store, cfg, topics)
+    assert count == 8
+    for element, what in (("''", "an empty key"), ("cast(null as string)", "a null key")):
+        df = spark.range(40, numPartitions=2).selectExpr(
+            "'T' as topic", "cast(cast(id as string) as binary) as body",
+            f"case when id = 33 then array('k', {element}) else array(concat('k', cast(id as string))) end as keys")
+        msg = _write_fails(spark, df, store)
+        assert f"partition 1, row 13: {what} in column 'keys'" in msg, msg[-2000:]
+        assert visible(store, cfg, topics) == count       # nothing appended

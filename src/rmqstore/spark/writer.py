@@ -22,11 +22,14 @@ suits what a broker's store takes (GBs), not more. Each row costs two commitlog 
 commit record).
 
 Columns: topic (string, required), body (binary or string, required), tags (string), keys (array<string>,
-or a string of space-separated keys), properties (map<string,string>), queueId (int: when null or absent the
-topic's queues are used round robin: those the store has, else defaultTopicQueueNums of the config), flag
-(int), bornTimestamp (timestamp or epoch ms; default: now), bornHost (string ip:port). The other columns of
-the rocketmq read schema are ignored (a DataFrame read from a store can be written to another); any other
-column is an error.
+each element a key: not null, not empty, without a space; or a string of space-separated keys, an empty word
+between spaces being no key, as RocketMQ reads KEYS; a null or empty value: no keys), properties
+(map<string,string>), queueId (int: when null or absent the topic's queues are used round robin: those the
+store has, else defaultTopicQueueNums of the config), flag (int), bornTimestamp (timestamp or epoch ms;
+default: now), bornHost (string ip:port). The other columns of the rocketmq read schema are ignored (a
+DataFrame read from a store can be written to another); any other column is an error. A refused row is
+named by its Spark partition and its index in that partition, from 0 ("partition 1, row 15000: ...";
+RowError).
 """
 from __future__ import annotations
 
@@ -60,6 +63,28 @@ NORMAL = pa.schema([("topic", pa.string()), ("queueId", pa.int32()), ("flag", pa
 
 class WriteError(ValueError):
     """A row or option that cannot be written (names the column or option)."""
+
+
+class RowError(WriteError):
+    """A row that cannot be written: what is wrong with it (.what) and where it is. Raised by the checks with
+    the row's index in the batch they check (.row); normalize names it for the user (located): in a Spark task
+    by the task's partition id (.partition) and the row's index in that partition, from 0, the rows of the
+    partition's earlier Arrow batches counted ("partition 1, row 15000: ...")."""
+
+    def __init__(self, row: int, what: str, partition: int | None = None, place: str | None = None):
+        self.row, self.what, self.partition = row, what, partition
+        super().__init__(f"{place or f'row {row}'}: {what}")
+
+    def located(self, partition: int | None, first_row: int) -> "RowError":
+        """This error of a batch whose first row is the first_row-th (from 0) of the rows of Spark partition
+        partition, or, with partition None, of the rows given to one call outside any Spark task."""
+        row = first_row + self.row
+        if partition is not None:
+            return RowError(row, self.what, partition, f"partition {partition}, row {row}")
+        if first_row == 0:
+            return self
+        return RowError(row, self.what, None, f"row {row} (counted from 0 over all the batches given, "
+                                              "outside any Spark task)")
 
 
 @dataclass
@@ -128,8 +153,18 @@ def _col(batch: pa.RecordBatch, name: str):
     return batch.column(i) if i >= 0 else None
 
 
-def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.RecordBatch:
-    """Check and normalise rows: one NORMAL row per input row, or WriteError naming the column and row."""
+def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int, partition: int | None = None,
+              first_row: int = 0) -> pa.RecordBatch:
+    """Check and normalise rows: one NORMAL row per input row, or WriteError naming the column and row (a
+    RowError: in a task, partition is its Spark partition id and first_row the index in it of the batch's
+    first row, so the error names the row as "partition P, row R"; see RowError.located)."""
+    try:
+        return _normalize(batch, max_message_size, now_ms)
+    except RowError as e:
+        raise e.located(partition, first_row) from None
+
+
+def _normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.RecordBatch:
     n = batch.num_rows
     topic, tlen = _topics(batch)
     body = _bodies(batch)
@@ -149,15 +184,15 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.R
     over = np.flatnonzero(plen + extra > codec.MAX_PROPERTIES_LENGTH)
     if len(over):
         i = int(over[0])
-        raise WriteError(f"row {i}: properties of {int(plen[i])} bytes exceed {codec.MAX_PROPERTIES_LENGTH} with "
-                         f"up to the {int(extra[i])} bytes the store adds (TRAN_MSG and PGROUP of the two-phase "
-                         "append; with DELAY, REAL_TOPIC and REAL_QID of the delay)")
+        raise RowError(i, f"properties of {int(plen[i])} bytes exceed {codec.MAX_PROPERTIES_LENGTH} with up to "
+                          f"the {int(extra[i])} bytes the store adds (TRAN_MSG and PGROUP of the two-phase append; "
+                          "with DELAY, REAL_TOPIC and REAL_QID of the delay)")
     sizes = (codec.HEADER_STRUCTS[3].size + pc.binary_length(body).to_numpy(zero_copy_only=False) + 3 + tlen
              + plen + extra)
     big = np.flatnonzero(sizes > max_message_size)
     if len(big):
-        raise WriteError(f"row {int(big[0])}: a message of {int(sizes[big[0]])} bytes exceeds maxMessageSize "
-                         f"{max_message_size}")
+        raise RowError(int(big[0]), f"a message of {int(sizes[big[0]])} bytes exceeds maxMessageSize "
+                                    f"{max_message_size}")
     return pa.RecordBatch.from_arrays([topic.cast(pa.string()), qid, flag, born, host.cast(pa.string()), props, body],
                                       schema=NORMAL)
 
@@ -183,17 +218,23 @@ def _topics(batch: pa.RecordBatch):
     """The topic column, checked (not null, 1..MAX_TOPIC_LENGTH bytes, the store's rule), and its lengths."""
     topic = _col(batch, "topic")
     if topic.null_count:
-        raise WriteError(f"column 'topic' is null in row {int(np.flatnonzero(topic.is_null().to_numpy(zero_copy_only=False))[0])}")
+        raise RowError(_first(topic.is_null()), "column 'topic' is null")
     tlen = pc.binary_length(topic.cast(pa.binary())).to_numpy(zero_copy_only=False)
     bad = np.flatnonzero((tlen == 0) | (tlen > codec.MAX_TOPIC_LENGTH))
     if len(bad):
-        raise WriteError(f"column 'topic': {topic[int(bad[0])].as_py()!r} is {int(tlen[bad[0]])} bytes, "
-                         f"RocketMQ allows 1 to {codec.MAX_TOPIC_LENGTH}")
-    for t in pc.unique(topic.cast(pa.string())).to_pylist():     # the store's rule (validation.py), per topic
+        raise RowError(int(bad[0]), f"column 'topic': {topic[int(bad[0])].as_py()!r} is {int(tlen[bad[0]])} bytes, "
+                                    f"RocketMQ allows 1 to {codec.MAX_TOPIC_LENGTH}")
+    text = topic.cast(pa.string())
+    for t in pc.unique(text).to_pylist():     # the store's rule (validation.py), per topic (first seen first)
         why = validation.topic_problem(t)
         if why:
-            raise WriteError(f"column 'topic': {why}")
+            raise RowError(pc.index(text, t).as_py(), f"column 'topic': {why}")
     return topic, tlen
+
+
+def _first(mask) -> int:
+    """The index of the first true of a boolean Arrow array (one that has one)."""
+    return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
 
 
 def _bodies(batch: pa.RecordBatch):
@@ -204,7 +245,7 @@ def _bodies(batch: pa.RecordBatch):
     if body.type != pa.binary():
         body = body.cast(pa.binary())
     if body.null_count:
-        raise WriteError("column 'body' is null in some row")
+        raise RowError(_first(body.is_null()), "column 'body' is null")
     return body
 
 
@@ -216,9 +257,8 @@ def _properties(batch: pa.RecordBatch, n: int) -> pa.Array:
     tags, keys, props = _col(batch, "tags"), _col(batch, "keys"), _col(batch, "properties")
     if not _string_columns(tags, keys, props):
         return _properties_by_row(batch, n)     # it refuses what is not a str, naming it
-    if keys is not None and pa.types.is_list(keys.type) \
-            and pc.any(pc.match_substring(pc.list_flatten(keys), codec.KEY_SEPARATOR)).as_py():
-        return _properties_by_row(batch, n)     # a key holding the separator: refused there, naming the row
+    if keys is not None and pa.types.is_list(keys.type) and _bad_listed_keys(keys):
+        return _properties_by_row(batch, n)     # a null or empty key, or one holding the separator: refused there
     keys = _keys_joined(keys)
     for col in (tags, keys):        # a value with a separator (also one that replaces the map's): row by row
         if col is not None and pc.any(pc.match_substring_regex(col, _SEPARATORS)).as_py():
@@ -287,9 +327,20 @@ def _pairs(names: pa.Array, values: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(pc.binary_join_element_wise(names, values, "\x01"), "", "\x02")
 
 
+def _bad_listed_keys(keys) -> bool:
+    """Whether an array keys column has an element that is no key: null, empty, or holding a space (the
+    separator of KEYS). Arrow kernels; _properties_by_row names the row."""
+    words = pc.list_flatten(keys)
+    if not len(words):
+        return False
+    return bool(words.null_count) or pc.any(pc.or_(pc.equal(pc.binary_length(words), 0),
+                                                   pc.match_substring(words, codec.KEY_SEPARATOR))).as_py()
+
+
 def _keys_joined(keys) -> pa.Array | None:
-    """The keys column as KEYS values: the non-empty words (of a list, none holding a space: _properties, or of a
-    space-separated string) joined by a space; null where there is none."""
+    """The keys column as KEYS values: the keys (of an array, each a non-empty string without a space:
+    _properties refuses others; of a string, its words between spaces, an empty word being no key, as RocketMQ
+    reads KEYS) joined by a space; null where there is none."""
     if keys is None:
         return None
     if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
@@ -316,11 +367,9 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
             keys_l = [None if k is None else [w for w in k.split(" ") if w] for k in keys_l]
         else:
             for i, ks in enumerate(keys_l):
-                bad = next((k for k in ks or () if isinstance(k, str) and codec.KEY_SEPARATOR in k), None)
-                if bad is not None:
-                    raise WriteError(f"row {i}: key {bad!r} of column 'keys' holds a space, the separator of "
-                                     f"RocketMQ's KEYS property: it would be stored as other keys (give each key "
-                                     f"as its own array element, without spaces)")
+                why = next((w for w in map(_listed_key_problem, ks or ()) if w), None)
+                if why:
+                    raise RowError(i, why)
     else:
         keys_l = None
     props_l = props_col.to_pylist() if props_col is not None else None
@@ -337,36 +386,52 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
                 p[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(ks)
         why = validation.properties_problem(p)
         if why:
-            raise WriteError(f"row {i}: {why}")
+            raise RowError(i, why)
         s = codec.properties_to_string(p)
         if len(s.encode("utf-8")) > codec.MAX_PROPERTIES_LENGTH:
-            raise WriteError(f"row {i}: properties of {len(s.encode())} bytes exceed {codec.MAX_PROPERTIES_LENGTH}")
+            raise RowError(i, f"properties of {len(s.encode())} bytes exceed {codec.MAX_PROPERTIES_LENGTH}")
         out_props.append(s)
     return pa.array(out_props, type=pa.string())
+
+
+def _listed_key_problem(k) -> str | None:
+    """Why an element of an array keys column is no key (None when it is one)."""
+    if k is None or k == "":
+        return (f"{'a null' if k is None else 'an empty'} key in column 'keys': RocketMQ has no empty key (its "
+                "KEYS property is a space-separated string); leave it out of the array (a row with no keys has a "
+                "null or empty array)")
+    if isinstance(k, str) and codec.KEY_SEPARATOR in k:
+        return (f"key {k!r} of column 'keys' holds a space, the separator of RocketMQ's KEYS property: it would "
+                f"be stored as other keys (give each key as its own array element, without spaces)")
+    return None
 
 
 def _queue_ids(batch: pa.RecordBatch, n: int) -> pa.Array:
     """The queueId column as int32 (null: the writer picks), each in [0, MAX_QUEUE_ID]."""
     qid = _col(batch, "queueId")
     qid = qid.cast(pa.int32()) if qid is not None else pa.nulls(n, pa.int32())
-    if qid.null_count < n and pc.min(qid).as_py() is not None and pc.min(qid).as_py() < 0:
-        raise WriteError("column 'queueId' has a negative queue id")
-    if qid.null_count < n and pc.max(qid).as_py() is not None and pc.max(qid).as_py() > validation.MAX_QUEUE_ID:
-        raise WriteError(f"column 'queueId' has queue id {pc.max(qid).as_py()}, above {validation.MAX_QUEUE_ID}")
+    if qid.null_count < n:
+        q = qid.fill_null(0).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero((q < 0) | (q > validation.MAX_QUEUE_ID))
+        if len(bad):
+            i = int(bad[0])
+            raise RowError(i, f"column 'queueId' has a negative queue id {int(q[i])}" if q[i] < 0 else
+                           f"column 'queueId' has queue id {int(q[i])}, above {validation.MAX_QUEUE_ID}")
     return qid
 
 
 def _born_hosts(batch: pa.RecordBatch, n: int) -> pa.Array:
-    """The bornHost column, each non-null value a host:port the codec can encode."""
+    """The bornHost column, each non-null value a host:port the codec can encode (each distinct value parsed
+    once; the error names the first row of a bad one)."""
     host = _col(batch, "bornHost")
     if host is None:
         return pa.nulls(n, pa.string())
-    for i, h in enumerate(host.to_pylist()):
+    for h in pc.unique(host).to_pylist():       # in the order first seen: the first bad one is the first bad row
         if h is not None:
             try:
                 codec.parse_host(h)
             except ValueError as e:
-                raise WriteError(f"column 'bornHost', row {i}: {e}") from None
+                raise RowError(pc.index(host, h).as_py(), f"column 'bornHost': {e}") from None
     return host
 
 
@@ -376,6 +441,7 @@ def encode_task(iterator, max_message_size: int, stage: str | None = None) -> En
     from pyspark import TaskContext
     ctx = TaskContext.get()
     partition, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx else (0, 0)
+    where = partition if ctx else None      # what a refused row is named by (normalize): its partition, or none
     now = int(time.time() * 1000)
     try:
         sink, name = handoff.open_sink(stage, partition, attempt)
@@ -386,7 +452,7 @@ def encode_task(iterator, max_message_size: int, stage: str | None = None) -> En
         with pa.ipc.new_stream(sink, NORMAL) as w:
             for batch in iterator:
                 if batch.num_rows:
-                    nb = normalize(batch, max_message_size, now)
+                    nb = normalize(batch, max_message_size, now, where, rows)
                     w.write_batch(nb)
                     rows += nb.num_rows
         if name is None:
