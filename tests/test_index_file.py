@@ -440,6 +440,26 @@ def test_wrong_size_raises_and_empty_file_is_removed(tmp_path):
         IndexService(tmp_path, cfg).load(True, 0)
 
 
+def test_an_index_file_a_crash_left_half_made_is_removed_and_only_that(tmp_path, caplog):
+    """A crash between creating a new index file under its hidden name and renaming it into place leaves
+    `.NAME.new`; index names are timestamps, never made again: load removes it (saying so). Anything else
+    with a hidden name is left alone, and a read-only load changes nothing."""
+    d = tmp_path / "index"
+    d.mkdir()
+    half = d / ".20260101000000000.new"
+    half.write_bytes(b"\0" * 4096)
+    others = [d / ".keep", d / ".x.new"]
+    for p in others:
+        p.write_bytes(b"mine")
+    cfg = StoreConfig(max_hash_slot_num=SLOTS, max_index_num=NUM)
+    IndexService(tmp_path, cfg, read_only=True).load(True, 0)
+    assert half.exists()
+    with caplog.at_level(logging.WARNING):
+        IndexService(tmp_path, cfg).load(True, 0)
+    assert not half.exists() and all(p.read_bytes() == b"mine" for p in others)
+    assert any(half.name in r.getMessage() and "removed" in r.getMessage() for r in caplog.records)
+
+
 def test_vectorised_put_equals_per_key_put(tmp_path):
     """put_hashes gives exactly put_hash's bytes and header, also over garbage slots and odd clocks."""
     rng = np.random.default_rng(11)

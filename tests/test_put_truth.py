@@ -272,3 +272,61 @@ def test_threads_racing_a_full_disk_get_true_answers(tmp_path, flush):
         with MessageStore.open(path, _config(flush)) as store:
             _check(store, acked, failed)
         assert all(reasons), "a failure answered without a reason"
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_commitlog_file_that_cannot_be_created_is_answered_and_puts_resume(tmp_path, batch):
+    """The next commitlog file cannot be created (here a directory stands where it is made): the put is
+    answered CREATE_MAPEDFILE_FAILED naming the file and why, not raised (it was a CorruptStoreError out of
+    put_message); once the way is clear the next put is stored, and every acked message reads back."""
+    path = tmp_path / "store"
+    acked: dict = {}
+    with MessageStore.open(path, _config()) as s:
+        (path / "commitlog" / f".{CL:020d}.new").mkdir(parents=True)
+        failed = None
+        for i in range(200):        # 1 KiB bodies: the first 64 KiB file is full after ~60
+            key = f"k{i}"
+            if batch:
+                r = s.put_messages([Message("T", _body(key), queue_id=0)])[0]
+            else:
+                r = s.put_message(Message("T", _body(key), queue_id=0))
+            if not r.ok:
+                failed = r
+                break
+            acked[key] = ("T", 0, r.append_result.logics_offset, r.append_result.wrote_offset)
+        assert failed is not None and failed.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED, failed
+        assert f".{CL:020d}.new" in failed.reason and "directory" in failed.reason, failed.reason
+        again = s.put_message(Message("T", _body("again"), queue_id=0))
+        assert again.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED     # still answered, still not stored
+        (path / "commitlog" / f".{CL:020d}.new").rmdir()
+        r = s.put_message(Message("T", _body("after"), queue_id=0))
+        assert r.ok and r.append_result.wrote_offset == CL, r
+        acked["after"] = ("T", 0, r.append_result.logics_offset, r.append_result.wrote_offset)
+        _check(s, acked, set())
+
+
+def test_links_planted_at_store_file_names_are_never_written_through(tmp_path):
+    """A symbolic link at the hidden name a new file is made under, or in place of a store file, pointing
+    at a file outside the store: the outside file is never truncated or written (creation removes a stale
+    link and creates exclusively; opening a store file whose name is a link is refused, naming it)."""
+    from rmqstore.errors import CorruptStoreError
+    path = tmp_path / "store"
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not yours\n" * 10)
+    with MessageStore.open(path, _config()) as s:
+        (path / "commitlog").mkdir(exist_ok=True)
+        (path / "commitlog" / f".{CL:020d}.new").symlink_to(outside)
+        oks = sum(s.put_message(Message("T", _body(f"k{i}"), queue_id=0)).ok for i in range(100))
+        assert oks == 100
+    assert outside.read_bytes() == b"not yours\n" * 10
+    second = path / "commitlog" / f"{CL:020d}"
+    assert second.is_file() and not second.is_symlink()
+    copy = tmp_path / "copy-of-second"
+    copy.write_bytes(second.read_bytes())
+    second.unlink()
+    second.symlink_to(copy)
+    before = copy.read_bytes()
+    with pytest.raises(CorruptStoreError, match="symbolic link") as e:
+        MessageStore.open(path, _config())
+    assert str(second) in str(e.value)
+    assert copy.read_bytes() == before

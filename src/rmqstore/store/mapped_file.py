@@ -88,11 +88,17 @@ def _fd_has_data(fd: int, pos: int, end: int) -> bool:
 def _open_new(path: Path, file_size: int) -> int | None:
     """A file that does not exist yet, created whole: sized under a hidden temporary name and renamed into
     place, so that no reader (`rmqstore check` on a live store, a Spark task) ever sees it short or empty.
-    None when the file exists already."""
-    if path.exists():
+    None when the file exists already. A stale temporary (a crash between create and rename) is removed
+    first; the new one is created exclusively and never through a link (a link planted at the temporary
+    name would have had its target truncated and taken for the store's file)."""
+    if os.path.lexists(path):
         return None
     tmp = path.with_name(f".{path.name}.new")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.unlink(tmp)                  # a link is removed, never followed; a directory there raises
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         os.ftruncate(fd, file_size)
         os.rename(tmp, path)
@@ -115,10 +121,16 @@ class MappedFile:
         self.store_timestamp = 0
         try:
             fd = _open_new(self.path, file_size) if create else None
-            if fd is None:
-                fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        except OSError as e:            # nothing was there: a failure to create (a full disk, ...)
+            raise OSError(e.errno, f"{e.filename or self.path}: cannot create {self.path.name}: "
+                                   f"{e.strerror or e}") from e
+        try:
+            if fd is None:              # the store's own file, never one a link points at (outside the store)
+                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0),
+                             0o644)
         except OSError as e:
-            raise CorruptStoreError(str(self.path), 0, f"cannot open: {e.strerror}") from e
+            why = "a symbolic link, not the store's file" if e.errno == errno.ELOOP else e.strerror
+            raise CorruptStoreError(str(self.path), 0, f"cannot open: {why}") from e
         try:
             actual = os.fstat(fd).st_size
             if actual == 0 and create:
@@ -455,6 +467,7 @@ class MappedFileQueue:
         self.store_timestamp = 0
         self.repaired: list[tuple[str, int]] = []   # (path, size found) of short last files load() extended
         self.gaps: list[tuple[int, int]] = []       # [start, end) offsets of files missing between others
+        self.create_error: str | None = None        # why the last new file could not be created (None: it was)
         self._lock = threading.RLock()
 
     # --- loading --------------------------------------------------------------------------------
@@ -554,9 +567,20 @@ class MappedFileQueue:
                 mf = ReadOnlyMappedFile(self.store_path / offset_to_file_name(create_offset),
                                         self.mapped_file_size, in_memory=True)
             else:
-                self.store_path.mkdir(parents=True, exist_ok=True)
-                mf = MappedFile(self.store_path / offset_to_file_name(create_offset), self.mapped_file_size,
-                                use_write_buffer=self.use_write_buffer)
+                path = self.store_path / offset_to_file_name(create_offset)
+                try:
+                    self.store_path.mkdir(parents=True, exist_ok=True)
+                    mf = MappedFile(path, self.mapped_file_size, use_write_buffer=self.use_write_buffer)
+                except (OSError, CorruptStoreError) as e:
+                    if isinstance(e, CorruptStoreError):
+                        why = str(e)
+                    else:       # MappedFile's names the file in strerror; mkdir's names it in filename
+                        why = e.strerror or str(e) if e.filename is None else f"{e.filename}: {e.strerror}"
+                    if why != self.create_error:        # once per reason, not once per put of a full disk
+                        log.error("%s", why)
+                    self.create_error = why
+                    return None
+                self.create_error = None
             if last is None:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]
