@@ -437,6 +437,20 @@ def test_refused_rows_are_named_by_their_index_across_a_tasks_batches():
                                        f"task): {what}"), str(e.value)
 
 
+@pytest.mark.parametrize("keys", [pa.array([[1, 7], [2], None], pa.list_(pa.int32())),
+                                  pa.array([[b"k"], [b"j"], None], pa.list_(pa.binary())),
+                                  pa.array([1, 2, 3], pa.int64())])
+def test_a_keys_column_of_another_type_is_refused_naming_it(keys):
+    """keys of array<int>, array<binary> or int: a WriteError naming the column and its type (it was a raw
+    TypeError from joining the keys); all-null keys (no keys) stay allowed."""
+    from rmqstore.spark.writer import WriteError, normalize
+    bad = pa.RecordBatch.from_pydict({"topic": ["T"] * 3, "body": [b"x"] * 3, "keys": keys})
+    with pytest.raises(WriteError, match=r"column 'keys' is of type .*array of strings"):
+        normalize(bad, 4 << 20, 0)
+    none = pa.RecordBatch.from_pydict({"topic": ["T"] * 3, "body": [b"x"] * 3, "keys": pa.nulls(3)})
+    assert normalize(none, 4 << 20, 0).num_rows == 3
+
+
 def _read_queue(store, topic: str, q: int) -> list:
     got: list = []
     while True:

@@ -361,6 +361,9 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
     keys = _col(batch, "keys")
     props_col = _col(batch, "properties")
     tags_l = tags.to_pylist() if tags is not None else None
+    if keys is not None and not _keys_type_ok(keys.type):
+        raise WriteError(f"column 'keys' is of type {keys.type}: give an array of strings (one key each) or a "
+                         "string of space-separated keys")
     if keys is not None:
         keys_l = keys.to_pylist()
         if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
@@ -392,6 +395,13 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
             raise RowError(i, f"properties of {len(s.encode())} bytes exceed {codec.MAX_PROPERTIES_LENGTH}")
         out_props.append(s)
     return pa.array(out_props, type=pa.string())
+
+
+def _keys_type_ok(t) -> bool:
+    """A keys column type the writer reads: a string, a list of strings, or all null (no keys)."""
+    def text(x) -> bool:
+        return pa.types.is_string(x) or pa.types.is_large_string(x) or pa.types.is_null(x)
+    return text(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t)) and text(t.value_type))
 
 
 def _listed_key_problem(k) -> str | None:
