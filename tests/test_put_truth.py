@@ -330,3 +330,28 @@ def test_links_planted_at_store_file_names_are_never_written_through(tmp_path):
         MessageStore.open(path, _config())
     assert str(second) in str(e.value)
     assert copy.read_bytes() == before
+
+
+def test_wait_dispatched_answers_after_a_retry_once_a_failed_queue_write_can_succeed(tmp_path):
+    """A consume queue file cannot be created (a directory where it is made): dispatching stops on it,
+    wait_dispatched says False and why. Once the way is clear, wait_dispatched answers after the dispatcher's
+    next attempt, True, instead of False from the failed attempt's stale state (an outside test saw False
+    right after space returned, though dispatch caught up 0.1 s later)."""
+    path = tmp_path / "store"
+    cfg = small_config("ASYNC_FLUSH", mappedFileSizeConsumeQueue=600, messageIndexEnable="false")
+    with MessageStore.open(path, cfg) as s:
+        for i in range(30):             # 30 units of 20 B: the queue's first file is full
+            assert s.put_message(Message("T", b"m%d" % i, queue_id=0)).ok
+        assert s.wait_dispatched(10)
+        blocker = path / "consumequeue" / "T" / "0" / f".{600:020d}.new"
+        blocker.mkdir()
+        for i in range(30, 35):
+            assert s.put_message(Message("T", b"m%d" % i, queue_id=0)).ok
+        assert not s.wait_dispatched(5)
+        assert blocker.name in (s.dispatcher.stuck_reason() or ""), s.dispatcher.stuck_reason()
+        blocker.rmdir()
+        t0 = time.monotonic()
+        assert s.wait_dispatched(5)
+        assert time.monotonic() - t0 < 2
+        got = s.get_message("g", "T", 0, 30, 64)       # the second queue file, made once the way was clear
+        assert [m.body for m in got.messages] == [b"m%d" % i for i in range(30, 35)]

@@ -79,6 +79,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()   # one pump at a time (thread or synchronous caller)
         self._idle = threading.Condition()
+        self._retries = 0               # attempts the thread made while a write error stood (wait_dispatched)
 
     # --- failure state (views of the failure channel) -----------------------------------------------
     @property
@@ -370,6 +371,9 @@ class Dispatcher:
                 n = self.do_reput()
                 if self.failures.condition(_WRITE) is not None:
                     self.write_error = None     # the write that failed went through
+                    with self._idle:
+                        self._retries += 1
+                        self._idle.notify_all()
                 if n and self.failures.condition(_STOPPED) is not None:
                     self.error = None           # dispatching goes on again
             except Exception as e:
@@ -380,6 +384,7 @@ class Dispatcher:
                     log.exception("dispatcher failed at offset %d", self.reput_from_offset)
                 self.write_error = why
                 with self._idle:
+                    self._retries += 1
                     self._idle.notify_all()
                 n = 0
                 self._stop.wait(0.1)
@@ -394,8 +399,9 @@ class Dispatcher:
 
     def wait_dispatched(self, offset: int | None = None, timeout: float = 10.0) -> bool:
         """Block until everything up to offset (default: the commitlog's end) is dispatched: True when it
-        is, False at the timeout or at once when dispatching cannot progress (stuck_reason() and the
-        failure channel say why). Never True while something below offset is not dispatched."""
+        is, False at the timeout or when dispatching cannot progress (stuck_reason() and the failure channel
+        say why): at once when it stopped for good, after the thread's next attempt (~0.1 s) when a consume
+        queue or index write keeps failing. Never True while something below offset is not dispatched."""
         target = self.commit_log.get_max_offset() if offset is None else offset
         if self._thread is None:
             try:
@@ -404,11 +410,21 @@ class Dispatcher:
                 self.write_error = f"dispatch at offset {self.reput_from_offset} failed: {e}"
             return self.reput_from_offset >= target
         deadline = time.monotonic() + timeout
+        retried = False
         with self._idle:
-            while self.reput_from_offset < target and self.stuck_reason() is None:
+            while self.reput_from_offset < target:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
+                if self.stuck_reason() is not None:
+                    if self.error is not None or retried:
+                        return False
+                    # a write that failed is tried again within 0.1 s (_run): answer after that attempt, not
+                    # from the last one's state (a full disk may have been freed since)
+                    retried, seen = True, self._retries
+                    self._wake.set()
+                    self._idle.wait_for(lambda: self._retries != seen, min(left, 1.0))
+                    continue
                 self._wake.set()
                 self._idle.wait(min(left, 0.01))
         return self.reput_from_offset >= target
