@@ -240,7 +240,7 @@ def _first(mask) -> int:
 def _bodies(batch: pa.RecordBatch):
     """The body column as binary (a string column is taken as its UTF-8 bytes); never null."""
     body = _col(batch, "body")
-    if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+    if _is_text(body.type):
         body = pc.cast(body, pa.binary())
     if body.type != pa.binary():
         body = body.cast(pa.binary())
@@ -312,14 +312,17 @@ def _properties(batch: pa.RecordBatch, n: int) -> pa.Array:
 _SEPARATORS = validation._SEPARATORS.pattern       # the store's rule's separators, as an Arrow regex
 
 
+def _is_text(t) -> bool:
+    """An Arrow string type (string or large_string)."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
 def _string_columns(tags, keys, props) -> bool:
     """tags a string column, keys a string or list of strings column, properties a map of strings (or absent)."""
-    def text(t) -> bool:
-        return pa.types.is_string(t) or pa.types.is_large_string(t)
-    return ((tags is None or text(tags.type))
-            and (keys is None or text(keys.type) or (pa.types.is_list(keys.type) and text(keys.type.value_type)))
-            and (props is None or (pa.types.is_map(props.type) and text(props.type.key_type)
-                                   and text(props.type.item_type))))
+    return ((tags is None or _is_text(tags.type))
+            and (keys is None or _is_text(keys.type) or (pa.types.is_list(keys.type) and _is_text(keys.type.value_type)))
+            and (props is None or (pa.types.is_map(props.type) and _is_text(props.type.key_type)
+                                   and _is_text(props.type.item_type))))
 
 
 def _pairs(names: pa.Array, values: pa.Array) -> pa.Array:
@@ -343,7 +346,7 @@ def _keys_joined(keys) -> pa.Array | None:
     reads KEYS) joined by a space; null where there is none."""
     if keys is None:
         return None
-    if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+    if _is_text(keys.type):
         keys = pc.split_pattern(keys.cast(pa.string()), codec.KEY_SEPARATOR)
     words = pc.list_flatten(keys)
     rows = pc.list_parent_indices(keys).to_numpy(zero_copy_only=False)
@@ -366,7 +369,7 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
                          "string of space-separated keys")
     if keys is not None:
         keys_l = keys.to_pylist()
-        if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+        if _is_text(keys.type):
             keys_l = [None if k is None else [w for w in k.split(" ") if w] for k in keys_l]
         else:
             for i, ks in enumerate(keys_l):
@@ -400,7 +403,7 @@ def _properties_by_row(batch: pa.RecordBatch, n: int) -> pa.Array:
 def _keys_type_ok(t) -> bool:
     """A keys column type the writer reads: a string, a list of strings, or all null (no keys)."""
     def text(x) -> bool:
-        return pa.types.is_string(x) or pa.types.is_large_string(x) or pa.types.is_null(x)
+        return _is_text(x) or pa.types.is_null(x)
     return text(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t)) and text(t.value_type))
 
 
