@@ -198,6 +198,7 @@ class GroupCommitService(ServiceThread):
         self._appended: list = []           # _CombinedPut appended by the last round, to flush and answer
         self._puts_lock = threading.Lock()
         self.combined = 0                   # messages appended by rounds for put()
+        self.led = 0                        # put() calls that led their own round (_lead)
         self.flushes = 0                    # flush rounds that moved flushed_where
         self.failures = 0
         self.failed: str | None = None      # set by the first failed flush, never cleared (module docstring)
@@ -258,7 +259,8 @@ class GroupCommitService(ServiceThread):
             finally:
                 self._run_lock.release()
             if led:
-                if self._puts or self._appended or self._requests:
+                self.led += 1
+                if self._puts or self._appended or self._requests or self._pending:
                     self.wakeup()           # puts that came during the flush: the flusher's next round
                 return p.result
         with self._puts_lock:
@@ -352,6 +354,7 @@ class GroupCommitService(ServiceThread):
 
     def _loop(self) -> None:
         signal = self._signal
+        q = self.parts.commit_log.queue
         idle = 0                            # rounds in a row that left requests pending and flushed nothing
         while not self._stop.is_set():
             if (self._pending or self._requests or self._puts or self._appended) and idle < 2:
@@ -360,13 +363,28 @@ class GroupCommitService(ServiceThread):
                 signal.acquire(True, self.interval)
             if self._stop.is_set():
                 break
+            # a put leading a round (_lead) flushes everything appended and wakes this thread for what it
+            # leaves: no round here then, and no waiting for its lock; nor a round when nothing waits and
+            # nothing is unflushed (a put arriving while this thread held the lock would have to queue and
+            # be handed off, the cost _lead exists to avoid)
+            if not (self._pending or self._requests or self._puts or self._appended) and \
+                    q.flushed_where >= q.get_max_offset():
+                continue
+            if not self._run_lock.acquire(False):
+                signal.acquire(True, self.interval)
+                continue
             try:
                 # a round that flushed nothing may still leave a request whose bytes came in after the
                 # flush: the next round covers it; two such rounds in a row would be a stuck request (no
                 # spinning on it: then wait for the next put or the interval)
-                idle = 0 if self.run_once() or not self._pending else idle + 1
+                idle = 0 if self._round() or not self._pending else idle + 1
             except Exception:
                 log.exception("%s failed", self.name)
+                idle = -1
+            finally:
+                self._run_lock.release()
+            if idle < 0:
+                idle = 0
                 self._stop.wait(0.1)
         self._closing = True
         for _ in range(100):    # the last rounds: until nothing is queued or appended and unanswered
