@@ -47,7 +47,8 @@ def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
     assert md.count("(reference)") == 8
     systems = "\n".join(tables)
     for s in ("rmqstore put_messages", "sqlite3", "queuelib", "persist-queue", "limit: os.write", "in-memory",
-              "batch_read", "get_message", "SIGKILL", "SYNC_FLUSH, 16", "unavoidable Python steps"):
+              "batch_read", "get_message", "SIGKILL", "SYNC_FLUSH, 16", "unavoidable Python steps",
+              "plainest durable Python put, 1 thread (", "plainest durable Python put, 16 threads ("):
         assert s in systems, s
     targets = md.split("## Targets", 1)[1].split("\n## ", 1)[0]
     assert len(re.findall(r"\| (MET|NOT MET|n/a) \|", targets)) == 8
@@ -65,6 +66,12 @@ def test_benchsuite_tiny_writes_markdown_and_chart(tmp_path):
             assert rocketmq == "not built" and ratio == "n/a", (workload, rocketmq, ratio)
     one = next(c for c in compare if c[0].startswith("put_message, one message per call"))
     assert re.fullmatch(r"a put's unavoidable Python steps: [\d,]+ msg/s", one[4]), one
+    # the SYNC_FLUSH rows: the disk's limit and what Python itself can do (issue 20)
+    sync1, sync16 = (next(c for c in compare if c[0].startswith(w)) for w in ("SYNC_FLUSH (each", "SYNC_FLUSH, 16"))
+    assert re.fullmatch(r"write \+ fsync per message: [\d,]+ msg/s; the plainest durable Python put: [\d,]+ msg/s",
+                        sync1[4]), sync1
+    assert re.fullmatch(r"write \+ fsync per 16 messages: [\d,]+ msg/s; 16 Python threads, plainest group commit: "
+                        r"[\d,]+ msg/s", sync16[4]), sync16
     for name in ROCKETMQ_ROWS:
         row = next(r for r in systems.splitlines() if name in r)
         assert ("msg/s" in row) if built else ("not built" in row), row

@@ -6,6 +6,7 @@ import mmap
 import os
 import shutil
 import sqlite3
+import _thread
 import threading
 import time
 import zlib
@@ -19,22 +20,26 @@ from .common import (TOPIC, QUEUES, BATCH, Table, _rate, _fmt_rate, _NoGC, _rmq_
 
 
 FLOOR_ROW = "limit: a put's unavoidable Python steps, nothing checked (python_put_floor)"
+SYNC_FLOOR_ROW = "limit: the plainest durable Python put, {threads} (python_sync_floor)"
 
 
-def python_put_floor(msgs, path) -> float:
-    """Seconds to put msgs one call each with only what any put must do in Python (RocketMQ's putMessage
-    does each): properties serialized, the body's CRC, the header packed with the physical and queue
-    offsets and the store time, the record copied into a mapped file (allocated first, as the commitlog's
-    tail is) under a lock, the queue offset advanced, an answer object made. Nothing is validated and no
-    file rolls: a floor for put_message in this interpreter, not a store."""
+def sync_floor_row(threads: int) -> str:
+    """The sync_append row of python_sync_floor with that many threads."""
+    return SYNC_FLOOR_ROW.format(threads=f"{threads} thread{'s' if threads > 1 else ''}")
+
+
+def _floor_putter(msgs, path):
+    """python_put_floor's file and put: (put, fd, close); the file is allocated for msgs and mapped, fd stays
+    open (for fdatasync) until close()."""
     size = sum(len(m.body) + 200 + len(m.topic) + sum(len(k) + len(v) + 2 for k, v in m.properties.items())
                for m in msgs)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.posix_fallocate(fd, 0, size)
         mm = mmap.mmap(fd, size)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
     lock, table, pack, crc32, hs = threading.Lock(), {}, codec.HEADER_V4.pack, zlib.crc32, codec.HEADER_V4.size
     answer = collections.namedtuple("Answer", "status offset size store_timestamp queue_offset")
     pos, magic, host = 0, codec.MESSAGE_MAGIC_CODE, bytes(4)
@@ -58,14 +63,88 @@ def python_put_floor(msgs, path) -> float:
             table[key] = qoff + 1
         return answer(0, at, size, now, qoff)
 
+    def close():
+        mm.close()
+        os.close(fd)
+        os.unlink(path)
+
+    return put, fd, close
+
+
+def python_put_floor(msgs, path) -> float:
+    """Seconds to put msgs one call each with only what any put must do in Python (RocketMQ's putMessage
+    does each): properties serialized, the body's CRC, the header packed with the physical and queue
+    offsets and the store time, the record copied into a mapped file (allocated first, as the commitlog's
+    tail is) under a lock, the queue offset advanced, an answer object made. Nothing is validated and no
+    file rolls: a floor for put_message in this interpreter, not a store."""
+    put, _, close = _floor_putter(msgs, path)
     try:
         t0 = time.perf_counter()
         for m in msgs:
             put(m)
         return time.perf_counter() - t0
     finally:
-        mm.close()
-        os.unlink(path)
+        close()
+
+
+def python_sync_floor(msgs, path, threads: int) -> float:
+    """Seconds to put msgs durably (each on disk before its put returns) from `threads` threads with the
+    least a SYNC_FLUSH put needs in Python: python_put_floor's put, then with one thread an fdatasync in the
+    putting thread; with several, the plainest group commit: each put queues a one-shot lock and sleeps on
+    it, one flusher thread takes every queued put, fdatasyncs once and wakes them. No checks, no dispatch:
+    a floor for this interpreter's threads on this disk, not a store."""
+    put, fd, close = _floor_putter(msgs, path)
+    parts = [msgs[i::threads] for i in range(threads)]
+    queue: collections.deque = collections.deque()
+    signal = _thread.allocate_lock()
+    signal.acquire()
+    stop = False
+
+    def flusher():
+        while not stop:
+            signal.acquire(True, 0.01)
+            batch = []
+            while queue:
+                batch.append(queue.popleft())
+            if batch:
+                os.fdatasync(fd)
+                for done in batch:
+                    done.release()
+
+    def alone(part):
+        for m in part:
+            put(m)
+            os.fdatasync(fd)
+
+    def grouped(part):
+        for m in part:
+            put(m)
+            done = _thread.allocate_lock()
+            done.acquire()
+            queue.append(done)
+            if signal.locked():
+                try:
+                    signal.release()
+                except RuntimeError:    # released by another put in between
+                    pass
+            done.acquire()
+
+    f = threading.Thread(target=flusher, daemon=True)
+    if threads > 1:
+        f.start()
+    ths = [threading.Thread(target=alone if threads == 1 else grouped, args=(part,)) for part in parts]
+    try:
+        t0 = time.perf_counter()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        return time.perf_counter() - t0
+    finally:
+        stop = True
+        if threads > 1:
+            f.join()
+        close()
 
 
 class AppendWorkloads:
@@ -280,6 +359,8 @@ class AppendWorkloads:
             self._sync_rmqstore(t, msgs, n, threads)
         self._sync_sqlite(t, msgs, n)
         self._sync_limits(t, n)
+        for threads in (1, 16):
+            self._sync_floor(t, msgs, n, threads)
         shutil.rmtree(self.work / "sync-sqlite", ignore_errors=True)
         shutil.rmtree(self.work / "sync-plain", ignore_errors=True)
         t.notes.append("Ratios against rmqstore with 1 producer thread: group commit should lift 16 threads "
@@ -315,6 +396,15 @@ class AppendWorkloads:
             s.close()
             shutil.rmtree(d, ignore_errors=True)
             t.add(name, _rate(n, el), f"{_fmt_rate(_rate(n, el))} ({sum(oks)} ok)", ref=threads == 1)
+        except Exception as e:  # noqa: BLE001
+            t.error(name, e)
+
+    def _sync_floor(self, t: Table, msgs, n, threads: int) -> None:
+        name = sync_floor_row(threads)
+        try:
+            with _NoGC():
+                el = python_sync_floor(msgs, self.dir("sync-plain") / f"floor{threads}.bin", threads)
+            t.add(name, _rate(n, el), _fmt_rate(_rate(n, el)))
         except Exception as e:  # noqa: BLE001
             t.error(name, e)
 
