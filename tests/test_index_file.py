@@ -461,7 +461,8 @@ def test_an_index_file_a_crash_left_half_made_is_removed_and_only_that(tmp_path,
 
 
 def test_vectorised_put_equals_per_key_put(tmp_path):
-    """put_hashes gives exactly put_hash's bytes and header, also over garbage slots and odd clocks."""
+    """put_hashes (numpy) and put_hash_list (several keys per call) give exactly put_hash's bytes and header,
+    also over garbage slots, chains within one call and odd clocks."""
     rng = np.random.default_rng(11)
     n = 300
     hashes = rng.integers(0, 2 ** 31, n).astype(np.int64)
@@ -470,7 +471,8 @@ def test_vectorised_put_equals_per_key_put(tmp_path):
     tss = (1_700_000_000_000 + np.cumsum(rng.integers(-3000, 5000, n))).astype(np.int64)
     a = IndexFile(tmp_path / "a", 16, 200, 777, 1_699_999_990_000)
     b = IndexFile(tmp_path / "b", 16, 200, 777, 1_699_999_990_000)
-    for f in (a, b):                                                # garbage slots, some in (count, count+k]
+    c = IndexFile(tmp_path / "c", 16, 200, 777, 1_699_999_990_000)
+    for f in (a, b, c):                                             # garbage slots, some in (count, count+k]
         for s, v in [(1, -4), (2, 5), (3, 150), (4, 10 ** 7)]:
             struct.pack_into(">i", f._mm, HEADER_SIZE + s * 4, v)
     i = 0
@@ -483,12 +485,17 @@ def test_vectorised_put_equals_per_key_put(tmp_path):
     assert nxt == 50
     assert b.put_hashes(hashes, phys, tss, 50, n) == 199
     assert b.put_hashes(hashes, phys, tss, 199, n) == 199            # full: nothing more
-    assert a.header() == b.header()
-    a.flush()
-    b.flush()
-    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
-    a.close()
-    b.close()
+    hl, pl, tl = hashes.tolist(), phys.tolist(), tss.tolist()
+    assert c.put_hash_list(hl[:1], pl[:1], tl[:1]) == 1             # the first entry alone (FIRST_ENTRY)
+    assert c.put_hash_list(hl[:40], pl[:40], tl[:40], 1) == 40      # chains inside one call
+    assert c.put_hash_list(hl, pl, tl, 40) == 199                   # until full
+    assert c.put_hash_list(hl, pl, tl, 199) == 199
+    assert a.header() == b.header() == c.header()
+    for f in (a, b, c):
+        f.flush()
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes() == (tmp_path / "c").read_bytes()
+    for f in (a, b, c):
+        f.close()
 
 
 # --- rolling over, loading, cleanup ------------------------------------------------------------------------

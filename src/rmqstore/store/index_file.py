@@ -519,38 +519,58 @@ class IndexFile:
 
     def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
         """put_key with the key's hash already computed (0 <= key_hash <= INT_MAX)."""
-        count = self.index_count
-        if count >= self._write_limit:
-            return False
-        mm = self._mm
-        slot_pos = HEADER_SIZE + (key_hash % self.hash_slot_num) * SLOT_SIZE
-        slot_value = _slot_unpack(mm, slot_pos)[0]
-        if slot_value <= INVALID_INDEX or slot_value > count:
-            if slot_value != INVALID_INDEX:
-                self._warn(("put-slot", slot_pos), "slot at byte %d holds %d (indexCount %d): treated as empty",
-                           slot_pos, slot_value, count)
-            slot_value = INVALID_INDEX
-            self.hash_slot_count += 1
+        return self.put_hash_list((key_hash,), (phy_offset,), (store_timestamp,)) == 1
+
+    def put_hash_list(self, hashes: Sequence[int], phy_offsets: Sequence[int], timestamps: Sequence[int],
+                      lo: int = 0) -> int:
+        """put_hash of keys lo.. (Python ints: a few keys, where put_hashes' numpy costs more than it saves),
+        in order, while there is room; returns the index of the first key not put. The entries go into the
+        file in one pwrite, then the slots (a slot never names an entry not written yet), then the counts
+        (which publish the entries)."""
+        count = c0 = self.index_count
+        hi = min(len(hashes), lo + self._write_limit - c0)
+        if hi <= lo:
+            return lo
+        mm, nslots = self._mm, self.hash_slot_num
         begin = self.begin_timestamp
-        if begin <= 0 or count <= 1:        # the first entry: its time is the beginTimestamp set below
-            time_diff = 0
-        else:
-            time_diff = (store_timestamp - begin) // 1000
-            if time_diff < 0:
+        newest: dict[int, int] = {}         # slot position -> the newest entry of this call in that slot
+        entries = []
+        for i in range(lo, hi):
+            key_hash, ts = hashes[i], timestamps[i]
+            slot_pos = HEADER_SIZE + (key_hash % nslots) * SLOT_SIZE
+            slot_value = newest.get(slot_pos)
+            if slot_value is None:
+                slot_value = _slot_unpack(mm, slot_pos)[0]
+                if slot_value <= INVALID_INDEX or slot_value > count:
+                    if slot_value != INVALID_INDEX:
+                        self._warn(("put-slot", slot_pos), "slot at byte %d holds %d (indexCount %d): treated "
+                                   "as empty", slot_pos, slot_value, count)
+                    slot_value = INVALID_INDEX
+                    self.hash_slot_count += 1
+            if count <= 1:                  # the first entry: its time is the beginTimestamp (FIRST_ENTRY)
                 time_diff = 0
-            elif time_diff > INT_MAX:
-                time_diff = INT_MAX
-        self.mapped_file.pwrite(self.entries_base + count * ENTRY_SIZE,
-                                _entry_struct_pack(key_hash, phy_offset, time_diff, slot_value))
-        _slot_pack(mm, slot_pos, count)
-        if count <= 1:
-            self.begin_phy_offset = phy_offset
-            self.begin_timestamp = store_timestamp
-        self.end_phy_offset = phy_offset
-        self.end_timestamp = store_timestamp
-        self.index_count = count + 1
+                begin = ts
+                self.begin_phy_offset = phy_offsets[i]
+            elif begin <= 0:
+                time_diff = 0
+            else:
+                time_diff = (ts - begin) // 1000
+                if time_diff < 0:
+                    time_diff = 0
+                elif time_diff > INT_MAX:
+                    time_diff = INT_MAX
+            entries.append(_entry_struct_pack(key_hash, phy_offsets[i], time_diff, slot_value))
+            newest[slot_pos] = count
+            count += 1
+        self.mapped_file.pwrite(self.entries_base + c0 * ENTRY_SIZE, b"".join(entries))
+        for slot_pos, entry in newest.items():
+            _slot_pack(mm, slot_pos, entry)
+        self.begin_timestamp = begin
+        self.end_phy_offset = phy_offsets[hi - 1]
+        self.end_timestamp = timestamps[hi - 1]
+        self.index_count = count
         self._dirty = True
-        return True
+        return hi
 
     def put_hashes(self, hashes: np.ndarray, phy_offsets: np.ndarray, timestamps: np.ndarray,
                    lo: int = 0, hi: int | None = None) -> int:
@@ -1055,15 +1075,17 @@ class IndexService:
                 if not total:
                     return
                 if total < _VECTOR_MIN_KEYS:
+                    hashes = [key_hash(k) for k in keys]
+                    if len(counts) != total:
+                        offs = [o for o, n in zip(offs, counts) for _ in range(n)]
+                        tss = [t for t, n in zip(tss, counts) for _ in range(n)]
                     i = 0
-                    for off, ts, n in zip(offs, tss, counts):
-                        for key in keys[i:i + n]:
-                            h = key_hash(key)
-                            while f is None or not f.put_hash(h, off, ts):
-                                f, prev = self._new_file()
-                                if prev is not None:
-                                    full.append(prev)
-                        i += n
+                    while i < total:
+                        if f is None or not f.room:
+                            f, prev = self._new_file()
+                            if prev is not None:
+                                full.append(prev)
+                        i = f.put_hash_list(hashes, offs, tss, i)
                 elif len(counts) == total:
                     columns = key_hashes(keys), np.array(offs, dtype=np.int64), np.array(tss, dtype=np.int64)
                 else:
