@@ -437,6 +437,19 @@ def test_refused_rows_are_named_by_their_index_across_a_tasks_batches():
                                        f"task): {what}"), str(e.value)
 
 
+def test_the_first_refused_row_of_a_batch_is_named_whichever_check_refuses_it():
+    """Row 4 has a bad topic (checked first), row 1 a bad bornHost, row 2 a negative queue id: the error names
+    row 1, the batch's first bad row, not the first bad row of the first check that fails."""
+    from rmqstore.spark.writer import RowError, normalize
+    bad = pa.RecordBatch.from_pydict({"topic": ["T", "T", "T", "T", "a/b", "T"], "body": [b"x"] * 6,
+                                      "queueId": pa.array([0, 0, -1, 0, 0, 0], pa.int32()),
+                                      "bornHost": ["1.2.3.4:5", "nohost", "1.2.3.4:5", "1.2.3.4:5", "1.2.3.4:5",
+                                                   "1.2.3.4:5"]})
+    with pytest.raises(RowError) as e:
+        normalize(bad, 4 << 20, 0, partition=2, first_row=10)
+    assert e.value.row == 11 and str(e.value).startswith("partition 2, row 11: column 'bornHost': "), str(e.value)
+
+
 @pytest.mark.parametrize("keys", [pa.array([[1, 7], [2], None], pa.list_(pa.int32())),
                                   pa.array([[b"k"], [b"j"], None], pa.list_(pa.binary())),
                                   pa.array([1, 2, 3], pa.int64())])

@@ -161,7 +161,16 @@ def normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int, partiti
     try:
         return _normalize(batch, max_message_size, now_ms)
     except RowError as e:
-        raise e.located(partition, first_row) from None
+        first = e
+    # the checks run column by column: the first that fails names its first bad row, but an earlier row may
+    # fail a later check; look again in the rows before it until none fails (errors are rare, re-checks cheap)
+    while first.row > 0:
+        try:
+            _normalize(batch.slice(0, first.row), max_message_size, now_ms)
+            break
+        except RowError as e:
+            first = e
+    raise first.located(partition, first_row) from None
 
 
 def _normalize(batch: pa.RecordBatch, max_message_size: int, now_ms: int) -> pa.RecordBatch:
