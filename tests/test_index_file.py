@@ -759,6 +759,16 @@ try:
     out["one_by_one"] = "written"
 except OSError as e:
     out["one_by_one"] = errno.errorcode.get(e.errno, str(e.errno))
+hdr = f.header()                                                # a failed put changes nothing
+for attempt in range(2):
+    for put in (lambda: f.put_hash_list(h[:30].tolist(), list(range(5000, 5030)), [1_700_000_000_000] * 30),
+                lambda: f.put_key("T#again", 6000, 1_700_000_000_000)):
+        try:
+            put()
+            out["header_kept"] = "written"
+        except OSError:
+            pass
+out.setdefault("header_kept", f.header() == hdr)
 out["count_after"] = f.index_count
 out["before_found"] = f.select_phy_offsets("T#before", 10, 0, 2**62)
 cfg = StoreConfig.from_dict({"maxHashSlotNum": 5000, "maxIndexNum": 1000})
@@ -792,6 +802,7 @@ def test_index_on_a_full_disk_is_an_oserror_not_sigbus(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["batch"] == "ENOSPC"
     assert out["one_by_one"] == "ENOSPC"
+    assert out["header_kept"] is True       # hashSlotCount, begin/end and count as before the failed puts
     assert out["before_found"] == [100]
     assert "cannot allocate" in out["new_file"] and "store2" in out["new_file"]
     assert out["after_room"] == [1000 + 9999]

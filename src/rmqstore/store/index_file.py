@@ -532,7 +532,7 @@ class IndexFile:
         if hi <= lo:
             return lo
         mm, nslots = self._mm, self.hash_slot_num
-        begin = self.begin_timestamp
+        begin, begin_phy, new_slots = self.begin_timestamp, self.begin_phy_offset, 0
         newest: dict[int, int] = {}         # slot position -> the newest entry of this call in that slot
         entries = []
         for i in range(lo, hi):
@@ -546,11 +546,10 @@ class IndexFile:
                         self._warn(("put-slot", slot_pos), "slot at byte %d holds %d (indexCount %d): treated "
                                    "as empty", slot_pos, slot_value, count)
                     slot_value = INVALID_INDEX
-                    self.hash_slot_count += 1
+                    new_slots += 1
             if count <= 1:                  # the first entry: its time is the beginTimestamp (FIRST_ENTRY)
                 time_diff = 0
-                begin = ts
-                self.begin_phy_offset = phy_offsets[i]
+                begin, begin_phy = ts, phy_offsets[i]
             elif begin <= 0:
                 time_diff = 0
             else:
@@ -562,10 +561,12 @@ class IndexFile:
             entries.append(_entry_struct_pack(key_hash, phy_offsets[i], time_diff, slot_value))
             newest[slot_pos] = count
             count += 1
+        # nothing of this file changes before the entries are written (a full disk: an OSError here)
         self.mapped_file.pwrite(self.entries_base + c0 * ENTRY_SIZE, b"".join(entries))
         for slot_pos, entry in newest.items():
             _slot_pack(mm, slot_pos, entry)
-        self.begin_timestamp = begin
+        self.hash_slot_count += new_slots
+        self.begin_timestamp, self.begin_phy_offset = begin, begin_phy
         self.end_phy_offset = phy_offsets[hi - 1]
         self.end_timestamp = timestamps[hi - 1]
         self.index_count = count
