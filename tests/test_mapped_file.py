@@ -97,3 +97,38 @@ def test_read_only_file_refuses_a_file_larger_than_configured(tmp_path):
     p.write_bytes(b"x" * (SIZE + 1))
     with pytest.raises(CorruptStoreError, match="does not match"):
         ReadOnlyMappedFile(p, SIZE)
+
+
+def test_commits_from_two_threads_never_move_the_committed_position_back(tmp_path):
+    """With the write buffer (transientStorePoolEnable), CommitRealTimeService and a SYNC_FLUSH round both commit:
+    a commit that read the positions before the other one set them must not set committed_position back below
+    bytes already in the file (the flush after it stopped there and the round answered FLUSH_DISK_TIMEOUT;
+    found by an outside test). The first commit is held inside its write while the second runs."""
+    import threading
+    q = MappedFileQueue(tmp_path / "cl", 1 << 16, use_write_buffer=True)
+    mf = q.get_last_mapped_file(0)
+    mf.append(b"a" * 100)
+    entered, go = threading.Event(), threading.Event()
+    real = mf._pwrite
+
+    def held(pos, data):
+        if threading.current_thread().name == "first":
+            entered.set()
+            go.wait(10)
+        real(pos, data)
+
+    mf._pwrite = held
+    first = threading.Thread(target=q.commit, name="first")
+    first.start()
+    assert entered.wait(10)
+    mf.append(b"b" * 100)                       # more bytes, committed by a second thread meanwhile
+    second = threading.Thread(target=q.commit, name="second")
+    second.start()
+    second.join(0.2)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive()
+    assert mf.committed_position == 200 and q.committed_where == 200
+    assert q.flush() is not None and q.flushed_where == 200
+    assert os.pread(mf._fd, 200, 0) == b"a" * 100 + b"b" * 100

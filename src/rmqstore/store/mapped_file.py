@@ -469,6 +469,7 @@ class MappedFileQueue:
         self.gaps: list[tuple[int, int]] = []       # [start, end) offsets of files missing between others
         self.create_error: str | None = None        # why the last new file could not be created (None: it was)
         self._lock = threading.RLock()
+        self._commit_lock = threading.Lock()    # one commit at a time (CommitRealTimeService, a sync round)
 
     # --- loading --------------------------------------------------------------------------------
     def load(self, extend_short_first: bool = False) -> None:
@@ -630,8 +631,11 @@ class MappedFileQueue:
         return self._advance("flushed_where", MappedFile.flush, least_pages)
 
     def commit(self, least_pages: int = 0) -> bool:
-        """Commit (write buffer to file) from committed_where on, like flush."""
-        return self._advance("committed_where", MappedFile.commit, least_pages)
+        """Commit (write buffer to file) from committed_where on, like flush. One at a time: a commit that read
+        the positions before another one set them would set committed_position back, and the flush after it
+        would stop short of bytes already in the file (a SYNC_FLUSH round then answers FLUSH_DISK_TIMEOUT)."""
+        with self._commit_lock:
+            return self._advance("committed_where", MappedFile.commit, least_pages)
 
     def _advance(self, attr: str, step, least_pages: int) -> bool:
         done = True
