@@ -355,3 +355,29 @@ def test_wait_dispatched_answers_after_a_retry_once_a_failed_queue_write_can_suc
         assert time.monotonic() - t0 < 2
         got = s.get_message("g", "T", 0, 30, 64)       # the second queue file, made once the way was clear
         assert [m.body for m in got.messages] == [b"m%d" % i for i in range(30, 35)]
+
+
+def test_a_put_appending_while_the_store_closes_is_named_and_dispatched_at_the_next_open(tmp_path, caplog):
+    """close() drains the dispatcher, then a put that was already appending writes one more record (an outside
+    test raced puts with close): the error names that cause, not "dispatch did not finish in time"; the abort
+    file stays and the next open dispatches the record."""
+    import logging
+    store = MessageStore.open(tmp_path / "s", _config())
+    assert store.put_message(Message("T", b"before", queue_id=0)).ok
+    drain = store.dispatcher.wait_dispatched
+
+    def drained_then_a_put_lands(*a, **kw):
+        ok = drain(*a, **kw)
+        store.commit_log.put_message(Message("T", b"racing", queue_id=0), wait=False)
+        return ok
+
+    store.dispatcher.wait_dispatched = drained_then_a_put_lands
+    with caplog.at_level(logging.ERROR):
+        store.close()
+    assert any("a put appended them while the store was closing" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+    assert (tmp_path / "s" / "abort").exists()
+    with MessageStore.open(tmp_path / "s", _config()) as again:
+        assert again.wait_dispatched()
+        got = again.get_message("g", "T", 0, 0, 10)
+        assert [m.body for m in got.messages] == [b"before", b"racing"]

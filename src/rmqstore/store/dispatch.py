@@ -70,6 +70,7 @@ class Dispatcher:
         self.last_dispatched_timestamp = 0
         self.dispatched_messages = 0
         self.hinted_messages = 0        # of those, how many came with the writer's columns (not parsed)
+        self.written_while_stopping = False     # shutdown drained, then a racing put appended more
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         # told the reput offset after each step: everything below it is written to the queues and index
         self.on_dispatched: Callable[[int], None] | None = None
@@ -439,7 +440,9 @@ class Dispatcher:
             self._thread.join(timeout=10)
             self._thread = None
         self.commit_log.dispatch_hints = None
-        return drained and self.reput_from_offset >= self.commit_log.get_max_offset()
+        # drained, then more written: a put that was appending while the store closed
+        self.written_while_stopping = drained and self.reput_from_offset < self.commit_log.get_max_offset()
+        return drained and not self.written_while_stopping
 
 
 Filler = Callable[[object, int, int], None]    # (consume queue, queue offset reached, commitlog offset)

@@ -149,7 +149,9 @@ class MessageStore(StoreReadAPI):
         if not drained:
             log.error("%s: closing with commitlog offsets %d..%d not dispatched: %s", self.path,
                       self.dispatcher.reput_from_offset, self.commit_log.get_max_offset(),
-                      self.dispatcher.stuck_reason() or "dispatch did not finish in time")
+                      self.dispatcher.stuck_reason() or
+                      ("a put appended them while the store was closing (the next open dispatches them)"
+                       if self.dispatcher.written_while_stopping else "dispatch did not finish in time"))
         for s in reversed(self.services):
             s.shutdown()
         flush_failed = [s.failed for s in self.services if getattr(s, "failed", None)]
