@@ -85,6 +85,12 @@ def commitlog_mode(path, ballast) -> None:
     svc.run_once()                           # a later round must not "succeed" over the lost data
     time.sleep(0.05)
     say(step="again", flushed=q.flushed_where, physic=store.checkpoint.physic_msg_timestamp)
+    try:                                     # nor a flush_all of the user's
+        store.flush_all()
+        result = "ok"
+    except OSError as e:
+        result = f"error {e.errno}"
+    say(step="flush_all", result=result, flushed=q.flushed_where, physic=store.checkpoint.physic_msg_timestamp)
     m = Message("TopicA", b"after", properties={"KEYS": "after"})
     say(step="put_after", **acked(store.put_message(m), m))
     store.close()

@@ -132,3 +132,35 @@ def test_commits_from_two_threads_never_move_the_committed_position_back(tmp_pat
     assert mf.committed_position == 200 and q.committed_where == 200
     assert q.flush() is not None and q.flushed_where == 200
     assert os.pread(mf._fd, 200, 0) == b"a" * 100 + b"b" * 100
+
+
+def test_flushes_from_two_threads_never_move_the_flushed_position_back(tmp_path, monkeypatch):
+    """A flush that read its end before a faster flush finished must not set flushed_where back below bytes
+    already on disk (a SYNC_FLUSH round read it and answered FLUSH_DISK_TIMEOUT for them while another thread
+    called flush_all; found by an outside test). The first flush is held inside its fdatasync."""
+    import threading
+    q = MappedFileQueue(tmp_path / "cl", 1 << 16)
+    mf = q.get_last_mapped_file(0)
+    mf.append(b"a" * 100)
+    entered, go = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def held(fd):
+        if threading.current_thread().name == "first":
+            entered.set()
+            go.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    first = threading.Thread(target=q.flush, name="first")
+    first.start()
+    assert entered.wait(10)
+    mf.append(b"b" * 100)
+    second = threading.Thread(target=q.flush, name="second")
+    second.start()
+    second.join(0.2)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive()
+    assert mf.flushed_position == 200 and q.flushed_where == 200

@@ -29,7 +29,7 @@ from .running_flags import RunningFlags
 from .message_batch import MessageBatch
 from .message import Message, PutMessageResult, PutMessageStatus
 from .cleanup import CleanupService
-from .flush import install_flush_services
+from .flush import flush_failed, install_flush_services
 from .read_api import StoreReadAPI
 # the read API's names, where they were before it moved out (broker, store_reader, tests)
 from .read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
@@ -154,14 +154,14 @@ class MessageStore(StoreReadAPI):
                        if self.dispatcher.written_while_stopping else "dispatch did not finish in time"))
         for s in reversed(self.services):
             s.shutdown()
-        flush_failed = [s.failed for s in self.services if getattr(s, "failed", None)]
+        failed_flushes = [s.failed for s in self.services if getattr(s, "failed", None)]
         self.services.clear()
         ok = self.running_flags.write_error is None     # after a failed write the next open must recover
-        if flush_failed:   # a failed msync: a new one would "succeed" over lost data (see flush): claim nothing
-            log.error("%s: %s: no final flush, the abort file stays", self.path, flush_failed[0])
+        if failed_flushes:  # a failed msync: a new one would "succeed" over lost data (see flush): claim nothing
+            log.error("%s: %s: no final flush, the abort file stays", self.path, failed_flushes[0])
         else:
             try:
-                self.flush_all()
+                self._flush_all()
             except OSError as e:
                 ok = False
                 self.abort_file.distrust()
@@ -184,14 +184,30 @@ class MessageStore(StoreReadAPI):
             self.checkpoint.shutdown()
 
     def flush_all(self) -> None:
-        """Flush commitlog, consume queues and index, then record it in the checkpoint."""
+        """Flush commitlog, consume queues and index, then record it in the checkpoint. StoreClosedError once
+        closed; an OSError when a flush fails, now or before (a failed flush is final: see flush.py; the store
+        then refuses puts and keeps its abort file, as after a failed flush of its services)."""
+        self._check_open()
+        try:
+            self._flush_all()
+        except OSError:
+            if self._closed:
+                raise StoreClosedError(f"store {self.path} was closed during flush_all") from None
+            raise
+
+    def _flush_all(self) -> None:
         cl = self.commit_log
-        cl.queue.commit()
+        cl.queue.commit()                   # the write buffer into the file: a write, not a flush
         phys_ts = cl.queue.store_timestamp
-        cl.queue.flush()
         logics_ts = self.dispatcher.last_dispatched_timestamp
-        self.consume_queues.flush()
-        index_ts = self.index_service.flush()
+        try:
+            cl.queue.flush()
+            self.consume_queues.flush()
+            index_ts = self.index_service.flush()
+        except OSError as e:
+            if not self._closed:            # (close() keeps its abort file itself)
+                flush_failed(self.parts(), "flush_all", e)
+            raise
         ck = self.checkpoint
         if phys_ts:
             ck.physic_msg_timestamp = phys_ts
