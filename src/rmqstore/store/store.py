@@ -145,6 +145,11 @@ class MessageStore(StoreReadAPI):
         self._services_running = False
         for s in reversed(list(self.named_services.values())):
             s.shutdown()
+        if self.config.transient_store_pool_enable:
+            try:    # the write buffer into the file first: the dispatcher reads committed bytes only
+                self.commit_log.queue.commit(0)
+            except OSError as e:
+                log.error("%s: committing the write buffer at close failed: %s", self.path, e)
         drained = self.dispatcher.shutdown(drain=True)
         if not drained:
             log.error("%s: closing with commitlog offsets %d..%d not dispatched: %s", self.path,
