@@ -217,9 +217,11 @@ HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done
   crc32 call each (~0.5 us, most of the walk); then each queue's units are checked against their records.
   After a reboot recovery is RocketMQ's (index rebuilt).
 - sync flush: fdatasync releases the GIL (mmap.flush() did not); single puts from many threads are appended
-  by the flusher in one batch (a producer takes the GIL once per put, not three times). With 16 threads
-  a round appends ~8 puts and its fdatasync (~0.5 ms) is most of the time: the disk's sync latency is the
-  limit now, and half the producers wait for the round in flight.
+  by the flusher in one batch (a producer takes the GIL once per put, not three times); one producer leads
+  its own round (no hand-off). The python_sync_floor rows are what CPython threads can do at all on this
+  disk (16 threads: ~35 % of the grouped limit); with its dispatcher stopped rmqstore reaches ~80 % of that
+  floor: the gap is the dispatcher's Python (~30 us a message in small rounds, holding the GIL the producers
+  need, and with one producer keeping the other core busy, which slows fdatasync on this 2-vCPU VM).
 """
 
 
