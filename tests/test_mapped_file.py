@@ -99,68 +99,44 @@ def test_read_only_file_refuses_a_file_larger_than_configured(tmp_path):
         ReadOnlyMappedFile(p, SIZE)
 
 
-def test_commits_from_two_threads_never_move_the_committed_position_back(tmp_path):
-    """With the write buffer (transientStorePoolEnable), CommitRealTimeService and a SYNC_FLUSH round both commit:
-    a commit that read the positions before the other one set them must not set committed_position back below
-    bytes already in the file (the flush after it stopped there and the round answered FLUSH_DISK_TIMEOUT;
-    found by an outside test). The first commit is held inside its write while the second runs."""
+@pytest.mark.parametrize("step", ["commit", "flush"])
+def test_two_threads_stepping_at_once_never_move_a_position_back(tmp_path, monkeypatch, step):
+    """A commit (write buffer into the file: CommitRealTimeService and a SYNC_FLUSH round) or a flush (the
+    group commit and a flush_all of another thread) that read the positions before another one of its kind
+    set them must not set the position back below bytes already in the file or on disk (the round's flush then
+    stopped short and answered FLUSH_DISK_TIMEOUT for them; found by outside tests). The first one is held in
+    its write (commit) or fdatasync (flush) while the second runs."""
     import threading
-    q = MappedFileQueue(tmp_path / "cl", 1 << 16, use_write_buffer=True)
+    q = MappedFileQueue(tmp_path / "cl", 1 << 16, use_write_buffer=step == "commit")
     mf = q.get_last_mapped_file(0)
     mf.append(b"a" * 100)
     entered, go = threading.Event(), threading.Event()
-    real = mf._pwrite
 
-    def held(pos, data):
-        if threading.current_thread().name == "first":
-            entered.set()
-            go.wait(10)
-        real(pos, data)
+    def holding(real):
+        def held(*args):
+            if threading.current_thread().name == "first":
+                entered.set()
+                go.wait(10)
+            return real(*args)
+        return held
 
-    mf._pwrite = held
-    first = threading.Thread(target=q.commit, name="first")
+    if step == "commit":
+        monkeypatch.setattr(mf, "_pwrite", holding(mf._pwrite))
+    else:
+        monkeypatch.setattr(os, "fdatasync", holding(os.fdatasync))
+    first = threading.Thread(target=getattr(q, step), name="first")
     first.start()
     assert entered.wait(10)
-    mf.append(b"b" * 100)                       # more bytes, committed by a second thread meanwhile
-    second = threading.Thread(target=q.commit, name="second")
+    mf.append(b"b" * 100)                       # more bytes, stepped over by a second thread meanwhile
+    second = threading.Thread(target=getattr(q, step), name="second")
     second.start()
     second.join(0.2)
     go.set()
     first.join(10)
     second.join(10)
     assert not first.is_alive() and not second.is_alive()
-    assert mf.committed_position == 200 and q.committed_where == 200
-    assert q.flush() is not None and q.flushed_where == 200
-    assert os.pread(mf._fd, 200, 0) == b"a" * 100 + b"b" * 100
-
-
-def test_flushes_from_two_threads_never_move_the_flushed_position_back(tmp_path, monkeypatch):
-    """A flush that read its end before a faster flush finished must not set flushed_where back below bytes
-    already on disk (a SYNC_FLUSH round read it and answered FLUSH_DISK_TIMEOUT for them while another thread
-    called flush_all; found by an outside test). The first flush is held inside its fdatasync."""
-    import threading
-    q = MappedFileQueue(tmp_path / "cl", 1 << 16)
-    mf = q.get_last_mapped_file(0)
-    mf.append(b"a" * 100)
-    entered, go = threading.Event(), threading.Event()
-    real = os.fdatasync
-
-    def held(fd):
-        if threading.current_thread().name == "first":
-            entered.set()
-            go.wait(10)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", held)
-    first = threading.Thread(target=q.flush, name="first")
-    first.start()
-    assert entered.wait(10)
-    mf.append(b"b" * 100)
-    second = threading.Thread(target=q.flush, name="second")
-    second.start()
-    second.join(0.2)
-    go.set()
-    first.join(10)
-    second.join(10)
-    assert not first.is_alive() and not second.is_alive()
+    if step == "commit":
+        assert mf.committed_position == 200 and q.committed_where == 200
+        q.flush()
     assert mf.flushed_position == 200 and q.flushed_where == 200
+    assert os.pread(mf._fd, 200, 0) == b"a" * 100 + b"b" * 100
