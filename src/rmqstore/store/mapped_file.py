@@ -471,7 +471,8 @@ class MappedFileQueue:
         self.flush_failed: OSError | None = None     # the first failed flush: final (see flush)
         self._lock = threading.RLock()
         # one commit and one flush at a time (see _advance)
-        self._step_locks = {"committed_where": threading.Lock(), "flushed_where": threading.Lock()}
+        self._commit_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
 
     # --- loading --------------------------------------------------------------------------------
     def load(self, extend_short_first: bool = False) -> None:
@@ -633,30 +634,28 @@ class MappedFileQueue:
         reports a writeback error once and marks the pages clean, so a later fdatasync would "succeed" over
         data that never reached the disk; every later flush raises at once, nothing synced, flushed_where
         where the last good flush left it."""
-        with self._step_locks["flushed_where"]:
+        with self._flush_lock:
             failed = self.flush_failed
             if failed is not None:
                 raise OSError(failed.errno, f"{self.store_path}: an earlier flush failed "
                                             f"({failed.strerror or failed}): nothing is flushed again")
             try:
-                return self._advance_locked("flushed_where", MappedFile.flush, least_pages)
+                return self._advance("flushed_where", MappedFile.flush, least_pages)
             except OSError as e:
                 self.flush_failed = e
                 raise
 
     def commit(self, least_pages: int = 0) -> bool:
         """Commit (write buffer to file) from committed_where on, like flush."""
-        return self._advance("committed_where", MappedFile.commit, least_pages)
+        with self._commit_lock:
+            return self._advance("committed_where", MappedFile.commit, least_pages)
 
     def _advance(self, attr: str, step, least_pages: int) -> bool:
-        """Step (commit or flush) the files from the position attr on. One step of a kind at a time: one that
-        read the positions before another one set them would set them back (a slower flush finishing after a
-        faster one: flushed_where below bytes already on disk), and a SYNC_FLUSH round reading it would answer
-        FLUSH_DISK_TIMEOUT for them (CommitRealTimeService, the group commit, flush_all from another thread)."""
-        with self._step_locks[attr]:
-            return self._advance_locked(attr, step, least_pages)
-
-    def _advance_locked(self, attr: str, step, least_pages: int) -> bool:
+        """Step (commit or flush) the files from the position attr on; the caller holds that step's lock. One
+        step of a kind at a time: one that read the positions before another one set them would set them back
+        (a slower flush finishing after a faster one: flushed_where below bytes already on disk), and a
+        SYNC_FLUSH round reading it would answer FLUSH_DISK_TIMEOUT for them (CommitRealTimeService, the group
+        commit, flush_all from another thread)."""
         done = True
         while True:
             at = getattr(self, attr)
