@@ -137,7 +137,7 @@ def put_columnar(cl, b: EncodedBatch) -> tuple[PutMessageResults, OSError | None
         why = f"{mf.path if mf is not None else q.store_path}: write failed: {err}"
         err = OSError(err.errno, why)
     elif i < n:
-        why = q.create_error or f"{q.store_path}: cannot create the next commitlog file"
+        why = q.create_failure()
     if why is not None:
         log.error("%s; messages %d to %d of the batch are not stored", why, i, n - 1)
     if cl.dispatch_hints is not None and len(cl.dispatch_hints) >= DISPATCH_HINTS_MAX // 2:

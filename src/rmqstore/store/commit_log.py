@@ -116,12 +116,12 @@ class CommitLog:
                 if mf is None or mf.wrote_position >= mf.file_size:
                     mf = q.get_last_mapped_file(0)
                     if mf is None:
-                        return PutMessageResult(_CREATE_FAILED, None, q.create_error)
+                        return PutMessageResult(_CREATE_FAILED, None, q.create_failure())
                 pos = mf.wrote_position
                 if pos + size + _BLANK_MIN > mf.file_size:
                     mf = self.roll(mf, pos)
                     if mf is None:
-                        return PutMessageResult(_CREATE_FAILED, None, q.create_error)
+                        return PutMessageResult(_CREATE_FAILED, None, q.create_failure())
                     pos = mf.wrote_position
                 phys = mf.file_from_offset + pos
                 table = self.topic_queue_table
@@ -303,9 +303,8 @@ class CommitLog:
                     if mf is None:
                         for j in range(i, len(encoded)):
                             e = encoded[j]
-                            results[j] = e if type(e) is not tuple else refuse(
-                                _CREATE_FAILED, self.queue.create_error or f"{self.queue.store_path}: cannot "
-                                                                           "create the next commitlog file")
+                            results[j] = e if type(e) is not tuple else refuse(_CREATE_FAILED,
+                                                                                  self.queue.create_failure())
                         return None
                     start = pos = mf.wrote_position
                     base = mf.file_from_offset

@@ -267,7 +267,7 @@ class ConsumeQueue:
         expect = cq_offset * UNIT
         mf = self.queue.get_last_mapped_file(expect)
         if mf is None:
-            raise OSError(self.queue.create_error or f"cannot create consume queue file in {self.queue.store_path}")
+            raise OSError(self.queue.create_failure())
         if mf.first_create_in_queue and cq_offset != 0 and mf.wrote_position == 0:
             self.min_logic_offset = expect
             self.queue.flushed_where = self.queue.committed_where = expect

@@ -669,6 +669,10 @@ class MappedFileQueue:
             if pos != mf.file_size or self.last is mf:  # a full file that is not the last: go on
                 return done
 
+    def create_failure(self) -> str:
+        """Why the next file could not be made (the answer of a put or write that needed it)."""
+        return self.create_error or f"{self.store_path}: cannot create the next file"
+
     def truncate_dirty_files(self, offset: int) -> None:
         """Forget everything at and after offset: later files deleted, the file holding it cut there."""
         with self._lock:
