@@ -104,6 +104,8 @@ def records_in_dir(commitlog_dir: Path) -> list[Rec]:
     (up to the first zero bytes, blank record or invalid record of each file)."""
     out: list[Rec] = []
     for p in sorted(Path(commitlog_dir).iterdir()):
+        if not p.name.isdigit():         # a temporary a killed writer left (.NAME.new)
+            continue
         data = p.read_bytes()
         base, pos = int(p.name), 0
         while pos < len(data):

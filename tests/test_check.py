@@ -354,6 +354,38 @@ def test_a_new_store_file_appears_whole(tmp_path):
         mf.close()
 
 
+def test_opening_a_store_removes_files_a_crash_left_half_made(tmp_path, caplog):
+    """A SIGKILL between creating a commitlog or consume queue file under its hidden name and renaming it
+    leaves `.NAME.new` (a kill loop of the test suite did): RocketMQ's load takes every file of the directory
+    and refuses the store for it. Opening the store removes them, saying so; a read-only open changes nothing,
+    and a link at that name (or anything else hidden) is left alone."""
+    import logging
+    from rmqstore.store.message import Message
+    from rmqstore.store.store_reader import StoreReader
+    path = tmp_path / "store"
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600})
+    with MessageStore.open(path, cfg) as s:
+        assert s.put_message(Message("T", b"x", queue_id=0)).ok
+    cl, cq = path / "commitlog", path / "consumequeue" / "T" / "0"
+    half = [cl / f".{65536:020d}.new", cq / f".{600:020d}.new"]
+    for p in half:
+        p.write_bytes(b"\0" * 4096)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"mine")
+    kept = [cl / ".keep", cq / f".{1200:020d}.new"]
+    kept[0].write_bytes(b"mine")
+    kept[1].symlink_to(outside)
+    StoreReader.open(path, cfg).close()
+    assert all(p.exists() for p in half)
+    with caplog.at_level(logging.WARNING):
+        with MessageStore.open(path, cfg) as s:
+            assert s.get_max_offset_in_queue("T", 0) == 1
+    assert not any(p.exists() for p in half)
+    for p in half:
+        assert any(p.name in r.getMessage() and "removed" in r.getMessage() for r in caplog.records), p
+    assert kept[0].read_bytes() == b"mine" and kept[1].is_symlink() and outside.read_bytes() == b"mine"
+
+
 def test_repair_never_writes_through_a_symlink_out_of_the_store(tmp_path):
     """A consume queue file that is a symbolic link to a file outside the store: `check` names it, `check
     --repair` refuses (exit 2, one line naming it) and the file outside is untouched (the repair rebuilt

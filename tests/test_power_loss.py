@@ -56,6 +56,8 @@ def _records(store: Path) -> dict[int, tuple[int, int]]:
     """commitlog offset -> (size, store timestamp) of every record on disk (up to each file's first non-record)."""
     out = {}
     for p in sorted((store / "commitlog").iterdir()):
+        if not p.name.isdigit():         # a temporary a killed writer left (.NAME.new)
+            continue
         data = p.read_bytes()
         base, pos = int(p.name), 0
         while pos < len(data):

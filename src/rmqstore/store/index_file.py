@@ -70,7 +70,7 @@ import numpy as np
 
 from . import codec
 from ..errors import CorruptStoreError
-from .mapped_file import MappedFile, ReadOnlyMappedFile
+from .mapped_file import MappedFile, ReadOnlyMappedFile, remove_half_made
 
 log = logging.getLogger(__name__)
 
@@ -878,17 +878,13 @@ class IndexService:
                 f.close()
             self.files = []
             loaded: list[IndexFile] = []
+            if not self.read_only and self.store_path.is_dir():
+                remove_half_made(self.store_path)   # timestamp names are never made again: nothing else would
             names = sorted(os.listdir(self.store_path)) if self.store_path.is_dir() else []
             for name in names:
                 p = self.store_path / name
                 if not name.isdigit() or not p.is_file():
-                    if name.startswith(".") and name.endswith(".new") and name[1:-4].isdigit() \
-                            and not self.read_only and p.is_file() and not p.is_symlink():
-                        # made before a crash and never renamed into place (mapped_file._open_new); its
-                        # timestamp name is never made again, so nothing else would remove it
-                        log.warning("%s: removed %s, an index file a crash left half made", self.store_path, name)
-                        p.unlink()
-                    elif not name.startswith(".") and not name.endswith(".corrupt"):
+                    if not name.startswith(".") and not name.endswith(".corrupt"):
                         log.warning("%s: ignoring %s, not an index file name", self.store_path, name)
                     continue
                 size = p.stat().st_size

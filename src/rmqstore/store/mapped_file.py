@@ -109,6 +109,21 @@ def _open_new(path: Path, file_size: int) -> int | None:
     return fd
 
 
+def remove_half_made(directory: Path) -> list[str]:
+    """Remove the temporaries of _open_new a crash left between create and rename (`.NAME.new`, regular
+    files only, never through a link), saying so; their names. Left there, RocketMQ could not load the
+    directory (its load takes every file: a wrong size refuses the store, a right one is not an offset)."""
+    removed = []
+    for name in os.listdir(directory):
+        p = directory / name
+        if name.startswith(".") and name.endswith(".new") and name[1:-4].isdigit() and p.is_file() \
+                and not p.is_symlink():
+            log.warning("%s: removed %s, a file a crash left half made", directory, name)
+            p.unlink()
+            removed.append(name)
+    return removed
+
+
 class MappedFile:
     """One fixed-size file mapped into memory."""
 
@@ -481,6 +496,8 @@ class MappedFileQueue:
         geometry from other queues' files). Read-only: a short file reads as extended, nothing changes."""
         if not self.store_path.is_dir():
             return
+        if not self.read_only:
+            remove_half_made(self.store_path)
         names = sorted(n for n in os.listdir(self.store_path) if n.isdigit() and len(n) == FILE_NAME_DIGITS)
         stray = [n for n in os.listdir(self.store_path) if n not in names and not n.startswith(".")]
         if stray:
