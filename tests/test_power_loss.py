@@ -79,7 +79,7 @@ def _cut_commitlog(copy: Path, flushed: int, rng: random.Random) -> str:
     keep = flushed
     if how == "prefix":
         keep = flushed + rng.randrange(0, 6) * PAGE
-    files = sorted((copy / "commitlog").iterdir())
+    files = sorted(p for p in (copy / "commitlog").iterdir() if p.name.isdigit())   # (not a .NAME.new)
     past = [p for p in files if int(p.name) >= flushed and (how != "prefix" or int(p.name) >= keep)]
     gone = rng.randint(0, len(past))            # a suffix of the files created after F may be gone
     for p in files:
