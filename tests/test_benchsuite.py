@@ -111,7 +111,8 @@ SPARK = {"scale": 200000, "body_size": 512, "master": "local[*]", "cores": 2, "m
          "parquet_write_seconds": 10.477, "parquet_MB": 113.5, "spark_parquet_seconds": 1.006,
          "spark_parquet_msgs_per_s": 198851, "spark_parquet_MB_per_s": 133.2, "same_answer": True,
          "rebuild_local_seconds": 1.795, "rebuild_spark_seconds": 5.49, "rebuild_spark_tasks": 19,
-         "rebuild_same_queues": True, "floor_seconds": 0.97,
+         "rebuild_same_queues": True, "floor_seconds": 0.97, "trigger_first_ms": 414.6, "trigger_stopped_ms": 0.8,
+         "trigger_live_ms": 11.5, "trigger_live_sees_appends": True,
          "queries": [{"query": "aggregate, every column", "rmqstore_seconds": 2.471, "parquet_seconds": 1.006,
                       "same": True},
                      {"query": "aggregate, option columns", "rmqstore_seconds": 0.96, "parquet_seconds": 0.8,
@@ -138,6 +139,8 @@ def test_spark_and_server_results_are_rows_with_ratios(tmp_path):
     # each query beside Parquet: msg/s and seconds of both, the ratio, and a different answer said plainly
     assert ("| aggregate, option columns | 250,000 msg/s (0.80 s) | 208,333 msg/s (0.96 s) | 0.83x |" in md), md
     assert "| count() | 1,000,000 msg/s (0.20 s) | 666,667 msg/s (0.30 s) | 0.67x DIFFERENT ANSWERS |" in md
+    assert "latestOffset (asked before every micro-batch; goal under 100 ms): the first 415 ms" in md
+    assert "11.5 ms while a writer (MessageStore) holds it open" in md
     chart = tmp_path / "r.png"
     benchsuite.render_chart(tables, chart, "full")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -2,6 +2,8 @@
 plan applied in memory), planning and reading partitions, key lookups. Fast: no SparkSession."""
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -303,6 +305,36 @@ def test_live_store_reads_queues_as_written(tmp_path):
         assert [r["body"] for r in rows] == [b"m17"]
     assert not SV.lock_held_elsewhere(path)
     assert not SV.load_view(str(path), cfg).live
+
+
+def test_live_view_reads_on_from_the_previous_end(tmp_path):
+    """A live view loaded with the previous one (a stream's next trigger) reads each queue's last file from the
+    end that view found, and answers as a fresh load does; when the last unit it saw is gone or differs (a
+    restarted writer cut the file), the file is read from its start."""
+    cfg = StoreConfig(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 100)
+    path = tmp_path / "live"
+
+    def ends(view):
+        return {k: (q.min_offset, q.end, q.max_physic_offset) for k, q in view.queues.items()}
+    with MessageStore.open(path, cfg) as st:
+        st.put_messages([Message("T", f"m{i}".encode(), queue_id=i % 2) for i in range(130)])
+        assert st.wait_dispatched()
+        first = SV.load_view(str(path), cfg)
+        assert first.live and {k: q.end for k, q in first.queues.items()} == {("T", 0): 65, ("T", 1): 65}
+        st.put_messages([Message("T", f"n{i}".encode(), queue_id=0) for i in range(70)])   # q0 rolls a file
+        st.put_messages([Message("U", b"u", queue_id=3)])
+        assert st.wait_dispatched()
+        fresh = SV.load_view(str(path), cfg)
+        assert ends(SV.load_view(str(path), cfg, previous=first)) == ends(fresh)
+        assert {k: q.end for k, q in fresh.queues.items()} == {("T", 0): 135, ("T", 1): 65, ("U", 3): 1}
+        again = SV.load_view(str(path), cfg, previous=fresh)
+        assert ends(again) == ends(fresh)
+        for wrong in ({"max_physic_offset": 7}, {"disk_end": 70}):   # last unit changed / no longer written
+            q1 = dataclasses.replace(fresh.queues[("T", 1)], **wrong)
+            stale = dataclasses.replace(fresh, queues={**fresh.queues, ("T", 1): q1})
+            assert ends(SV.load_view(str(path), cfg, previous=stale)) == ends(fresh)
+        rows = read_local({"path": str(path), "topics": "T"})
+        assert len(rows) == 200
 
 
 def test_offset_by_time_equals_consume_queue_lookup(golden, tmp_path):

@@ -110,6 +110,7 @@ def bench_spark(scale: int = 200_000, *, body_size: int = 512, repeat: int = 2, 
         _bench_local(out, store, config, scale, repeat)
         _bench_reads(out, spark, work, store, conf_path, scale, repeat)
         _bench_rebuild(out, spark, work, store, config)
+        _bench_triggers(out, store, conf_path, config)        # last: it appends to the store
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -141,6 +142,38 @@ def _bench_local(out: dict, store: str, config, scale: int, repeat: int) -> None
     _rates(out, "local_reader", s, n)
     s, _ = _best(lambda: local_scan(store, config), repeat)
     _rates(out, "local_vectorised_headers", s, scale)
+
+
+def _bench_triggers(out: dict, store: str, conf_path: str, config, triggers: int = 20) -> None:
+    """A stream's latestOffset (what Spark asks the source before every micro-batch; no Spark needed): the
+    first, on the store nobody holds (its view emulates recovery once), later ones on that unchanged store,
+    then while this process holds the store open (live) and appends 100 messages before each trigger.
+    Medians in milliseconds; the store gets triggers * 100 more messages (measured after every read)."""
+    import statistics
+
+    from ..store.message import Message
+    from ..store.store import MessageStore
+    from .stream import RocketMQStreamReader
+
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1000
+    r = RocketMQStreamReader({"path": store, "config": conf_path, "startingOffsets": "earliest"})
+    start = {}
+    first = timed(lambda: start.update(r.initialOffset())) + timed(lambda: r.latestOffset(start, None))
+    stopped = statistics.median(timed(lambda: r.latestOffset(start, None)) for _ in range(triggers))
+    live = []
+    with MessageStore.open(store, config) as st:
+        for i in range(triggers):
+            st.put_messages([Message(TOPICS[j % 4], b"live", queue_id=j % 4) for j in range(100)])
+            st.wait_dispatched()
+            live.append(timed(lambda: r.latestOffset(start, None)))
+        end = r.latestOffset(start, None)
+    out["trigger_first_ms"], out["trigger_stopped_ms"] = round(first, 1), round(stopped, 1)
+    out["trigger_live_ms"] = round(statistics.median(live), 1)
+    out["trigger_live_sees_appends"] = sum(v for tm in end.values() for qm in tm.values()
+                                           for v in qm.values()) == out["messages"] + triggers * 100
 
 
 AGG_COLUMNS = "topic,storeTimestamp,body,properties"     # what _agg reads

@@ -2,8 +2,9 @@
 process (plan.load_views; Spark reuses its Python workers): a view is loaded again only when a file of the
 store changed (names, sizes, modification and change times and inodes of the commitlog, consume queue,
 index, checkpoint, abort, lock and config files), so a read or trigger on a store nobody writes does not
-emulate recovery again. Live views (a store another process has open) and stores at URIs (store_fs: their
-listing has its own time to live) are never kept."""
+emulate recovery again. Live views (a store another process has open) are loaded every time, reading each
+queue's last file on from the end the previous load found (load_view's `previous`); stores at URIs
+(store_fs: their listing has its own time to live) are never kept."""
 from __future__ import annotations
 
 import os
@@ -57,7 +58,9 @@ class ViewCache:
         got = self._views.get(key)
         if got is not None and got[0] == fp and not got[1].live:
             return got[1]
-        view = SV.load_view(root, config, topics=topics)
+        # a live store's view is loaded again every time, from where its last load found each queue's end
+        view = SV.load_view(root, config, topics=topics,
+                            previous=got[1] if got is not None and got[1].live else None)
         if len(self._views) >= _MAX:
             self._views.pop(next(iter(self._views)))
         self._views[key] = (fp, view)

@@ -325,9 +325,11 @@ def _cl_files(cdir: str) -> list[CLFile]:
 
 
 def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None = None,
-              topics: set[str] | None = None) -> StoreView:
+              topics: set[str] | None = None, previous: StoreView | None = None) -> StoreView:
     """The view of the store at root (see the module docstring). `topics` limits the queues in the view
-    (recovery still examines every queue: where the re-dispatch starts depends on all of them)."""
+    (recovery still examines every queue: where the re-dispatch starts depends on all of them). `previous`,
+    an earlier view of the same store while live, lets a live view read each queue's last file from where
+    that view found its end (a stream's trigger reads what was appended since, not the whole file)."""
     if store_fs.is_remote(root):
         return _load_remote_view(store_fs.open_store(root), config, topics)
     root = os.path.abspath(store_fs.local_path(root))
@@ -350,7 +352,9 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
             if topics is not None and t not in topics:
                 continue
             for q in qids:
-                qv = _live_queue(t, q, os.path.join(root, "consumequeue", t, str(q)), cq_size, cl_min)
+                known = previous.queues.get((t, q)) if previous is not None and previous.live else None
+                qv = _live_queue(t, q, os.path.join(root, "consumequeue", t, str(q)), cq_size, cl_min,
+                                 known=known)
                 if qv is not None:
                     view.queues[(t, q)] = qv
         return view
@@ -517,14 +521,16 @@ def _dropped_units(d: str, end: int) -> np.ndarray:
 REMOTE_UNITS_BLOCK = 3276 * UNIT       # the first ranged read of a remote consume queue file (64 KiB)
 
 
-def _units_of(path: str, nbytes: int | None = None, fs: RemoteStore | None = None, until=None) -> np.ndarray:
-    """The units of the file's first nbytes. A remote file (consume queue files are preallocated: 6 MB of
-    mostly zeros by default) is read in blocks from REMOTE_UNITS_BLOCK bytes, doubling, up to the first
-    block holding a unit for which until(units) is true: the caller looks for the first such unit, and gets
-    the units up to it (a prefix)."""
-    if fs is None:
+def _units_of(path: str, nbytes: int | None = None, fs: RemoteStore | None = None, until=None,
+              start: int = 0) -> np.ndarray:
+    """The units of the file's bytes [start, nbytes). With `until`, the file (consume queue files are preallocated:
+    6 MB of mostly zeros by default) is read in blocks from REMOTE_UNITS_BLOCK bytes, doubling, up to the
+    first block holding a unit for which until(units) is true: the caller looks for the first such unit, and
+    gets the units up to it (a prefix). A local file is read the same way (a live store's view is loaded on
+    every trigger of a stream: reading whole files made that 0.28 s for 16 queues of 190k messages)."""
+    if nbytes is None or (fs is None and until is None):
         return np.fromfile(path, dtype=CQ_NP, count=-1 if nbytes is None else nbytes // UNIT)
-    out, pos, block = [], 0, REMOTE_UNITS_BLOCK
+    out, pos, block = [], start, REMOTE_UNITS_BLOCK
     while pos < nbytes:
         arr = _units_at(path, pos, min(block, nbytes - pos), fs)
         out.append(arr)
@@ -550,20 +556,39 @@ def _is_real(arr) -> np.ndarray:
     return (arr["size"] != BLANK_SIZE) | (arr["offset"] != 0)
 
 
+def _still_written(path: str, size: int, known: QueueView | None, fs: RemoteStore | None) -> int:
+    """How many units of the queue's last file, seen written by `known` (the queue's view at the previous
+    load of this live store), are still there: the writer only appends, so while the last unit seen is
+    unchanged the ones below it are too (a writer restarted meanwhile may have cut the file: then that unit
+    is gone or differs, and the file is read from its start)."""
+    if known is None or not known.files or known.files[-1][1] != path or known.max_physic_offset < 0:
+        return 0
+    n = known.disk_end - known.files[-1][0] // UNIT
+    if n <= 0 or n * UNIT > size:
+        return 0
+    u = _units_at(path, (n - 1) * UNIT, UNIT, fs)
+    if len(u) != 1 or _unwritten(u)[0] or int(u["offset"][0]) + int(u["size"][0]) != known.max_physic_offset:
+        return 0
+    return n
+
+
 def _live_queue(topic: str, qid: int, d: str, cq_size: int, cl_min: int, fs: RemoteStore | None = None,
-                files: list | None = None) -> QueueView | None:
+                files: list | None = None, known: QueueView | None = None) -> QueueView | None:
     files = _digit_files(d) if files is None else files
     if not files:
         return None
     per = max(cq_size // UNIT, 1)
     base, path, size = files[-1]
-    arr = _units_of(path, size - size % UNIT, fs, until=_unwritten)
+    skip = _still_written(path, size, known, fs)
+    arr = _units_of(path, size - size % UNIT, fs, until=_unwritten, start=skip * UNIT)
     bad = np.flatnonzero(_unwritten(arr))
     n = int(bad[0]) if len(bad) else len(arr)
-    disk_end = base // UNIT + n
+    disk_end = base // UNIT + skip + n
     qv = QueueView(topic, qid, d, files, 0, disk_end, -1, file_units=per, fs=fs)
     if n:
         qv.max_physic_offset = int(arr["offset"][n - 1]) + int(arr["size"][n - 1])
+    elif skip:
+        qv.max_physic_offset = known.max_physic_offset
     qv.min_offset = _min_offset(files, disk_end, max(cl_min, 0), fs)
     return qv
 
