@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -142,10 +143,22 @@ def test_properties_parsing_matches_codec():
     import pyarrow as pa
     cases = ["", "TAGS\x01a\x02", "KEYS\x01k1  k2 \x02TAGS\x01\x02UNIQ_KEY\x01u\x02",
              "a\x01b\x01c\x02", "noval\x02x\x01y\x02", "\x02\x02k\x01v\x02", "k\x01v", "TAGS\x01x\x02TAGS\x01y\x02"]
-    p = R.parse_properties(pa.array(cases, type=pa.string()))
+    _same_as_codec(cases, R.parse_properties(pa.array(cases, type=pa.string())))
+    # random strings of names, separators and multi-byte characters, in batches with and without a key written
+    # twice (that batch is decoded row by row), and a slice of one (the array's offset)
+    rnd = random.Random(5)
+    words = ["TAGS", "KEYS", "UNIQ_KEY", "TAG", "KEYSX", "a", "é", "中", " ", "k1 k2", "\x01", "\x02", ""]
+    for _ in range(300):
+        batch = ["".join(rnd.choice(words) for _ in range(rnd.randrange(0, 12))) for _ in range(rnd.randrange(1, 9))]
+        arr = pa.array(["x"] + batch + ["y"], type=pa.string()).slice(1, len(batch))
+        _same_as_codec(batch, R.parse_properties(arr))
+
+
+def _same_as_codec(cases, p):
+    assert len(p.map) == len(cases)
     for i, s in enumerate(cases):
         d = codec.string_to_properties(s)
-        assert dict(p.map[i].as_py()) == d, s
+        assert dict(p.map[i].as_py()) == d and len(p.map[i].as_py()) == len(d), repr(s)
         assert p.tags[i].as_py() == d.get("TAGS")
         assert p.keys[i].as_py() == [k for k in d.get("KEYS", "").split(" ") if k]
         assert p.uniq[i].as_py() == d.get("UNIQ_KEY")

@@ -60,8 +60,15 @@ MIN_HEADER = codec.HEADER_V4.size            # 88
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _HEX_PAIRS = np.stack([_HEX[np.arange(256) >> 4], _HEX[np.arange(256) & 15]], axis=1).copy()  # (256, 2)
+_HEX16 = _HEX_PAIRS.view(np.uint16).reshape(-1)     # byte -> its two hex digits as one 2-byte item
 _SPAN8 = np.arange(8, dtype=np.int64)
 EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def _hex(raw: np.ndarray) -> np.ndarray:
+    """Upper-case hex digits of the bytes raw (any shape), flat: one 2-byte lookup per byte (10x faster than
+    gathering digit pairs from a (256, 2) table)."""
+    return np.take(_HEX16, raw).view(np.uint8).reshape(-1)
 
 
 # --- gathers -----------------------------------------------------------------------------------------
@@ -139,7 +146,19 @@ def _const_strings(value: str, n: int) -> pa.Array:
 
 
 def _hosts(buf: np.ndarray, starts: np.ndarray, alen: np.ndarray) -> pa.Array:
-    """'ip:port' strings of the (address, 4-byte port) fields at starts; one Python call per distinct host."""
+    """'ip:port' strings of the (address, 4-byte port) fields at starts; one Python call per distinct host.
+    IPv4 hosts (8 bytes each, as most are) are told apart as one uint64 each."""
+    if len(starts) and (alen == 4).all():
+        both = scanner.gather_rows(buf, starts, np.uint64)
+        if (both == both[0]).all():         # one host (a batch of one producer's, or one broker's, messages)
+            uniq, inv = both[:1], None
+        else:
+            uniq, inv = np.unique(both, return_inverse=True)
+        names = [codec.format_host(u[:4], int.from_bytes(u[4:], "big", signed=True))
+                 for u in map(bytes, uniq.view(np.uint8).reshape(-1, 8))]
+        if len(names) == 1:
+            return _const_strings(names[0], len(starts))
+        return pa.array(names, type=pa.string()).take(pa.array(inv.reshape(-1)))
     raw = _bytes_array(buf, starts, alen + 4, pa.binary())
     enc = pc.dictionary_encode(raw)
     uniq = enc.dictionary.to_pylist()
@@ -256,14 +275,14 @@ class Records(scanner.RecordColumns):
         if n and (self.store_alen == 4).all():      # IPv4 store hosts: 16 bytes each, one 2-D gather
             raw = np.concatenate([self.buf[self.store_host_pos[:, None] + _SPAN8],
                                   self.buf[(self.pos + codec.POS_PHYSICALOFFSET)[:, None] + _SPAN8]], axis=1)
-            hexed = _HEX_PAIRS[raw].reshape(-1)
+            hexed = _hex(raw)
             offs = np.arange(0, 32 * (n + 1), 32, dtype=np.int32)
             return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offs), pa.py_buffer(hexed)])
         starts = np.stack([self.store_host_pos, self.pos + codec.POS_PHYSICALOFFSET], axis=1).reshape(-1)
         lens = np.stack([self.store_alen + 4, np.full(n, 8, dtype=np.int64)], axis=1).reshape(-1)
         idx, offs = ranges_index(starts, lens)
         raw = self.buf[idx] if len(idx) else np.empty(0, dtype=np.uint8)
-        hexed = _HEX_PAIRS[raw].reshape(-1)
+        hexed = _hex(raw)
         row_offs = (offs[::2] * 2).astype(np.int32)
         return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(row_offs), pa.py_buffer(hexed)])
 
