@@ -386,6 +386,32 @@ def test_opening_a_store_removes_files_a_crash_left_half_made(tmp_path, caplog):
     assert kept[0].read_bytes() == b"mine" and kept[1].is_symlink() and outside.read_bytes() == b"mine"
 
 
+def test_check_names_files_a_crash_left_half_made_and_repair_removes_them(tmp_path):
+    """`.NAME.new` in a closed store's commitlog, consume queue or index directory is a problem (exit 1, the
+    file named), a note in a live store (its writer may be making it); --repair removes them and says so."""
+    path = tmp_path / "store"
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600})
+    with MessageStore.open(path, cfg) as s:
+        assert s.put_message(Message("T", b"x", queue_id=0, properties={"KEYS": "k"})).ok
+        assert s.wait_dispatched()
+        half = [path / "commitlog" / f".{65536:020d}.new", path / "consumequeue" / "T" / "0" / f".{600:020d}.new"]
+        for p in half:
+            p.write_bytes(b"\0" * 4096)
+        live = check_store(path, cfg)
+        assert live.ok and sum(str(p) in n and "its writer is making" in n for p in half for n in live.notes) == 2
+    conf = tmp_path / "store.conf"
+    conf.write_text(cfg.to_properties())
+    p = run_cli("check", "-c", conf, path)
+    out = p.stdout.decode()
+    assert p.returncode == 1 and all(f"{h}: offset 0: a file a crash left half made" in out for h in half), out
+    p = run_cli("check", "--repair", "-c", conf, path)
+    out = p.stdout.decode() + p.stderr.decode()
+    assert p.returncode == 0 and all(f"{h}: removed, a file a crash left half made" in out for h in half), out
+    assert not any(h.exists() for h in half)
+    with MessageStore.open(path, cfg) as s:
+        assert s.get_max_offset_in_queue("T", 0) == 1
+
+
 def test_repair_never_writes_through_a_symlink_out_of_the_store(tmp_path):
     """A consume queue file that is a symbolic link to a file outside the store: `check` names it, `check
     --repair` refuses (exit 2, one line naming it) and the file outside is untouched (the repair rebuilt

@@ -14,6 +14,7 @@ from typing import Callable
 from . import codec
 from .check_commitlog import Records
 from .check_report import CheckReport, queue_dirs
+from .mapped_file import half_made
 
 
 def check_checkpoint(root: Path, recs: Records, report: CheckReport) -> None:
@@ -115,18 +116,29 @@ def repair_config(bad: list[tuple[Path, bool]], out: list[str]) -> None:
             out.append(f"{p}: moved aside as {aside.name}; no usable backup: the store starts from defaults")
 
 
+def store_file_dirs(root: Path) -> list[Path]:
+    """The directories of the store's numbered files: commitlog, index, every consume queue."""
+    return [root / "commitlog", root / "index"] + [d for _, _, d in queue_dirs(root)]
+
+
 def check_file_kinds(root: Path, report: CheckReport) -> None:
     """Something else than a regular file where a store file belongs (a directory named like a commitlog,
-    consume queue or index file; abort, lock)."""
-    dirs = [root / "commitlog", root / "index"] + [d for _, _, d in queue_dirs(root)]
-    for d in dirs:
+    consume queue or index file; abort, lock), and the temporary of a file a crash left half made."""
+    for d in store_file_dirs(root):
         try:
-            names = os.listdir(d)
+            names = sorted(os.listdir(d))
         except OSError:
             continue
         for n in names:
             if n.isdigit() and not (d / n).is_file():
                 report.add("store", d / n, 0, "not a regular file where a store file belongs")
+            elif half_made(d / n):
+                if report.live:
+                    report.notes.append(f"{d / n}: a new file its writer is making (renamed to {n[1:-4]} when whole)")
+                else:
+                    report.add("store", d / n, 0, f"a file a crash left half made (renamed to {n[1:-4]} only when "
+                                                  "whole): RocketMQ cannot load the directory while it is there; "
+                                                  "the next open for writing or `check --repair` removes it")
     for n in ("abort", "lock"):
         p = root / n
         if p.exists() and not p.is_file():

@@ -64,6 +64,7 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
         _refuse_misread(first, cfg.mapped_file_size_commit_log)
         done: list[str] = []
         repair_config(first.bad_config, done)
+        _remove_half_made(root, done)
         _quarantine_misfit_index(root, cfg, done)
         _quarantine_commitlog(root, first.damaged, done)
     finally:
@@ -92,6 +93,15 @@ def _quarantine_commitlog(root: Path, damaged: list[DamagedSpan], done: list[str
                     "(config/damagedRanges.json): skipped by dispatch and reads, left in the commitlog")
     if accepted:
         record_ranges(root, accepted)
+
+
+def _remove_half_made(root: Path, done: list[str]) -> None:
+    """The temporaries of files a crash left half made (their data is in no store file: nothing was renamed)."""
+    from .check_files import store_file_dirs
+    from .mapped_file import remove_half_made
+    for d in store_file_dirs(root):
+        if d.is_dir():
+            done.extend(f"{d / n}: removed, a file a crash left half made" for n in remove_half_made(d))
 
 
 def _quarantine_misfit_index(path: Path, cfg: StoreConfig, done: list[str]) -> None:

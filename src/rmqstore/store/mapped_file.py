@@ -109,15 +109,22 @@ def _open_new(path: Path, file_size: int) -> int | None:
     return fd
 
 
+def half_made(path: Path) -> bool:
+    """Whether path is a temporary of _open_new (`.NAME.new`, created whole, then renamed to NAME): a regular
+    file, not a link."""
+    name = path.name
+    return name.startswith(".") and name.endswith(".new") and name[1:-4].isdigit() and path.is_file() \
+        and not path.is_symlink()
+
+
 def remove_half_made(directory: Path) -> list[str]:
-    """Remove the temporaries of _open_new a crash left between create and rename (`.NAME.new`, regular
-    files only, never through a link), saying so; their names. Left there, RocketMQ could not load the
-    directory (its load takes every file: a wrong size refuses the store, a right one is not an offset)."""
+    """Remove the temporaries of _open_new a crash left between create and rename (half_made), saying so;
+    their names. Left there, RocketMQ could not load the directory (its load takes every file: a wrong size
+    refuses the store, a right one is not an offset)."""
     removed = []
     for name in os.listdir(directory):
         p = directory / name
-        if name.startswith(".") and name.endswith(".new") and name[1:-4].isdigit() and p.is_file() \
-                and not p.is_symlink():
+        if half_made(p):
             log.warning("%s: removed %s, a file a crash left half made", directory, name)
             p.unlink()
             removed.append(name)
