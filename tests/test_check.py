@@ -401,13 +401,20 @@ def test_check_names_files_a_crash_left_half_made_and_repair_removes_them(tmp_pa
         assert live.ok and sum(str(p) in n and "its writer is making" in n for p in half for n in live.notes) == 2
     conf = tmp_path / "store.conf"
     conf.write_text(cfg.to_properties())
+    others = [path / "commitlog" / n for n in (".1.new", ".\u00b2\u00b3.new", "." + "\u0661" * 20 + ".new", f".{65536:020d}.New")]
+    for o in others:                        # no name _open_new makes: not its, left alone
+        o.write_bytes(b"mine")
+    (path / "index" / f".{2 * 10 ** 16:017d}.new").mkdir()     # named like one, but a directory
     p = run_cli("check", "-c", conf, path)
     out = p.stdout.decode()
     assert p.returncode == 1 and all(f"{h}: offset 0: a file a crash left half made" in out for h in half), out
+    assert "index/.20000000000000000.new: offset 0: not a regular file, named like a new store file" in out
+    assert out.count("offset 0:") == 3, out
     p = run_cli("check", "--repair", "-c", conf, path)
     out = p.stdout.decode() + p.stderr.decode()
-    assert p.returncode == 0 and all(f"{h}: removed, a file a crash left half made" in out for h in half), out
-    assert not any(h.exists() for h in half)
+    assert all(f"{h}: removed, a file a crash left half made" in out for h in half), out
+    assert not any(h.exists() for h in half) and all(o.read_bytes() == b"mine" for o in others)
+    (path / "index" / f".{2 * 10 ** 16:017d}.new").rmdir()
     with MessageStore.open(path, cfg) as s:
         assert s.get_max_offset_in_queue("T", 0) == 1
 

@@ -14,7 +14,7 @@ from typing import Callable
 from . import codec
 from .check_commitlog import Records
 from .check_report import CheckReport, queue_dirs
-from .mapped_file import half_made
+from .mapped_file import half_made, half_made_name
 
 
 def check_checkpoint(root: Path, recs: Records, report: CheckReport) -> None:
@@ -132,7 +132,11 @@ def check_file_kinds(root: Path, report: CheckReport) -> None:
         for n in names:
             if n.isdigit() and not (d / n).is_file():
                 report.add("store", d / n, 0, "not a regular file where a store file belongs")
-            elif half_made(d / n):
+            elif half_made_name(n) and not half_made(d / n):
+                report.add("store", d / n, 0, "not a regular file, named like a new store file being made: RocketMQ "
+                                              "cannot load the directory while it is there (never removed by "
+                                              "rmqstore)")
+            elif half_made_name(n):
                 if report.live:
                     report.notes.append(f"{d / n}: a new file its writer is making (renamed to {n[1:-4]} when whole)")
                 else:

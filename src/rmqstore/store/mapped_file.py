@@ -109,12 +109,18 @@ def _open_new(path: Path, file_size: int) -> int | None:
     return fd
 
 
+def half_made_name(name: str) -> bool:
+    """Whether name is that of a temporary of _open_new: `.NAME.new`, NAME a store file's (20 ASCII digits,
+    or an index file's 17)."""
+    digits = name[1:-4]
+    return name.startswith(".") and name.endswith(".new") and len(digits) in (17, 20) and digits.isascii() \
+        and digits.isdigit()
+
+
 def half_made(path: Path) -> bool:
-    """Whether path is a temporary of _open_new (`.NAME.new`, created whole, then renamed to NAME): a regular
+    """Whether path is a temporary of _open_new (created whole, then renamed to NAME): such a name, a regular
     file, not a link."""
-    name = path.name
-    return name.startswith(".") and name.endswith(".new") and name[1:-4].isdigit() and path.is_file() \
-        and not path.is_symlink()
+    return half_made_name(path.name) and path.is_file() and not path.is_symlink()
 
 
 def remove_half_made(directory: Path) -> list[str]:
@@ -125,8 +131,8 @@ def remove_half_made(directory: Path) -> list[str]:
     for name in os.listdir(directory):
         p = directory / name
         if half_made(p):
-            log.warning("%s: removed %s, a file a crash left half made", directory, name)
             p.unlink()
+            log.warning("%s: removed %s, a file a crash left half made", directory, name)
             removed.append(name)
     return removed
 
