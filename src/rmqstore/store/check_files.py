@@ -133,9 +133,10 @@ def check_file_kinds(root: Path, report: CheckReport) -> None:
             if n.isdigit() and not (d / n).is_file():
                 report.add("store", d / n, 0, "not a regular file where a store file belongs")
             elif half_made_name(n) and not half_made(d / n):
-                report.add("store", d / n, 0, "not a regular file, named like a new store file being made: RocketMQ "
-                                              "cannot load the directory while it is there (never removed by "
-                                              "rmqstore)")
+                if os.path.lexists(d / n):     # else renamed by its writer since the listing
+                    report.add("store", d / n, 0, "not a regular file, named like a new store file being made: "
+                                                  "RocketMQ cannot load the directory while it is there (never "
+                                                  "removed by rmqstore)")
             elif half_made_name(n):
                 if report.live:
                     report.notes.append(f"{d / n}: a new file its writer is making (renamed to {n[1:-4]} when whole)")
