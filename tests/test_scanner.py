@@ -6,6 +6,7 @@ inside a record, and answer None when nothing valid follows (a torn tail).
 """
 from __future__ import annotations
 
+import bisect
 import random
 
 import pytest
@@ -64,6 +65,15 @@ def test_next_valid_record_matches_the_written_boundaries(written):
         # the reference: the first boundary after i whose record and the next two check (CRC included), or
         # fewer followed by a zero header (what the end of the written data looks like)
         expect = next((starts[k] for k in range(i + 1, len(starts)) if _chains(buf, data, bounds, k, base)), None)
+        if base is None and got is not None and got != expect and got not in starts:
+            # without base (no production caller omits it) a record copied into a body is a record like any other:
+            # only where such a copy was written may it come first (seen: a copy whose properties' end and what
+            # followed were zeroed, which reads as a record and then the end of the data)
+            k = bisect.bisect_right(starts, got) - 1
+            copy = data[starts[k - 1]:starts[k]]
+            assert k % 50 == 7 and data[got:got + len(copy)] == copy and (expect is None or got < expect), \
+                (f"seed {SEED} trial {trial}", i, j, got, expect)
+            continue
         assert got == expect, (f"seed {SEED} trial {trial}", i, j, got, expect)
 
 
