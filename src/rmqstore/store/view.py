@@ -348,13 +348,13 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     view = StoreView(root, broker_name(root), config, live, clean, files, file_size, cl_min, None, {})
     cq_size = config.mapped_file_size_consume_queue
     if live or cdir != os.path.join(root, "commitlog"):
+        seen = previous.queues if previous is not None and previous.live else {}
         for t, qids in list_topics(root).items():
             if topics is not None and t not in topics:
                 continue
             for q in qids:
-                known = previous.queues.get((t, q)) if previous is not None and previous.live else None
                 qv = _live_queue(t, q, os.path.join(root, "consumequeue", t, str(q)), cq_size, cl_min,
-                                 known=known)
+                                 known=seen.get((t, q)))
                 if qv is not None:
                     view.queues[(t, q)] = qv
         return view
