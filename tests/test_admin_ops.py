@@ -330,3 +330,63 @@ def test_consumer_running_info_of_a_hung_or_old_client(server, admin):
     finally:
         mute.close()
         old.close()
+
+
+_DELETE_AND_DIE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from rmqstore import Message, MessageStore
+from rmqstore.store import queue_clean
+from store_checks import small_config
+st = MessageStore.open({root!r}, small_config())
+for i in range(3000):
+    assert st.put_message(Message("T%d" % (i % 2), b"old" * 30, queue_id=0)).ok
+st.wait_dispatched()
+queue_clean.remove_topic_queues(st, "T1")
+for i in range(50):
+    assert st.put_message(Message("T%d" % (i % 2), b"new" * 30, queue_id=0)).ok
+st.wait_dispatched()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_topic_deleted_and_written_again_recovers_without_false_damage(tmp_path, caplog):
+    """deleteTopic, then new messages to the topic (its queue starts over at 0), then SIGKILL: the reopen
+    re-dispatches the old records too. They are already below the new queue's end: no damage reported
+    (their queue offsets lie far past the new queue's end, which once read as damaged QUEUEOFFSET
+    fields), the new queue keeps exactly the new messages, and the next put continues it."""
+    import os
+    root = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-c", _DELETE_AND_DIE.format(
+        tests=os.path.dirname(__file__), root=str(root))], capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    from store_checks import small_config
+    with caplog.at_level("WARNING"):
+        with MessageStore.open(root, small_config()) as s:
+            assert not s.recovery_report.clean_shutdown
+            assert s.recovery_report.redispatched_messages > 0
+            assert not s.failures.failures(), [str(f) for f in s.failures.failures()]
+            assert (s.get_min_offset_in_queue("T1", 0), s.get_max_offset_in_queue("T1", 0)) == (0, 25)
+            got = s.get_message("G", "T1", 0, 0, 32)
+            assert [m.body[:3] for m in got.messages] == [b"new"] * 25
+            assert [m.queue_offset for m in got.messages] == list(range(25))
+            assert s.get_max_offset_in_queue("T0", 0) == 1525
+            r = s.put_message(StoreMessage("T1", b"next", queue_id=0))
+            assert r.ok and r.append_result.logics_offset == 25
+            assert s.wait_dispatched()
+    assert not [r for r in caplog.records if "damaged" in r.getMessage()], caplog.text[-2000:]
+
+
+def test_clean_reopen_of_keyless_messages_redispatches_nothing(tmp_path):
+    """Messages without keys leave the index empty; after a clean shutdown that once re-dispatched the
+    whole commitlog at every open (the empty index read as 'nothing indexed yet')."""
+    from store_checks import small_config
+    with MessageStore.open(tmp_path, small_config()) as s:
+        for i in range(2000):
+            assert s.put_message(StoreMessage("T", b"x" * 100, queue_id=i % 4)).ok
+        assert s.wait_dispatched()
+    for _ in range(2):
+        with MessageStore.open(tmp_path, small_config()) as s:
+            rep = s.recovery_report
+            assert rep.clean_shutdown and rep.redispatched_messages == 0, rep.summary()
+            assert sum(s.get_max_offset_in_queue("T", q) for q in range(4)) == 2000

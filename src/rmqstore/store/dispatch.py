@@ -469,12 +469,22 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler) -> list[tuple[st
         qoffs = batch.queue_offsets[part]
         cq = find(topic, qid)
         runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
+        wrote = False
         for a, b in zip([0, *runs.tolist()], [*runs.tolist(), len(part)]):
+            sel = part[a:b]
+            # units the queue already has (a re-dispatch after recovery) are skipped, so they are no gap to
+            # fill: only the first unit written is (after a topic was deleted and written again, the old
+            # records' queue offsets lie far past the new queue's end, below its commitlog offsets)
+            a += int(np.count_nonzero(batch.offsets[sel] + batch.sizes[sel] <= cq.max_physic_offset))
+            if a == b:
+                continue
             if int(qoffs[a]) > cq.get_max_offset_in_queue():
                 fill(cq, int(qoffs[a]), int(batch.offsets[part[a]]))
             sel = part[a:b]
             cq.put_arrays(batch.offsets[sel], batch.sizes[sel], batch.tags_codes[sel], qoffs[a:b])
-        grown.append((topic, qid, int(qoffs[-1]) + 1))
+            wrote = True
+        if wrote:
+            grown.append((topic, qid, int(qoffs[-1]) + 1))
     return grown
 
 
@@ -490,13 +500,19 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler) -> list[
     for (topic, qid), units in by_queue.items():
         cq = find(topic, qid)
         start = 0
+        wrote = False
         for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see put_columns)
             if i == len(units) or units[i][3] > units[i - 1][3] + 1:
-                if units[start][3] > cq.get_max_offset_in_queue():
-                    fill(cq, units[start][3], units[start][0])
-                cq.put_units(units[start:i])
+                while start < i and units[start][0] + units[start][1] <= cq.max_physic_offset:
+                    start += 1          # already in the queue: no gap to fill (put_columns)
+                if start < i:
+                    if units[start][3] > cq.get_max_offset_in_queue():
+                        fill(cq, units[start][3], units[start][0])
+                    cq.put_units(units[start:i])
+                    wrote = True
                 start = i
-        grown.append((topic, qid, units[-1][3] + 1))
+        if wrote:
+            grown.append((topic, qid, units[-1][3] + 1))
     return grown
 
 

@@ -354,7 +354,14 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     actions = _IndexActions()
     index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions) \
         if cfg.message_index_enable else None
-    start = reput_start(cl, cqs, index_end, inputs.clean, report, inputs.crash_dispatched)
+    # after a clean shutdown (every message dispatched, the index flushed: Store.close) an index with files
+    # lacks nothing unless this recovery took some of it away: its last entry says nothing of the keyless
+    # messages after it (a store of keyless messages was once re-dispatched whole at every open). No file
+    # at all: the index went (the first dispatched message makes one), index it again
+    index_whole = inputs.clean and bool(idx.files) and not (newer or actions.set_aside or actions.dropped
+                                                            or actions.cut)
+    start = reput_start(cl, cqs, None if index_whole else index_end, inputs.clean, report,
+                        inputs.crash_dispatched)
     queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
                              cq.max_physic_offset, cq.min_logic_offset) for cq in cqs.sorted_queues())
     index = None
@@ -438,15 +445,19 @@ def _redispatch(cl: CommitLog, cqs: ConsumeQueueTable, dispatcher, report: Recov
         report.redispatch_error = dispatcher.write_error
         log.error("%s: %s; the dispatcher tries again once started", cl.queue.store_path, dispatcher.write_error)
         table = cqs.topic_queue_offsets()
-        table.update(_queue_offsets_after(cl, reput, table))
+        built = {f"{cq.topic}-{cq.queue_id}": cq.max_physic_offset for cq in cqs}
+        table.update(_queue_offsets_after(cl, reput, table, built))
         cl.topic_queue_table = table
     else:
         cl.topic_queue_table = cqs.topic_queue_offsets()
 
 
-def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int]) -> dict[str, int]:
+def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int],
+                         built: dict[str, int]) -> dict[str, int]:
     """Next queue offsets of the queues that records from start (not dispatched) carry on: what the
-    consume queues will hold once the dispatcher has written them."""
+    consume queues will hold once the dispatcher has written them. built: each queue's max physical
+    offset; records below it are already in the queue (a topic deleted and written again: its old records
+    carry queue offsets the queue no longer continues)."""
     out: dict[str, int] = {}
     pos, end = start, commit_log.get_max_offset()
     while pos < end:
@@ -457,8 +468,8 @@ def _queue_offsets_after(commit_log: CommitLog, start: int, table: dict[str, int
         batch, used, outcome, _ = scanner.parse_dispatch(data, base, True)
         reqs = batch.requests() if isinstance(batch, codec.DispatchBatch) else batch
         for r in reqs:
-            if scanner.is_dispatched(r.sys_flag):
-                key = f"{r.topic}-{r.queue_id}"
+            key = f"{r.topic}-{r.queue_id}"
+            if scanner.is_dispatched(r.sys_flag) and r.commit_log_offset + r.msg_size > built.get(key, -1):
                 out[key] = max(out.get(key, table.get(key, 0)), r.consume_queue_offset + 1)
         if outcome == scanner.Outcome.END_OF_FILE:
             pos = commit_log.roll_next_file(base + used)
