@@ -208,9 +208,10 @@ def _bench_reads(out: dict, spark, work: str, store: str, conf_path: str, scale:
     s, row3 = _best(lambda: _agg(dfp), repeat)
     _rates(out, "spark_parquet", s, row3["n"])
     out["same_answer"] = (tuple(row) == tuple(row3)) and row["n"] == scale
-    queries = [("aggregate of body, properties, storeTimestamp, topic: every column built (default)",
-                out["spark_queue_seconds"], s, tuple(row) == tuple(row3))]
+    queries = []
     for name, ours, theirs in (
+            ("aggregate of body, properties, storeTimestamp, topic: every column built (default)",
+             lambda: _agg(df), lambda: _agg(dfp)),
             ("the same aggregate, option columns (only those four read)", lambda: _agg(src(columns=AGG_COLUMNS)),
              lambda: _agg(dfp)),
             ("the same, columns, commitlog order", lambda: _agg(src(columns=AGG_COLUMNS, mode="commitlog")),
@@ -221,9 +222,9 @@ def _bench_reads(out: dict, spark, work: str, store: str, conf_path: str, scale:
             ("count() from the queues view (no message read)", lambda: _view_count(src(view="queues")), dfp.count)):
         a, got, b, want = _pair(ours, theirs, repeat + 1)
         queries.append((name, a, b, tuple(got) == tuple(want) if isinstance(got, tuple) else got == want))
+    queries += _floor(spark, pq, dfp, repeat)
     out["queries"] = [{"query": q, "rmqstore_seconds": round(a, 3), "parquet_seconds": round(b, 3), "same": ok}
                       for q, a, b, ok in queries]
-    out["floor_seconds"], out["floor_agg_seconds"] = (round(x, 3) for x in _floor(spark, pq, repeat))
     _bench_write(out, spark, work, pq, conf_path, scale, repeat)
 
 
@@ -263,19 +264,32 @@ def _view_count(df) -> int:
     return int(df.agg(F.sum("messages")).collect()[0][0])
 
 
-def _floor(spark, pq: str, repeat: int) -> tuple[float, float]:
-    """Seconds of count() and of the aggregate over a Python data source that only yields the Parquet copy's
-    rows as Arrow batches, every column, from its Python workers' memory after the first read
-    (ArrowFloorSource): what the Python data source API costs before any RocketMQ work."""
+FLOOR = "limit, not rmqstore: a Python data source yielding these rows from its workers' memory, "
+
+
+def _floor(spark, pq: str, dfp, repeat: int) -> list[tuple[str, float, float, bool]]:
+    """Query rows (name, seconds, Parquet's seconds, same answer) of a Python data source that only yields
+    the Parquet copy's rows as Arrow batches, every column, from its Python workers' memory after the first
+    read (ArrowFloorSource), run alternately with Parquet as every query is: what Spark's Python data
+    source API costs before any RocketMQ work (for the aggregate, count()); and of count() over it yielding
+    one row a partition: what any query through that API costs, whatever it reads."""
     import glob
     files = sorted(glob.glob(os.path.join(pq, "*.parquet")))
     spark.dataSource.register(ArrowFloorSource)
-    df = (spark.read.format("arrow_floor").option("files", ",".join(files))
-          .option("parts", str(spark.sparkContext.defaultParallelism)).load())
+
+    def floor(one_row: bool):
+        return (spark.read.format("arrow_floor").option("files", ",".join(files)).option("oneRow", str(one_row))
+                .option("parts", str(spark.sparkContext.defaultParallelism)).load())
+    df = floor(False)
     _best(df.count, repeat)                 # every worker reads the files it gets once (more warm-ups)
-    count, _ = _best(df.count, repeat + 2)
-    agg, _ = _best(lambda: _agg(df), repeat + 2)
-    return count, agg
+    rows = []
+    for name, ours, theirs in ((FLOOR + "the aggregate (every column)", lambda: _agg(df), lambda: _agg(dfp)),
+                               (FLOOR + "count() (every column)", df.count, dfp.count),
+                               (FLOOR + "count(), one row a partition: any query's fixed cost",
+                                floor(True).count, dfp.count)):
+        a, got, b, want = _pair(ours, theirs, repeat + 2)
+        rows.append((name, a, b, got == want or "one row" in name))
+    return rows
 
 
 try:
@@ -286,8 +300,8 @@ except ImportError:  # pragma: no cover - bench_spark needs pyspark anyway
 
 
 class _FloorReader(DataSourceReader):
-    def __init__(self, files: list[str], parts: int):
-        self.files, self.parts = files, parts
+    def __init__(self, files: list[str], parts: int, one_row: bool):
+        self.files, self.parts, self.one_row = files, parts, one_row
 
     def partitions(self):
         return [InputPartition(self.files[i::self.parts]) for i in range(self.parts)]
@@ -299,6 +313,9 @@ class _FloorReader(DataSourceReader):
             if f not in _FLOOR_BATCHES:          # kept in this Python worker (Spark reuses its workers)
                 t = pq.read_table(f).replace_schema_metadata(None).cast(ARROW_SCHEMA)
                 _FLOOR_BATCHES[f] = t.to_batches(8192)
+            if self.one_row:
+                yield _FLOOR_BATCHES[f][0].slice(0, 1)
+                return
             yield from _FLOOR_BATCHES[f]
 
 
@@ -307,7 +324,7 @@ _FLOOR_BATCHES: dict[str, list] = {}
 
 class ArrowFloorSource(DataSource):
     """The floor of bench_spark: rows of Parquet files (option files) read by pyarrow once per Python worker,
-    then yielded from memory as they are."""
+    then yielded from memory as they are (option oneRow=true: one row a partition)."""
 
     @classmethod
     def name(cls) -> str:
@@ -318,7 +335,8 @@ class ArrowFloorSource(DataSource):
         return SPARK_DDL
 
     def reader(self, schema):
-        return _FloorReader(self.options["files"].split(","), int(self.options.get("parts", "2")))
+        return _FloorReader(self.options["files"].split(","), int(self.options.get("parts", "2")),
+                            self.options.get("oneRow", "false").lower() == "true")
 
 
 def _bench_rebuild(out: dict, spark, work: str, store: str, config) -> None:
