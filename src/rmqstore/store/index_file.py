@@ -1060,10 +1060,6 @@ class IndexService:
             return
         full: list[IndexFile] = []
         with self._lock:
-            if not self.files and len(offsets):
-                # the first dispatched message makes the first file, keys or not (IndexService.buildIndex
-                # does): recovery then tells a store of keyless messages from one whose index went
-                self._new_file()
             files = self.files
             end = max(files[-1].end_phy_offset if files else 0, self.indexed_through + 1)
             f = files[-1] if files else None

@@ -354,14 +354,7 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     actions = _IndexActions()
     index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions) \
         if cfg.message_index_enable else None
-    # after a clean shutdown (every message dispatched, the index flushed: Store.close) an index with files
-    # lacks nothing unless this recovery took some of it away: its last entry says nothing of the keyless
-    # messages after it (a store of keyless messages was once re-dispatched whole at every open). No file
-    # at all: the index went (the first dispatched message makes one), index it again
-    index_whole = inputs.clean and bool(idx.files) and not (newer or actions.set_aside or actions.dropped
-                                                            or actions.cut)
-    start = reput_start(cl, cqs, None if index_whole else index_end, inputs.clean, report,
-                        inputs.crash_dispatched)
+    start = reput_start(cl, cqs, index_end, inputs.clean, report, inputs.crash_dispatched)
     queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
                              cq.max_physic_offset, cq.min_logic_offset) for cq in cqs.sorted_queues())
     index = None
