@@ -407,7 +407,11 @@ def test_issue_1258_recovery_after_sigkill_redoes_only_the_tail(tmp_path):
         # how many messages that is depends on how far the dispatcher lagged at the kill
         assert rep.redispatched_from <= int(noted)
         assert rep.commitlog_checked_from < rep.redispatched_from, rep.summary()
-        assert rep.redispatched_messages < len(acked) // 2, rep.summary()
+        # exactly what lies from there on (the acknowledged messages, and the few a kill leaves written but
+        # not yet acknowledged), however far the dispatcher lagged (on a loaded machine, half the messages:
+        # the old bound 'fewer than half' failed in a CI run)
+        after = sum(1 for a in acked if a.offset >= rep.redispatched_from)
+        assert after <= rep.redispatched_messages <= after + 64, (after, rep.summary())
         verify_store(store, acked)
     # The same files after a reboot (the abort file names another boot): the page cache may have lost
     # anything the checkpoint does not vouch for, so recovery is RocketMQ's: index files newer than the
