@@ -47,9 +47,11 @@ def _config_decoders() -> dict[str, Callable]:
     from ..messaging.offset_store import decode_offsets
     from ..messaging.schedule import decode_delay_offsets
     from ..messaging.topic_config import decode_topics
+    from . import deleted_queues
     from .damage import FILE_NAME, decode
     return {"topics.json": decode_topics, "consumerOffset.json": decode_offsets,
-            "delayOffset.json": decode_delay_offsets, FILE_NAME: decode}
+            "delayOffset.json": decode_delay_offsets, FILE_NAME: decode,
+            deleted_queues.FILE_NAME: deleted_queues.decode}
 
 
 def config_problem(path: Path, decode: Callable | None) -> str | None:

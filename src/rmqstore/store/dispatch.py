@@ -61,6 +61,8 @@ class Dispatcher:
         # [start, end) commitlog ranges not to dispatch (damage recovery skipped), sorted, not overlapping
         self.skip_ranges: list[tuple[int, int]] = []
         self.skipped: list[Failure] = []       # every range this dispatcher skipped (gaps, damage)
+        # deleted queues (deleted_queues.py): (topic, queue id) -> their records below it are never dispatched
+        self.deleted: dict[tuple[str, int], int] = {}
         self.consume_queues = consume_queues
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
@@ -329,7 +331,7 @@ class Dispatcher:
             if not batch:
                 return
             if len(batch) < 64:         # a few records: without numpy's fixed costs
-                grown = put_requests(self.consume_queues.find_or_create, batch, self._fill)
+                grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -338,7 +340,7 @@ class Dispatcher:
         n = len(batch)
         if not n:
             return
-        grown = put_columns(self.consume_queues.find_or_create, batch, self._fill)
+        grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)
@@ -448,12 +450,13 @@ class Dispatcher:
 Filler = Callable[[object, int, int], None]    # (consume queue, queue offset reached, commitlog offset)
 
 
-def put_columns(find, batch: codec.DispatchBatch, fill: Filler) -> list[tuple[str, int, int]]:
+def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
+                deleted: dict[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
     """Write the units of a batch's dispatched records (scanner.is_dispatched) to their consume queues
     (find(topic, queue id) gives one), grouped per queue, in order. Each record keeps the queue offset it
     carries: where a queue's offsets jump ahead (records lost, or misattributed by a damaged topic / queue
     id byte), fill(cq, offset, commitlog offset) fills the gap first. Returns (topic, queue id, next
-    queue offset) per queue that grew."""
+    queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out."""
     idx = np.flatnonzero(scanner.is_dispatched(batch.sys_flags))
     grown: list[tuple[str, int, int]] = []
     if not len(idx):
@@ -466,6 +469,10 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler) -> list[tuple[st
     for part in np.split(sidx, cuts):
         i0 = int(part[0])
         topic, qid = names[int(batch.topic_ids[i0])], int(batch.queue_ids[i0])
+        if deleted and (topic, qid) in deleted:
+            part = part[batch.offsets[part] >= deleted[(topic, qid)]]
+            if not len(part):
+                continue
         qoffs = batch.queue_offsets[part]
         cq = find(topic, qid)
         runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
@@ -488,12 +495,13 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler) -> list[tuple[st
     return grown
 
 
-def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler) -> list[tuple[str, int, int]]:
+def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
+                 deleted: dict[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
     """put_columns for a few records as DispatchRequests."""
     by_queue: dict[tuple[str, int], list] = {}
     dispatched = scanner.is_dispatched
     for r in reqs:
-        if dispatched(r.sys_flag):
+        if dispatched(r.sys_flag) and not (deleted and r.commit_log_offset < deleted.get((r.topic, r.queue_id), -1)):
             by_queue.setdefault((r.topic, r.queue_id), []).append(
                 (r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
     grown = []

@@ -21,9 +21,15 @@ log = logging.getLogger(__name__)
 
 def _remove_queue(store, cq: ConsumeQueue) -> None:
     """Drop one queue from the table and the offset table, then delete its files (ConsumeQueue.destroy and
-    CommitLog.removeQueueFromTopicQueueTable), under the put lock so no put takes an offset meanwhile."""
+    CommitLog.removeQueueFromTopicQueueTable), under the put lock so no put takes an offset meanwhile. The
+    deletion is recorded first (deleted_queues.py: no re-dispatch builds the queue again from its old
+    records); when that record cannot be written, OSError and nothing is removed."""
+    from . import deleted_queues
     table = store.consume_queues
     with store.commit_log.put_lock:
+        below = store.commit_log.get_max_offset()
+        deleted_queues.record(store.path, cq.topic, cq.queue_id, below)
+        store.dispatcher.deleted[(cq.topic, cq.queue_id)] = below
         store.commit_log.topic_queue_table.pop(f"{cq.topic}-{cq.queue_id}", None)
         table.remove(cq)
     with cq.lock:

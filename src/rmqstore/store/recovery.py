@@ -163,6 +163,7 @@ class RecoveryInputs:
     crash_dispatched: int | None                  # process-only crash: the dispatcher's last note
     checkpoint: tuple[int, int, int] | None       # physic, logics, index timestamps; None: no file
     accepted_damage: tuple[tuple[int, int], ...] = ()   # commitlog ranges `check --repair` quarantined
+    deleted_queues: tuple[tuple[str, int, int], ...] = ()   # (topic, queue id, below): deleted_queues.py
 
     @property
     def process_crash(self) -> bool:
@@ -186,8 +187,10 @@ def read_inputs(root: str | Path) -> RecoveryInputs:
     clean = not abort.exists()
     note = None if clean else abort.read_note()
     from .damage import accepted_ranges
+    from .deleted_queues import load as load_deleted
     return RecoveryInputs(root, clean, None if note is None else note.dispatched,
-                          read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)))
+                          read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)),
+                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root).items())))
 
 
 @dataclass(frozen=True)
@@ -410,6 +413,7 @@ def apply_plan(plan: RecoveryPlan, files: StoreFiles, dispatcher, failures: Fail
         cq.cut(qp.files_kept, qp.end, qp.max_physic_offset, qp.min_logic_offset)
     for a, b in plan.inputs.accepted_damage:           # quarantined by check --repair: never dispatched
         dispatcher.add_skip_range(a, b)
+    dispatcher.deleted = {(t, q): b for t, q, b in plan.inputs.deleted_queues}   # deleteTopic: never again
     ranges = [(r.start, r.end) for r in plan.commitlog.skipped] + list(plan.inputs.accepted_damage)
     if ranges:
         from .dispatch import blank_units_in
@@ -439,6 +443,9 @@ def _redispatch(cl: CommitLog, cqs: ConsumeQueueTable, dispatcher, report: Recov
         log.error("%s: %s; the dispatcher tries again once started", cl.queue.store_path, dispatcher.write_error)
         table = cqs.topic_queue_offsets()
         built = {f"{cq.topic}-{cq.queue_id}": cq.max_physic_offset for cq in cqs}
+        for (t, q), below in dispatcher.deleted.items():        # a deleted queue's records: not dispatched
+            key = f"{t}-{q}"
+            built[key] = max(built.get(key, -1), below)
         table.update(_queue_offsets_after(cl, reput, table, built))
         cl.topic_queue_table = table
     else:
