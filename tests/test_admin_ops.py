@@ -481,3 +481,21 @@ def test_deleted_queues_file_is_validated(tmp_path):
     assert D.load(tmp_path) == {("T", 0): 10}
     from rmqstore.store.check_files import _config_decoders
     assert D.FILE_NAME in _config_decoders()
+
+
+def test_check_sees_no_damage_in_a_deleted_then_rewritten_queue(tmp_path):
+    """A queue deleted and written again with one message: its old generation's offsets end where the new
+    one starts over at 0; check once called the new record 'QUEUEOFFSET 0 out of the sequence: a damaged
+    header', and check --repair quarantined it (an outside tester)."""
+    from rmqstore.store import queue_clean
+    from rmqstore.store.check import check_store
+    from store_checks import small_config
+    with MessageStore.open(tmp_path, small_config()) as s:
+        for i in range(20):
+            assert s.put_message(StoreMessage("TA", b"old-%d" % i, queue_id=0)).ok
+        assert s.wait_dispatched()
+        queue_clean.remove_topic_queues(s, "TA")
+        assert s.put_message(StoreMessage("TA", b"new-0", queue_id=0, properties={"KEYS": "k0"})).ok
+        assert s.wait_dispatched()
+    rep = check_store(tmp_path, small_config(), live=False)
+    assert not rep.problems and not rep.damaged, [str(p) for p in rep.problems]

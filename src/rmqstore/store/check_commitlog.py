@@ -207,8 +207,13 @@ def _sequence_damage(recs: Records, files, report: CheckReport) -> Records:
         keep &= ~((recs.offsets >= a) & (recs.offsets < b))
     bases = np.array([b for b, _, _ in files], dtype=np.int64)
     lost = bool(report.damaged or report.accepted)
+    from .deleted_queues import load_for_check
+    deleted = load_for_check(Path(files[0][1]).parent.parent) if files else {}
     for (t, qid), part in recs.by_queue().items():
         part = part[keep[part]]
+        below = deleted.get((recs.topic_names[t], qid))
+        if below is not None:       # a deleted queue's old generation: its offsets start over after it
+            part = part[recs.offsets[part] >= below]
         for j in part[_out_of_sequence(recs.queue_offsets[part], lost)].tolist():
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
             i = int(np.searchsorted(bases, off, side="right")) - 1

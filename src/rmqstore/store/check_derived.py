@@ -63,7 +63,8 @@ def check_consume_queues(root: Path, cfg: StoreConfig, recs: Records, report: Ch
                for b, p, s in digit_files(root / "commitlog")]
     by_queue = recs.by_queue()
     tid = {n: i for i, n in enumerate(recs.topic_names)}
-    for (t, q), below in _deleted(root).items():     # deleteTopic: the records below it belong to no queue
+    from .deleted_queues import load_for_check
+    for (t, q), below in load_for_check(root).items():     # deleteTopic: the records below it belong to no queue
         k = (tid.get(t, -1), q)
         if k in by_queue:
             part = by_queue[k]
@@ -96,15 +97,6 @@ def check_consume_queues(root: Path, cfg: StoreConfig, recs: Records, report: Ch
                 report.notes.append(f"{root / 'consumequeue'}: {what}; recovery dispatches them")
             else:
                 report.add("consume queue", root / "consumequeue" / t / str(k[1]), 0, what)
-
-
-def _deleted(root: Path) -> dict[tuple[str, int], int]:
-    """The store's deleted queues (deleted_queues.py); an unusable file is the config check's problem."""
-    from . import deleted_queues
-    try:
-        return deleted_queues.load(root)
-    except Exception:  # noqa: BLE001 - reported by check_files' config check, which names the file
-        return {}
 
 
 def _file_of(files_base: int, logical: int, fsize: int, d: Path) -> tuple[Path, int]:
