@@ -81,12 +81,19 @@ def check_geometry(root: Path, cfg: StoreConfig) -> None:
 
 
 def _load_accepted(root: Path, report: CheckReport) -> None:
+    """The records check honours: accepted damage, deleted queues (check_config reports an unusable file;
+    its records then count as absent)."""
     from ..errors import CorruptStoreError
     from .damage import accepted_ranges
+    from .deleted_queues import load as load_deleted
     try:
         report.accepted = accepted_ranges(root)
-    except CorruptStoreError:       # check_config reports the file; its ranges count as not accepted
+    except CorruptStoreError:
         report.accepted = []
+    try:
+        report.deleted = load_deleted(root)
+    except CorruptStoreError:
+        report.deleted = {}
 
 
 def check_store(path: str | os.PathLike, config: StoreConfig | None = None, *, progress: Progress | None = None,

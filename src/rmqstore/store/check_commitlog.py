@@ -198,6 +198,22 @@ def _out_of_sequence(q: np.ndarray, lost: bool) -> np.ndarray:
     return bad
 
 
+def live_by_queue(recs: Records, deleted: dict[tuple[str, int], int]) -> dict[tuple[int, int], np.ndarray]:
+    """recs.by_queue() without each deleted queue's old generation (deleted_queues.py: its records below the
+    recorded offset belong to no queue; a queue written again starts over at offset 0 after them)."""
+    by_queue = recs.by_queue()
+    tid = {n: i for i, n in enumerate(recs.topic_names)}
+    for (t, q), below in deleted.items():
+        k = (tid.get(t, -1), q)
+        if k in by_queue:
+            part = by_queue[k][recs.offsets[by_queue[k]] >= below]
+            if len(part):
+                by_queue[k] = part
+            else:
+                del by_queue[k]
+    return by_queue
+
+
 def _sequence_damage(recs: Records, files, report: CheckReport) -> Records:
     """Records whose header passes every check but whose QUEUEOFFSET is out of its queue's sequence:
     damage like any other (a DamagedSpan over the record), or a note when accepted. Records inside accepted
@@ -207,13 +223,8 @@ def _sequence_damage(recs: Records, files, report: CheckReport) -> Records:
         keep &= ~((recs.offsets >= a) & (recs.offsets < b))
     bases = np.array([b for b, _, _ in files], dtype=np.int64)
     lost = bool(report.damaged or report.accepted)
-    from .deleted_queues import load_for_check
-    deleted = load_for_check(Path(files[0][1]).parent.parent) if files else {}
-    for (t, qid), part in recs.by_queue().items():
+    for (t, qid), part in live_by_queue(recs, report.deleted).items():
         part = part[keep[part]]
-        below = deleted.get((recs.topic_names[t], qid))
-        if below is not None:       # a deleted queue's old generation: its offsets start over after it
-            part = part[recs.offsets[part] >= below]
         for j in part[_out_of_sequence(recs.queue_offsets[part], lost)].tolist():
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
             i = int(np.searchsorted(bases, off, side="right")) - 1

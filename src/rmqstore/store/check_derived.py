@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from . import codec
-from .check_commitlog import Records
+from .check_commitlog import Records, live_by_queue
 from .check_report import CheckReport, digit_files, queue_dirs
 from .config import StoreConfig
 from .mapped_file import FileCache
@@ -61,18 +61,8 @@ def check_consume_queues(root: Path, cfg: StoreConfig, recs: Records, report: Ch
     sources = [(b, b + max(s, cfg.mapped_file_size_commit_log),
                 lambda p=p, b=b, s=s: maps.get(p)[1][:max(0, min(s, recs.end - b))])
                for b, p, s in digit_files(root / "commitlog")]
-    by_queue = recs.by_queue()
+    by_queue = live_by_queue(recs, report.deleted)
     tid = {n: i for i, n in enumerate(recs.topic_names)}
-    from .deleted_queues import load_for_check
-    for (t, q), below in load_for_check(root).items():     # deleteTopic: the records below it belong to no queue
-        k = (tid.get(t, -1), q)
-        if k in by_queue:
-            part = by_queue[k]
-            part = part[recs.offsets[part] >= below]
-            if len(part):
-                by_queue[k] = part
-            else:
-                del by_queue[k]
     seen = set()
     for topic, qid, d in queue_dirs(root):
         files = digit_files(d)

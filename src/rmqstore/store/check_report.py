@@ -60,6 +60,7 @@ class CheckReport:
     bad_config: list[tuple[Path, bool]] = field(default_factory=list)   # (unusable config file, .bak usable)
     damaged: list[DamagedSpan] = field(default_factory=list)            # commitlog damage not yet accepted
     accepted: list[tuple[int, int]] = field(default_factory=list)       # damagedRanges.json, merged
+    deleted: dict[tuple[str, int], int] = field(default_factory=dict)   # deletedQueues.json
     live: bool = False                                      # another process had the store open
     seconds: float = 0.0
 

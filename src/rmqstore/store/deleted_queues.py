@@ -60,14 +60,6 @@ def load(root: str | os.PathLike) -> Deleted:
     return load_config_file(deleted_file(root), decode) or {}
 
 
-def load_for_check(root: str | os.PathLike) -> Deleted:
-    """load, for `check`: an unusable file is check_files' config problem (named there), so {} here."""
-    try:
-        return load(root)
-    except Exception:  # noqa: BLE001 - reported by the config check, which names the file
-        return {}
-
-
 def record(root: str | os.PathLike, topic: str, queue_id: int, below: int) -> Deleted:
     """Add one deletion (a later one of the same queue raises its offset); returns every deletion. Written
     and synced before it returns: OSError when it cannot be, and then nothing may be deleted."""
