@@ -119,13 +119,13 @@ class ConsumeQueue:
             self.max_physic_offset = max_physic_offset
             self.min_logic_offset = min_logic_offset
 
-    def recover(self, max_commit_log_offset: int | None = None) -> int:
-        """Keep units up to the last valid one (RocketMQ's recover, from the third-last file, plus checks:
-        offsets must grow and point inside the commitlog). Returns how many units were dropped."""
+    def recover(self, max_commit_log_offset: int | None = None, first_file: int | None = None) -> int:
+        """Keep units up to the last valid one (RocketMQ's recover, from the third-last file or first_file,
+        plus checks: offsets must grow and point inside the commitlog). Returns how many units were dropped."""
         files = self.queue.files
         if not files:
             return 0
-        idx = max(0, len(files) - 3)
+        idx = max(0, len(files) - 3) if first_file is None else min(first_file, len(files) - 1)
         process = files[idx].file_from_offset
         last_end = -1
         prev_off = -1

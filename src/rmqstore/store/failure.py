@@ -34,6 +34,8 @@ class FailureKind(enum.Enum):
     DISPATCH = "DISPATCH"                # the dispatcher cannot make progress (a consume queue / index write)
     COMMITLOG_GAP = "COMMITLOG_GAP"      # a commitlog file is missing between two others
     CORRUPT_RECORD = "CORRUPT_RECORD"    # a damaged commitlog range was skipped (its messages are lost)
+    CORRUPT_UNIT = "CORRUPT_UNIT"        # a consume queue unit does not match its record: cut and rebuilt
+    CORRUPT_INDEX = "CORRUPT_INDEX"      # an index file fails its deep check: set aside at the next open
 
 
 @dataclass(frozen=True)

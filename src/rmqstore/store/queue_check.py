@@ -210,10 +210,15 @@ class QueueUnits:
     missing: int | None           # first logical offset a missing middle file or a hole should hold
 
 
-def read_queue_units(cq: ConsumeQueue) -> QueueUnits:
-    """The units of cq from its min offset to its max offset, file by file; a file missing between two
-    others (or unwritten bytes inside a non-last file) ends the read and is named by `missing`."""
+def read_queue_units(cq: ConsumeQueue, from_index: int = 0) -> QueueUnits:
+    """The units of cq from its min offset (or from_index, when later) to its max offset, file by file; a
+    file missing between two others (or unwritten bytes inside a non-last file) ends the read and is named
+    by `missing` (files before from_index: by their names only)."""
     lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+    skipped_gap = _gap_before(cq, lo, min(max(lo, from_index), hi)) if from_index > lo else None
+    if skipped_gap is not None:
+        return QueueUnits(lo, np.empty(0, np.int64), np.empty(0, np.int64), skipped_gap)
+    lo = min(max(lo, from_index), hi)
     offs, sizes = [], []
     expect = lo
     missing = None
@@ -239,6 +244,22 @@ def read_queue_units(cq: ConsumeQueue) -> QueueUnits:
         expect = end
     cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))
     return QueueUnits(lo, cat(offs), cat(sizes), missing)
+
+
+def _gap_before(cq: ConsumeQueue, lo: int, upto: int) -> int | None:
+    """The first logical offset in [lo, upto) whose consume queue file is missing (names only), or None."""
+    expect = lo
+    for mf in list(cq.queue.files):
+        base = mf.file_from_offset // UNIT
+        end = base + mf.file_size // UNIT
+        if end <= expect:
+            continue
+        if base > expect:
+            return expect if expect < upto else None
+        expect = end
+        if expect >= upto:
+            return None
+    return expect if expect < upto else None
 
 
 def unit_offsets_from(cqs, start: int) -> np.ndarray:
@@ -293,12 +314,13 @@ def _checked_positions(upto: int, deep_from: int, sample: int | None) -> np.ndar
 
 
 def check_queue(cq: ConsumeQueue, sources, cl_min: int, deep_from: int = 0,
-                sample: int | None = None) -> tuple[int, int] | None:
+                sample: int | None = None, from_index: int = 0) -> tuple[int, int] | None:
     """The first damaged unit of cq as (logical offset, UNIT_* code), or None. Every unit's values are
     checked (zero units, order, missing files: cheap, the consume queue files only); units are checked
     against their records (unit_problems) from logical offset deep_from on, older ones by a sample of
-    `sample` units (None: all)."""
-    qu = read_queue_units(cq)
+    `sample` units (None: all). from_index: units before it are not read at all (the fast open: files
+    the verified-state record vouches for; only their names are looked at, for missing files)."""
+    qu = read_queue_units(cq, from_index)
     upto = len(qu.off)
     found = []
     if qu.missing is not None:

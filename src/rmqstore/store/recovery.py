@@ -47,7 +47,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -60,6 +60,7 @@ from ..errors import CorruptStoreError
 from .failure import FailureChannel, FailureKind
 from .index_file import cut_entries, repair_slots as repair_index_slots
 from .lock import AbortFile
+from .open_trust import OpenTrust, first_real_unit_below, first_real_unit_position, first_unit_pointing_at
 from .queue_check import CQ_CHECK_SAMPLE, UNIT_REASONS, _commitlog_sources, check_queue, unit_offsets_from
 from .queue_check import (  # noqa: F401 - older importers (check, Spark) take these from here
     UNIT_MISSING, _checked_positions, structure_problem, unit_problems)
@@ -113,6 +114,8 @@ class RecoveryReport:
     seconds: float = 0.0
     rebuild_queues: list = field(default_factory=list, repr=False)   # queues that lost units
     skipped_ranges: list[tuple[int, int]] = field(default_factory=list)  # commitlog ranges skipped, kept
+    verified_files: int = 0                # files the verified-state record vouched for (not re-checked)
+    deferred_crc: list[tuple[int, int]] = field(default_factory=list)   # left to the background check
 
     @property
     def damaged(self) -> bool:
@@ -146,6 +149,11 @@ class RecoveryReport:
         if self.index_files_rebuilt:
             parts.append(f"{self.index_files_rebuilt} index files newer than the checkpoint rebuilt")
         parts.append(f"re-dispatched {self.redispatched_messages} messages from {self.redispatched_from}")
+        if self.verified_files:
+            parts.append(f"{self.verified_files} files unchanged since verified")
+        if self.deferred_crc:
+            n = sum(b - a for a, b in self.deferred_crc)
+            parts.append(f"CRC check of {n} commitlog bytes left to the background check")
         if self.redispatch_error:
             parts.append(self.redispatch_error)
         if not self.checkpoint_found:
@@ -164,6 +172,7 @@ class RecoveryInputs:
     checkpoint: tuple[int, int, int] | None       # physic, logics, index timestamps; None: no file
     accepted_damage: tuple[tuple[int, int], ...] = ()   # commitlog ranges `check --repair` quarantined
     deleted_queues: tuple[tuple[str, int, int], ...] = ()   # (topic, queue id, below): deleted_queues.py
+    verified: Mapping[str, int] = field(default_factory=dict)   # files matching verified_state's record
 
     @property
     def process_crash(self) -> bool:
@@ -181,16 +190,19 @@ class RecoveryInputs:
 
 
 def read_inputs(root: str | Path) -> RecoveryInputs:
-    """The abort file (and its note) and the checkpoint of the store at root, read only."""
+    """The abort file (and its note), the checkpoint and the verified-state record (after a clean shutdown
+    or a crash of the process alone: the files that match it) of the store at root, read only."""
     root = Path(root)
     abort = AbortFile(root)
     clean = not abort.exists()
     note = None if clean else abort.read_note()
     from .damage import accepted_ranges
     from .deleted_queues import load as load_deleted
+    from . import verified_state
+    verified = verified_state.matching(root, verified_state.load(root)) if clean or note is not None else {}
     return RecoveryInputs(root, clean, None if note is None else note.dispatched,
                           read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)),
-                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root).items())))
+                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root).items())), verified)
 
 
 @dataclass(frozen=True)
@@ -260,6 +272,8 @@ class RecoveryPlan:
     consume_queue_units_dropped: tuple[tuple[str, int], ...]
     index_files_dropped: int
     index_entries_dropped: int
+    deferred_crc: tuple[tuple[int, int], ...] = ()     # commitlog ranges the background check walks
+    verified_files: int = 0
 
     def report(self) -> RecoveryReport:
         """The RecoveryReport of this plan (re-dispatch figures are added when it is applied)."""
@@ -273,7 +287,8 @@ class RecoveryPlan:
             index_files_dropped=self.index_files_dropped, index_entries_dropped=self.index_entries_dropped,
             index_files_rebuilt=len(self.index.newer_destroyed) if self.index is not None else 0,
             process_crash=i.process_crash, dropped=list(self.dropped), redispatched_from=self.reput_from,
-            skipped_ranges=[(r.start, r.end) for r in self.commitlog.skipped])
+            skipped_ranges=[(r.start, r.end) for r in self.commitlog.skipped],
+            verified_files=self.verified_files, deferred_crc=list(self.deferred_crc))
 
 
 class StoreFiles:
@@ -345,17 +360,24 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     idx.load(inputs.clean or inputs.process_crash, inputs._ts(2))
     newer = tuple(p.name for p in idx.destroyed_files)
     collected = _Collect()
+    trust = OpenTrust(inputs.root, inputs.verified)
     end = recover_commit_log(cl, inputs, inputs.clean, report, collected,
-                             hints=lambda start: unit_offsets_from(cqs, start))
-    recover_consume_queues(cqs, end, report, cl)
+                             hints=lambda start: unit_offsets_from(cqs, start), trust=trust)
+    deep_from = report.commitlog_checked_from
+    if trust:       # units of commitlog files the record does not vouch for are checked against them
+        old = trust.untrusted_commitlog_from(cl.queue.files)
+        deep_from = min(deep_from, old) if old is not None else deep_from
+    recover_consume_queues(cqs, end, report, cl, trust=trust if trust else None, deep_from_offset=deep_from)
     if report.skipped_ranges:       # units of skipped records: fillers (never answered with damaged bytes)
         from .dispatch import blank_units_in
         blank_units_in(cqs, report.skipped_ranges)
     cl_min = max(cl.get_min_offset(), 0)
     for cq in cqs:
-        cq.correct_min_offset(cl_min)
+        if first_real_unit_below(cq, cl_min):
+            cq.correct_min_offset(cl_min)
     actions = _IndexActions()
-    index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions) \
+    index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions,
+                              check_from=trust.index_check_from if trust else None) \
         if cfg.message_index_enable else None
     start = reput_start(cl, cqs, index_end, inputs.clean, report, inputs.crash_dispatched)
     queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
@@ -369,7 +391,7 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
                               tuple(collected.items)),
         queues, index, start, tuple(report.dropped), tuple(report.repaired_files), report.dropped_at,
         report.dropped_reason, report.dropped_path, tuple(report.consume_queue_units_dropped.items()),
-        report.index_files_dropped, report.index_entries_dropped)
+        report.index_files_dropped, report.index_entries_dropped, tuple(report.deferred_crc), len(inputs.verified))
 
 
 # --- applying: each owner its part ----------------------------------------------------------------------
@@ -514,9 +536,12 @@ def choose_start_file(files: list[MappedFile], clean: bool, checkpoint: StoreChe
 
 
 def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean: bool,
-                       report: RecoveryReport, failures: FailureChannel | None = None, hints=None) -> int:
+                       report: RecoveryReport, failures: FailureChannel | None = None, hints=None,
+                       trust: OpenTrust | None = None) -> int:
     """Walk records to the last valid one, cut the rest; returns the commitlog's new end offset. hints(start):
     sorted offsets where records probably start from `start` on (queue_check.unit_offsets_from): faster.
+    trust (the verified-state record): files it vouches for are not walked (open_trust.commitlog_start;
+    what RocketMQ's rule walks and this does not goes to report.deferred_crc, for the background check).
 
     Damage stays in its damaged range: a record that fails its checks (or zeros inside the written data)
     followed by valid records that chain (resync.next_valid_record) is skipped, not cut; the skipped
@@ -531,14 +556,26 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
         return 0
     _report_gaps(q, report, failures)
     idx = choose_start_file(files, clean, checkpoint, commit_log.config)
-    report.commitlog_checked_from = files[idx].file_from_offset
+    start_pos = 0
+    if trust is not None:
+        start = trust.commitlog_start(files, idx, clean)
+        report.deferred_crc = list(start.deferred)
+        idx, start_pos = start.index, start.pos
+        if start.end is not None:       # every file vouched for: the commitlog ends where the record says
+            report.commitlog_checked_from = start.end
+            _report_cut(q, start.end, report)
+            q.truncate_dirty_files(start.end)
+            q.set_positions_from(start.end)
+            report.commitlog_end = start.end
+            return start.end
+    report.commitlog_checked_from = process = files[idx].file_from_offset + start_pos
     check_crc = commit_log.config.check_crc_on_recover
-    process = files[idx].file_from_offset
     hint = hints(process) if hints is not None else None
     while idx < len(files):
         mf = files[idx]
         nxt = files[idx + 1] if idx + 1 < len(files) else None
-        pos, blank, reason = _walk_file(mf, check_crc, nxt, report, failures, _file_part(hint, mf))
+        pos, blank, reason = _walk_file(mf, check_crc, nxt, report, failures, _file_part(hint, mf), start_pos)
+        start_pos = 0
         if reason is not None:
             report.dropped_at = mf.file_from_offset + pos
             report.dropped_reason = reason
@@ -591,14 +628,13 @@ def _file_part(hint, mf: MappedFile):
 
 
 def _walk_file(mf: MappedFile, check_crc: bool, nxt: MappedFile | None, report: RecoveryReport,
-               failures: FailureChannel | None, hint=None) -> tuple[int, bool, str | None]:
-    """Walk one file's records, skipping damaged ranges after which valid records resume: returns (where
-    the valid data ends, whether an END_OF_FILE blank ends it, why the data ends there when it is
-    invalid data rather than zeros or a blank)."""
+               failures: FailureChannel | None, hint=None, pos: int = 0) -> tuple[int, bool, str | None]:
+    """Walk one file's records from byte pos (a record boundary), skipping damaged ranges after which valid
+    records resume: returns (where the valid data ends, whether an END_OF_FILE blank ends it, why the data
+    ends there when it is invalid data rather than zeros or a blank)."""
     # the walk stops at the file's first hole (never written: zeros, and on a full tmpfs a read of it
     # through the mapping dies of SIGBUS); a record running into it was cut short
     data_end = mf.data_end()
-    pos = 0
     while True:
         try:
             pos, kind, _ = scanner.walk_records(mf.mm, pos, data_end, check_crc, hint)
@@ -682,6 +718,18 @@ def _has_data(mf: MappedFile, pos: int, window: int = 1 << 20) -> bool:
 
 
 # --- consume queues -------------------------------------------------------------------------------------
+def _vouched_queue(cq: ConsumeQueue, trust: OpenTrust) -> int:
+    """A queue whose every file the record vouches for: it ends where the record says (ConsumeQueue.recover
+    without reading its units). Returns 0 (units dropped)."""
+    files = cq.queue.files
+    if files:
+        end = files[-1].file_from_offset + trust.end_of(files[-1])
+        cq.queue.truncate_dirty_files(end)
+        cq.queue.set_positions_from(end)
+        cq.min_logic_offset = first_real_unit_position(cq)
+    return 0
+
+
 def _last_unit(cq: ConsumeQueue) -> tuple[int, int] | None:
     hi = cq.get_max_offset_in_queue()
     if hi <= cq.get_min_offset_in_queue():
@@ -758,18 +806,50 @@ def _repair_queue(cq: ConsumeQueue, commit_log: CommitLog, commitlog_end: int, b
     return dropped
 
 
+def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[ConsumeQueue, int, int]]) -> list[str]:
+    """On an open store: cut each (queue, damaged unit, UNIT_* code) there and have the dispatcher rebuild it
+    from the commitlog (_repair_queue; the dispatcher thread waits meanwhile: no unit is appended). Returns
+    what was done, one line each. MessageStore.check(repair=True) and the background check repair so."""
+    rep = RecoveryReport(clean_shutdown=True)
+    rep.skipped_ranges = list(dispatcher.skip_ranges)     # passed over by the rebuild, as by the dispatcher
+    starts = []
+    with dispatcher._lock:
+        cl_min = max(commit_log.get_min_offset(), 0)
+        for cq, bad, code in damaged:
+            if not _repair_queue(cq, commit_log, commit_log.get_max_offset(), bad, code, rep):
+                continue
+            last = _last_unit(cq)
+            cq.max_physic_offset = last[0] + last[1] if last is not None else -1
+            starts.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min)
+        if starts:
+            dispatcher.reput_from_offset = min(starts + [dispatcher.reput_from_offset])
+    if starts:
+        dispatcher.wakeup()
+    return [str(d) for d in rep.dropped]
+
+
 def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: RecoveryReport,
-                           commit_log: CommitLog | None = None) -> None:
+                           commit_log: CommitLog | None = None, trust: OpenTrust | None = None,
+                           deep_from_offset: int | None = None) -> None:
     """Keep each queue's units up to the first invalid one; remove units past the commitlog's end. With the
     commitlog, each queue is checked whole (check_queue: all units of its last file and a sample of the
     older ones against their records, every unit's values, missing files); a damaged unit is cut with
     everything after it and rebuilt from the commitlog (_repair_queue), reported in report.dropped. A queue
-    whose file was cut short (extended with zeros at load) is rebuilt from its end as well."""
+    whose file was cut short (extended with zeros at load) is rebuilt from its end as well.
+
+    With trust (the verified-state record): files it vouches for are neither recovered nor checked (the
+    background check covers every unit once the store serves); units in the other files are recovered and
+    checked whole, and so are units of records at or after deep_from_offset (the walk's start, or a
+    commitlog file the record does not vouch for)."""
     sources = _commitlog_sources(commit_log) if commit_log is not None else None
     cl_min = commit_log.get_min_offset() if commit_log is not None else 0
     for cq in cqs:
         before = cq.get_max_offset_in_queue()
-        dropped = cq.recover(commitlog_end)
+        untrusted, unit = trust.first_untrusted(cq) if trust is not None else (None, 0)
+        if untrusted is not None and untrusted == len(cq.queue.files):
+            dropped = _vouched_queue(cq, trust)
+        else:
+            dropped = cq.recover(commitlog_end, untrusted)
         last = _last_unit(cq)
         if last is not None and (last[0] + last[1] > commitlog_end or last[1] <= 0):
             # units older than the files recover() checks still point past the end, or the queue ends in
@@ -781,8 +861,14 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
         rebuilt = 0
         if commit_log is not None:
             files = cq.queue.files
-            deep_from = files[-1].file_from_offset // UNIT if files else 0
-            found = check_queue(cq, sources, cl_min, deep_from, CQ_CHECK_SAMPLE)
+            if untrusted is None:
+                deep_from = files[-1].file_from_offset // UNIT if files else 0
+                found = check_queue(cq, sources, cl_min, deep_from, CQ_CHECK_SAMPLE)
+            else:       # units not vouched for, and units of records walked (or not vouched for)
+                first = min(unit, cq.get_max_offset_in_queue())
+                deep_from = first if deep_from_offset is None else \
+                    min(first, first_unit_pointing_at(cq, deep_from_offset))
+                found = check_queue(cq, sources, cl_min, deep_from, 0, from_index=deep_from)
             if found is not None:
                 rebuilt = _repair_queue(cq, commit_log, commitlog_end, found[0], found[1], report)
                 last = _last_unit(cq)
@@ -804,8 +890,14 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
 _ENTRY = np.dtype(codec.INDEX_ENTRY_DTYPE)
 
 
-def index_file_problems(f: "IndexFile") -> list[str]:
-    """What is impossible in an index file's slots and entries (empty list: nothing found)."""
+INDEX_CHECK_CHUNK = 1 << 20         # index entries checked at a time (index_file_problems)
+
+
+def index_file_problems(f: "IndexFile", release: bool = False, from_entry: int = 1) -> list[str]:
+    """What is impossible in an index file's slots and its entries from number from_entry on (empty list:
+    nothing found). Entries are read INDEX_CHECK_CHUNK at a time; release: each chunk's pages are let go
+    from this process once checked (madvise DONTNEED on the file's shared mapping: the background check's
+    memory stays bounded)."""
     mm = f.mapped_file.mm
     count = f.index_count
     problems = []
@@ -814,29 +906,52 @@ def index_file_problems(f: "IndexFile") -> list[str]:
     if len(bad):
         problems.append(f"{len(bad)} hash slots outside [0, {count}) (slot {int(bad[0])} = {int(slots[bad[0]])})")
     del slots
-    if count > 1:
-        ent = np.frombuffer(mm, dtype=_ENTRY, count=count - 1, offset=f.entries_base + codec.INDEX_ENTRY_SIZE)
-        no = np.arange(1, count)
+    found: dict[str, list[int]] = {}        # what -> [how many, first entry]
+    prev_phy = None
+    for lo in range(max(from_entry, 1), count, INDEX_CHECK_CHUNK):
+        n = min(INDEX_CHECK_CHUNK, count - lo)
+        at = f.entries_base + lo * codec.INDEX_ENTRY_SIZE
+        ent = np.frombuffer(mm, dtype=_ENTRY, count=n, offset=at)
+        no = np.arange(lo, lo + n)
         phy = ent["phy_offset"].astype(np.int64)
+        back = np.diff(phy) < 0 if prev_phy is None else np.diff(np.concatenate(([prev_phy], phy))) < 0
         checks = (("keyHash < 0", ent["key_hash"] < 0), ("timeDiff < 0", ent["time_diff"] < 0),
                   ("preIndexNo not in [0, own number)", (ent["prev"] < 0) | (ent["prev"] >= no)),
                   ("phyOffset outside the header's range",
                    (phy < f.begin_phy_offset) | (phy > f.end_phy_offset)),
-                  ("phyOffset going backwards", np.concatenate(([False], np.diff(phy) < 0))))
+                  ("phyOffset going backwards", np.concatenate(([False], back)) if prev_phy is None else back))
         for what, mask in checks:
             b = np.flatnonzero(mask)
             if len(b):
-                problems.append(f"{len(b)} entries with {what} (first: entry {int(b[0]) + 1})")
+                seen = found.setdefault(what, [0, int(b[0]) + lo])
+                seen[0] += len(b)
+        prev_phy = int(phy[-1])
         del ent
+        if release:
+            let_go_pages(mm, at, n * codec.INDEX_ENTRY_SIZE)
+    for what, (n, first) in found.items():
+        problems.append(f"{n} entries with {what} (first: entry {first})")
     return problems
 
 
+def let_go_pages(mm, start: int, length: int) -> None:
+    """madvise(DONTNEED) the pages of [start, start + length) of a shared mapping (its file keeps them)."""
+    import mmap as _mmap
+    a = start - start % _mmap.PAGESIZE
+    try:
+        mm.madvise(_mmap.MADV_DONTNEED, a, start + length - a)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int, report: RecoveryReport,
-                  repair_slots: bool = False, actions: _IndexActions | None = None) -> int:
+                  repair_slots: bool = False, actions: _IndexActions | None = None, check_from=None) -> int:
     """Set aside corrupt index files (and re-index from before them), cut entries past the commitlog's end.
     repair_slots (after a process crash): slots of the newest file pointing at entries written but not yet
     published by the header are moved down their chains first. Returns the commitlog offset from which the
-    index needs the messages again. `actions` collects what was done, by file name (the plan)."""
+    index needs the messages again. `actions` collects what was done, by file name (the plan). check_from(f):
+    the first entry of f to deep-check (None: none; open_trust.OpenTrust.index_check_from: the entries the
+    verified-state record vouches for are checked by the background check)."""
     actions = actions if actions is not None else _IndexActions()
     with idx._lock:
         files: list = list(idx.files)
@@ -846,7 +961,7 @@ def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int
             if n:
                 log.info("%s: %d hash slots pointed at entries not yet counted in the header: moved down their "
                          "chains", files[-1].path, n)
-        drop_from, gone = _set_aside_corrupt(idx, files, report, actions)
+        drop_from, gone = _set_aside_corrupt(idx, files, report, actions, check_from)
         keep = []
         for i, f in enumerate(files):
             if f is None:
@@ -865,7 +980,7 @@ def recover_index(idx: "IndexService", commit_log: CommitLog, commitlog_end: int
 
 
 def _set_aside_corrupt(idx: "IndexService", files: list, report: RecoveryReport,
-                       actions: _IndexActions) -> tuple[int | None, int]:
+                       actions: _IndexActions, check_from=None) -> tuple[int | None, int]:
     """Files load() set aside (impossible header) and files failing the deep check, newest first within
     INDEX_DEEP_CHECK_BYTES (set aside, their entry in `files` becomes None). Returns (the index in files
     after which every file goes, or None; how many files went)."""
@@ -880,13 +995,16 @@ def _set_aside_corrupt(idx: "IndexService", files: list, report: RecoveryReport,
     checked = 0
     for i in range(len(files) - 1, -1, -1):
         f = files[i]
-        cost = f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + max(f.index_count, 1) * codec.INDEX_ENTRY_SIZE
+        first = check_from(f) if check_from is not None else 1
+        if first is None:
+            continue
+        cost = f.hash_slot_num * codec.INDEX_HASH_SLOT_SIZE + max(f.index_count - first, 0) * codec.INDEX_ENTRY_SIZE
         if i < len(files) - 1 and checked + cost > INDEX_DEEP_CHECK_BYTES:
             log.info("%s: index files up to %s not deep-checked (over %d bytes)", idx.store_path, f.name,
                      INDEX_DEEP_CHECK_BYTES)
             break
         checked += cost
-        problems = index_file_problems(f)
+        problems = index_file_problems(f, from_entry=first)
         if problems:
             why = "; ".join(problems)
             aside = idx.set_aside(f, why)

@@ -5,8 +5,10 @@
         store.wait_dispatched()
         got = store.get_message("group", "TopicA", 0, 0, 32)
 
-Opening takes the store's lock (a second process fails at once), recovers (see recovery), re-dispatches
-what the queues and index lack, and starts the dispatcher and the flush services.
+Opening takes the store's lock (a second process fails at once), recovers (see recovery: what the
+verified-state record vouches for is not checked again), re-dispatches what the queues and index lack, and
+starts the dispatcher, the flush services and the background check (background_check: what the open did
+not check). A clean close records what is verified (verified_state).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from . import background_check
 from .checkpoint import StoreCheckpoint
 from .commit_log import AppendFailed, CommitLog, log_refused
 from .config import StoreConfig
@@ -85,6 +88,8 @@ class MessageStore(StoreReadAPI):
                 self._services_running = True
                 for s in self.named_services.values():
                     s.start()
+                self.register_service(background_check.NAME,
+                                      background_check.install(parts, self.failures, self.recovery_report))
         except BaseException:
             self._release_files()
             self.abort_file.close()
@@ -174,6 +179,8 @@ class MessageStore(StoreReadAPI):
                           self.path, e)
         self._release_files()
         if ok and drained and self.dispatcher.stuck_reason() is None:
+            background_check.save_at_close(self.parts(), self.failures, self.recovery_report,
+                                           self.service(background_check.NAME))
             self.abort_file.remove()
         else:
             self.abort_file.close()
@@ -363,26 +370,17 @@ class MessageStore(StoreReadAPI):
 
     def _repair_queues(self) -> list[str]:
         """Cut every consume queue at its first damaged unit (all units checked) and re-dispatch from there."""
-        from .recovery import _commitlog_sources, _last_unit, _repair_queue, check_queue
+        from .recovery import _commitlog_sources, check_queue, repair_queues_live
         cl = self.commit_log
-        done, starts = [], []
-        rep = RecoveryReport(clean_shutdown=True)
         with self.dispatcher._lock:          # the dispatcher thread waits: no unit is appended meanwhile
             sources = _commitlog_sources(cl)
             cl_min = max(cl.get_min_offset(), 0)
-            for cq in list(self.consume_queues):
-                found = check_queue(cq, sources, cl_min)
-                if found is None or not _repair_queue(cq, cl, cl.get_max_offset(), found[0], found[1], rep):
-                    continue
-                last = _last_unit(cq)
-                cq.max_physic_offset = last[0] + last[1] if last is not None else -1
-                starts.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min)
-            if starts:
-                self.dispatcher.reput_from_offset = min(starts + [self.dispatcher.reput_from_offset])
-        if starts:
+            found = [(cq, *f) for cq in list(self.consume_queues)
+                     if (f := check_queue(cq, sources, cl_min)) is not None]
+        done = repair_queues_live(cl, self.dispatcher, found)
+        if found:
             self.dispatcher.do_reput()
             self.wait_dispatched()
-        done.extend(str(d) for d in rep.dropped)
         return done
 
 

@@ -1,0 +1,183 @@
+"""The fast open: what recovery may skip because the verified-state record (verified_state.py) vouches for
+it, and what it leaves to the background check (background_check.py). Decisions over loaded files.
+
+Recovery (recovery.py) asks:
+
+* commitlog_start: where the commitlog walk starts. RocketMQ's rule picks a file (after a clean shutdown
+  the third-last, after a crash the checkpoint's); files from there on that the record vouches for are
+  not walked, and a last file vouched for up to some byte (its crc32 matched: a crashed run appended to
+  it) is walked from that byte. After a clean shutdown with every file vouched for, nothing is walked:
+  the commitlog ends where the record says. What RocketMQ's rule would have walked and this open did not
+  is `deferred`: the background check walks it with CRCs once the store serves.
+* first_untrusted: per consume queue, the first file the record does not vouch for whole (recover and
+  the structure checks start there) and the first unit it does not vouch for (units are checked against
+  their records from there, and from the first unit of a record the walk went over).
+* index_check_from: the entries of an index file deep-checked at open (none when the record vouches for it
+  as it is; those appended since otherwise).
+
+The record is read only after a clean shutdown or a crash of the process alone (recovery.read_inputs):
+with it a clean open reads a few bytes per file whatever the store holds, and an open after SIGKILL reads
+what was written since the record (the last files' crc32 and what follows their vouched part).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from . import codec
+from .consume_queue import UNIT, ConsumeQueue
+from .verified_state import Vouched, rel_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitLogStart:
+    index: int                                  # the file the walk starts in (len(files): no walk)
+    pos: int                                    # the byte in it
+    end: int | None = None                      # no walk: where the commitlog ends (the record's end)
+    deferred: tuple[tuple[int, int], ...] = ()  # ranges RocketMQ's rule walks and this open does not
+
+
+class OpenTrust:
+    """The files that match the record now (verified_state.matching)."""
+
+    def __init__(self, root: Path, verified: Mapping[str, Vouched]):
+        self.root = Path(root)
+        self.verified = verified
+
+    def __bool__(self) -> bool:
+        return bool(self.verified)
+
+    def end_of(self, mf) -> int | None:
+        """How many bytes of a mapped file the record vouches for, else None."""
+        v = self.verified.get(rel_path(self.root, mf.path))
+        return None if v is None else v.end
+
+    def exact(self, mf) -> bool:
+        """The record vouches for the file as it is (nothing was written to it since)."""
+        v = self.verified.get(rel_path(self.root, mf.path))
+        return v is not None and v.exact
+
+    def whole(self, mf) -> bool:
+        """mf is vouched for up to its end (a file that is not the last of its queue)."""
+        return self.end_of(mf) == mf.file_size
+
+    def index_check_from(self, f) -> int | None:
+        """The first entry of index file f to deep-check at open: None when the record vouches for the file
+        as it is, the first entry after those it vouches for when the file was appended to since, else 1."""
+        v = self.verified.get(rel_path(self.root, f.path))
+        if v is None or v.begin != f.entries_base:
+            return 1
+        return None if v.exact else max((v.end - v.begin) // codec.INDEX_ENTRY_SIZE, 1)
+
+    # --- commitlog ------------------------------------------------------------------------------
+    def commitlog_start(self, files: Sequence, base: int, clean: bool) -> CommitLogStart:
+        """Where to walk (module docstring). base: RocketMQ's start file (choose_start_file)."""
+        if not files or not self.verified:
+            return CommitLogStart(base, 0)
+        base_from = files[base].file_from_offset
+        i = base
+        while i < len(files) - 1 and self.whole(files[i]):
+            i += 1
+        pos = self.end_of(files[i]) or 0
+        at = files[i].file_from_offset + pos
+        deferred = ((base_from, at),) if at > base_from else ()
+        if clean and i == len(files) - 1 and self.exact(files[i]):
+            return CommitLogStart(len(files), 0, at, deferred)
+        return CommitLogStart(i, pos, None, deferred)
+
+    def untrusted_commitlog_from(self, files: Sequence) -> int | None:
+        """The offset of the first commitlog file the record does not vouch for whole (the last file
+        excepted: the walk covers it), or None."""
+        for mf in files[:-1]:
+            if not self.whole(mf):
+                return mf.file_from_offset
+        return None
+
+    # --- consume queues -------------------------------------------------------------------------
+    def first_untrusted(self, cq: ConsumeQueue) -> tuple[int, int]:
+        """(index of cq's first file the record does not vouch for whole, the first unit it does not vouch
+        for); (len(files), max offset) when it vouches for the queue as it is."""
+        files = cq.queue.files
+        for i, mf in enumerate(files):
+            last = i == len(files) - 1
+            if last and self.exact(mf):
+                break
+            if not self.whole(mf) or (last and not self.exact(mf)):
+                return i, (mf.file_from_offset + (self.end_of(mf) or 0)) // UNIT
+        return len(files), cq.get_max_offset_in_queue()
+
+
+def first_unit_pointing_at(cq: ConsumeQueue, offset: int) -> int:
+    """A logical offset from which every unit of cq that points at or after commitlog `offset` is included:
+    the file holding the first such unit is found by its first units (files from the end), and in it the
+    first unit whose offset, or an earlier unit's, reaches `offset` (a running maximum: filler units read as
+    offset 0). The queue's end when no unit does. Reads a few units per file and one file's offsets."""
+    import numpy as np
+    files = cq.queue.files
+    hi = cq.get_max_offset_in_queue()
+    last = cq.get_unit(hi - 1) if hi > cq.get_min_offset_in_queue() else None
+    if last is not None and 0 < last[1] != codec.CQ_BLANK_SIZE and last[0] < offset:
+        return hi                       # offsets grow: no unit points at or after offset
+    for i in range(len(files) - 1, -1, -1):
+        mf = files[i]
+        first = _first_real_offset(mf)
+        if first is None or first >= offset:
+            continue
+        n = min(mf.read_position, mf.data_end()) // UNIT
+        off = np.frombuffer(mf.mm, dtype=np.dtype(codec.CQ_DTYPE), count=n)["offset"].astype(np.int64)
+        k = int(np.searchsorted(np.maximum.accumulate(off), offset, side="left"))
+        del off
+        return mf.file_from_offset // UNIT + k
+    return files[0].file_from_offset // UNIT if files else hi
+
+
+def _first_real_offset(mf, look: int = 64) -> int | None:
+    """The commitlog offset of the first unit of mf that is not a filler (within its first `look` units and
+    its readable bytes): None for a file without units, 0 (below anything) when the first `look` are all
+    fillers."""
+    import numpy as np
+    n = min(look, min(mf.read_position, mf.data_end()) // UNIT)
+    if n <= 0:
+        return None
+    a = np.frombuffer(mf.mm, dtype=np.dtype(codec.CQ_DTYPE), count=n)
+    real = np.flatnonzero((a["size"] != codec.CQ_BLANK_SIZE) | (a["offset"] != 0))
+    out = int(a["offset"][real[0]]) if len(real) else None
+    del a
+    return out if out is not None else (0 if n == look else None)
+
+
+def _head_units(mf, look: int = 64):
+    import numpy as np
+    n = min(look, min(mf.read_position, mf.data_end()) // UNIT)
+    return np.frombuffer(mf.mm, dtype=np.dtype(codec.CQ_DTYPE), count=max(n, 0)).copy()
+
+
+def first_real_unit_position(cq: ConsumeQueue) -> int:
+    """The byte position of cq's first unit that is not a filler (ConsumeQueue's min logic offset), from the
+    first units of its first file; the whole file is read only when they are all fillers."""
+    first = cq.queue.first
+    if first is None:
+        return 0
+    a = _head_units(first)
+    import numpy as np
+    real = np.flatnonzero((a["size"] != codec.CQ_BLANK_SIZE) | (a["offset"] != 0))
+    if len(real):
+        return first.file_from_offset + int(real[0]) * UNIT
+    return cq._first_real_unit_offset()
+
+
+def first_real_unit_below(cq: ConsumeQueue, cl_min: int) -> bool:
+    """Whether ConsumeQueue.correct_min_offset(cl_min) may move cq's min offset: False when one of the first
+    units of its first file already points at or after cl_min, at or before the min offset (the usual case:
+    then only those units are read)."""
+    first = cq.queue.first
+    if first is None:
+        return False
+    a = _head_units(first)
+    import numpy as np
+    ok = np.flatnonzero((a["offset"] >= cl_min) & (a["size"] > 0) & (a["size"] != codec.CQ_BLANK_SIZE))
+    return not (len(ok) and first.file_from_offset + int(ok[0]) * UNIT <= cq.min_logic_offset)
