@@ -1,0 +1,380 @@
+"""The fast open (issue 39): what the store verified is recorded at close (store/verified_state.py), a clean
+open re-checks only what changed, the background check (store/background_check.py) checks the rest once the
+store serves.
+
+The promises kept: damage in a file the fast open does not read (an old consume queue file, a commitlog
+record, its stat unchanged: bit rot) is found by the background check, reported on the failure channel
+with file and offset, and repaired, while reads never answer a wrong message meanwhile; a file changed
+while the store was closed (touched back to its old mtime, copied in, cut short) is never trusted; after
+SIGKILL only what was written since the record is walked, and damage there is found at open as before.
+Real files, real child processes killed with SIGKILL.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from rmqstore.store import background_check, codec, verified_state
+from rmqstore.store.check import check_store
+from rmqstore.store.config import StoreConfig
+from rmqstore.store.failure import FailureKind
+from rmqstore.store.message import GetMessageStatus, Message
+from rmqstore.store.recovery import read_inputs
+from rmqstore.store.store import MessageStore
+
+CL_FILE = 64 * 1024
+PER_CQ_FILE = 40
+TOPICS = ("TopicA", "TopicB")
+QUEUES = 2
+N = 1200
+
+
+def _cfg() -> StoreConfig:
+    return StoreConfig(mapped_file_size_commit_log=CL_FILE, mapped_file_size_consume_queue=20 * PER_CQ_FILE,
+                       max_hash_slot_num=256, max_index_num=1024)
+
+
+def _body(topic: str, i: int) -> bytes:
+    return f"{topic}-{i:05d}-".encode() + bytes([i % 251]) * (30 + i % 40)
+
+
+def _put(s: MessageStore, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        t = TOPICS[i % 2]
+        r = s.put_message(Message(t, _body(t, i // 2), properties={"KEYS": f"k{i}", "TAGS": "x"},
+                                  queue_id=(i // 2) % QUEUES))
+        assert r.ok, r
+    assert s.wait_dispatched(30)
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    """A store of N messages (two topics, two queues each: 8 consume queue files per queue, 4 commitlog
+    files), closed cleanly: its verified-state record written."""
+    path = tmp_path / "s"
+    with MessageStore.open(path, _cfg()) as s:
+        _put(s, 0, N)
+    assert (path / verified_state.RECORD_NAME).is_file()
+    return path
+
+
+def _expected(topic: str, q: int, off: int) -> bytes:
+    return _body(topic, off * QUEUES + q)
+
+
+def _cq(path: Path, topic: str, q: int, file_no: int) -> Path:
+    return path / "consumequeue" / topic / str(q) / f"{file_no * PER_CQ_FILE * 20:020d}"
+
+
+def _rel(path: Path, p: Path) -> str:
+    return str(p.relative_to(path))
+
+
+def _restamp(path: Path, p: Path) -> None:
+    """Make the record vouch for p as it is now: damage under an unchanged stat (bit rot, a stray write the
+    stat does not show), which only reading the bytes finds."""
+    state = verified_state.load(path)
+    rel = _rel(path, p)
+    e = state.files[rel]
+    st = os.stat(p)
+    files = dict(state.files)
+    files[rel] = verified_state.FileEntry(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, e.begin, e.end,
+                                          e.crc)
+    verified_state.save(path, verified_state.VerifiedState(files))
+
+
+def _point_unit_at(path: Path, topic: str, q: int, off: int, offset: int, size: int) -> Path:
+    """Rewrite unit `off` of a queue to point at another record (a valid record of another queue)."""
+    p = _cq(path, topic, q, off // PER_CQ_FILE)
+    with open(p, "r+b") as f:
+        f.seek((off % PER_CQ_FILE) * 20)
+        f.write(codec.CQ_UNIT.pack(offset, size, 0)[:12])
+    return p
+
+
+def _read(s: MessageStore, topic: str, q: int, off: int) -> list:
+    """get_message of one offset: whatever it answers is the right message for its own queue offset (a
+    removed message, a filler unit, answers the next one)."""
+    got = s.get_message("g", topic, q, off, 1).messages
+    for m in got:
+        assert (m.topic, m.queue_id, m.body) == (topic, q, _expected(topic, q, m.queue_offset)), m
+        assert m.queue_offset >= off
+    return got
+
+
+def _assert_right_or_absent(s: MessageStore, topic: str, q: int, off: int) -> None:
+    _read(s, topic, q, off)
+
+
+def _assert_all_readable(s: MessageStore) -> None:
+    for t in TOPICS:
+        for q in range(QUEUES):
+            n = s.get_max_offset_in_queue(t, q)
+            assert n == N // 2 // QUEUES
+            got = []
+            off = 0
+            while off < n:
+                r = s.get_message("g", t, q, off, 32)
+                assert r.status == GetMessageStatus.FOUND, (t, q, off, r.status)
+                got += r.messages
+                off = r.next_begin_offset
+            assert [m.body for m in got] == [_expected(t, q, i) for i in range(n)]
+
+
+def _gate_background_check(monkeypatch) -> threading.Event:
+    """Hold the background check before its first step until the event is set (the store serves meanwhile)."""
+    go = threading.Event()
+    real = background_check.BackgroundCheckService.check_commitlog
+
+    def gated(self):
+        assert go.wait(60)
+        real(self)
+    monkeypatch.setattr(background_check.BackgroundCheckService, "check_commitlog", gated)
+    return go
+
+
+# --- the clean open ------------------------------------------------------------------------------------
+def test_clean_open_reads_nothing_the_record_vouches_for(store_dir: Path):
+    files = [p for p in store_dir.rglob("*") if p.is_file() and p.name.isdigit()]
+    with MessageStore.open(store_dir, _cfg()) as s:
+        rep = s.recovery_report
+        end = s.commit_log.get_max_offset()
+        assert rep.verified_files == len(files), rep.summary()
+        assert rep.commitlog_checked_from == rep.commitlog_end == end       # nothing walked
+        assert not rep.dropped
+        # what RocketMQ's rule walks after a clean shutdown (the last three files) is the background's
+        assert rep.deferred_crc == [((end // CL_FILE - 2) * CL_FILE, end)], rep.summary()
+        svc = s.service(background_check.NAME)
+        assert svc.wait(60) and svc.result.finished
+        assert svc.result.problems == []
+        assert svc.result.crc_bytes == end - (end // CL_FILE - 2) * CL_FILE
+        assert svc.result.units == N                  # every unit, against its record
+        assert svc.result.index_files == len(list((store_dir / "index").iterdir())) - 1
+        _assert_all_readable(s)
+    # the record is rewritten at every clean close: the next open trusts it again
+    assert read_inputs(store_dir).verified.keys() == {_rel(store_dir, p) for p in files}
+
+
+def test_record_is_ignored_after_a_power_cut(store_dir: Path):
+    """An abort file of another boot: a file's stat on disk may predate data written back before the cut,
+    so recovery is RocketMQ's (the record is not read)."""
+    (store_dir / "abort").write_text(f"rmqstore-abort 00000000-0000-0000-0000-000000000000 {0:020d}\n")
+    assert read_inputs(store_dir).verified == {}
+    with MessageStore.open(store_dir, _cfg()) as s:
+        assert s.recovery_report.verified_files == 0
+        assert s.recovery_report.commitlog_checked_from < s.recovery_report.commitlog_end
+        _assert_all_readable(s)
+
+
+# --- damage the fast open does not read: found in the background --------------------------------------
+def test_damage_in_an_old_queue_file_is_found_by_the_background_check(store_dir: Path, monkeypatch):
+    """Unit 5 of TopicA/0 (in its first file, of 8) is rewritten to point at a valid record of TopicB, its
+    stat vouched for: the fast open does not read it. `rmqstore check` (complete) finds it; reads of it
+    never answer TopicB's message; the background check reports it (file and byte offset) and the queue is
+    rebuilt from the commitlog."""
+    with MessageStore.open(store_dir, _cfg()) as s:
+        other = s.get_message("g", "TopicB", 0, 5, 1).messages[0]
+    bad = _point_unit_at(store_dir, "TopicA", 0, 5, other.commit_log_offset, other.store_size)
+    _restamp(store_dir, bad)
+    assert any(p.path == str(bad) for p in check_store(store_dir, _cfg()).problems)
+    go = _gate_background_check(monkeypatch)
+    with MessageStore.open(store_dir, _cfg()) as s:
+        assert _rel(store_dir, bad) in read_inputs(store_dir).verified
+        assert not s.recovery_report.dropped, s.recovery_report.summary()      # not read at open
+        for _ in range(3):                          # meanwhile: the read path's own checks
+            _assert_right_or_absent(s, "TopicA", 0, 5)
+        go.set()
+        svc = s.service(background_check.NAME)
+        assert svc.wait(60)
+        found = s.failures.failures(FailureKind.CORRUPT_UNIT)
+        assert [(f.path, f.offset) for f in found] == [(str(bad), 5 * 20)], found
+        assert "another topic or queue" in found[0].reason and "rebuilt" in found[0].reason
+        assert s.wait_dispatched(30)
+        _assert_all_readable(s)
+    assert check_store(store_dir, _cfg()).ok
+    # the repaired file was left out of the record: the next open checks it
+    assert _rel(store_dir, bad) not in verified_state.load(store_dir).files
+
+
+def test_damaged_record_under_an_unchanged_stat_is_found_by_the_background_check(store_dir: Path, monkeypatch):
+    """A flipped body bit in a commitlog file the record vouches for (in RocketMQ's three-file window after a
+    clean shutdown): get_message never answers the damaged body; the background check skips the damaged
+    record, reports it, and blanks its unit (a removed message), as recovery does."""
+    with MessageStore.open(store_dir, _cfg()) as s:
+        n = s.get_max_offset_in_queue("TopicB", 1)
+        victim = s.get_message("g", "TopicB", 1, n - 3, 1).messages[0]
+    f = store_dir / "commitlog" / f"{victim.commit_log_offset - victim.commit_log_offset % CL_FILE:020d}"
+    at = victim.commit_log_offset % CL_FILE + victim.store_size - 30      # inside the body
+    with open(f, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([b ^ 4]))
+    _restamp(store_dir, f)
+    go = _gate_background_check(monkeypatch)
+    with MessageStore.open(store_dir, _cfg()) as s:
+        assert not s.recovery_report.dropped
+        assert [m.queue_offset for m in _read(s, "TopicB", 1, n - 3)] == [n - 2]     # not the damaged body
+        go.set()
+        assert s.service(background_check.NAME).wait(60)
+        found = s.failures.failures(FailureKind.CORRUPT_RECORD)
+        assert [(x.path, x.offset, x.end) for x in found] == \
+            [(str(f), victim.commit_log_offset, victim.commit_log_offset + victim.store_size)], found
+        assert [m.queue_offset for m in _read(s, "TopicB", 1, n - 3)] == [n - 2]     # removed
+        _assert_right_or_absent(s, "TopicB", 1, n - 4)
+        _assert_right_or_absent(s, "TopicB", 1, n - 2)
+    assert _rel(store_dir, f) not in verified_state.load(store_dir).files
+
+
+# --- files changed while the store was closed: never trusted -------------------------------------------
+def _touched_back(path: Path, p: Path, other) -> None:
+    st = os.stat(p)
+    _point_unit_at(path, "TopicA", 0, 5, other.commit_log_offset, other.store_size)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _copied_in(path: Path, p: Path, other) -> None:
+    elsewhere = path.parent / "elsewhere"
+    shutil.copytree(path, elsewhere)
+    _point_unit_at(elsewhere, "TopicA", 0, 5, other.commit_log_offset, other.store_size)
+    os.utime(_cq(elsewhere, "TopicA", 0, 0), ns=(os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns))
+    shutil.copy2(_cq(elsewhere, "TopicA", 0, 0), p)
+
+
+def _cut_short(path: Path, p: Path, other) -> None:
+    st = os.stat(p)
+    os.truncate(p, 5 * 20)              # units 5.. gone, the file extended back to its size with zeros
+    os.truncate(p, st.st_size)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("change", [_touched_back, _copied_in, _cut_short], ids=["touched-back", "copied-in",
+                                                                                 "cut-short"])
+def test_a_file_changed_while_closed_is_not_trusted(store_dir: Path, change):
+    """The old consume queue file changed with its size and mtime as they were: its ctime (or inode) says
+    so; the open checks it and repairs it from the commitlog, every message readable."""
+    with MessageStore.open(store_dir, _cfg()) as s:
+        other = s.get_message("g", "TopicB", 0, 5, 1).messages[0]
+    p = _cq(store_dir, "TopicA", 0, 0)
+    size, mtime = os.stat(p).st_size, os.stat(p).st_mtime_ns
+    change(store_dir, p, other)
+    assert (os.stat(p).st_size, os.stat(p).st_mtime_ns) == (size, mtime)
+    assert _rel(store_dir, p) not in read_inputs(store_dir).verified
+    with MessageStore.open(store_dir, _cfg()) as s:
+        rep = s.recovery_report
+        assert rep.consume_queue_units_dropped.get("TopicA/0", 0) > 0, rep.summary()
+        assert any(d.path in (str(p), str(p.parent)) for d in rep.dropped), rep.summary()
+        assert s.wait_dispatched(30)
+        _assert_all_readable(s)
+
+
+def test_a_bad_record_is_refused_whole(store_dir: Path):
+    """A torn or edited record vouches for nothing (every file is checked, as without one)."""
+    raw = (store_dir / verified_state.RECORD_NAME).read_bytes()
+    state, why = verified_state.decode(raw)
+    assert why is None and len(state) > 0
+    assert verified_state.encode(state) == raw
+    for bad, says in ((raw[:-7], "checksum"), (raw.replace(b" 1 ", b" 2 ", 1), "version"),
+                      (raw[:raw.index(b"\n")] + b"\n" + raw[raw.index(b"\n") + 1:].replace(b" ", b"  ", 1), "")):
+        st, why = verified_state.decode(bad)
+        assert len(st) == 0 and why and says in why
+    (store_dir / verified_state.RECORD_NAME).write_bytes(raw[:-7])
+    with MessageStore.open(store_dir, _cfg()) as s:
+        assert s.recovery_report.verified_files == 0
+        assert s.recovery_report.commitlog_checked_from < s.recovery_report.commitlog_end
+        _assert_all_readable(s)
+
+
+# --- after SIGKILL ----------------------------------------------------------------------------------------
+_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[3])
+from test_fast_open import _cfg, _put, N
+from rmqstore.store.background_check import NAME
+from rmqstore.store.store import MessageStore
+s = MessageStore.open(sys.argv[1], _cfg())
+_put(s, N, 200)
+if sys.argv[2] == "refresh":
+    s.service(NAME).refresh_record()      # what the running store notes every REFRESH_SECONDS
+    print("END", s.commit_log.get_max_offset(), flush=True)
+_put(s, N + 200, 100)
+print("READY", flush=True)
+import time
+time.sleep(60)
+"""
+
+
+def _killed_child(path: Path, mode: str) -> int | None:
+    """A child opens the store, puts 300 messages (in mode 'refresh' it notes the record after the first 200),
+    and is SIGKILLed. Returns the commitlog end the refresh noted."""
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode, str(Path(__file__).parent)],
+                         stdout=subprocess.PIPE, text=True)
+    noted = None
+    try:
+        for line in p.stdout:
+            if line.startswith("END"):
+                noted = int(line.split()[1])
+            if line.startswith("READY"):
+                break
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+    return noted
+
+
+@pytest.mark.parametrize("mode", ["closed", "refresh"])
+def test_after_sigkill_only_what_was_written_since_the_record_is_walked(store_dir: Path, mode):
+    """The last commitlog file was appended to by the killed run: its vouched bytes still have the recorded
+    crc32, so the walk starts where they end (the record of the last clean close, or the one the running
+    store noted); everything the child put is there."""
+    closed_end = verified_state.load(store_dir).files
+    last = max(k for k in closed_end if k.startswith("commitlog/"))
+    expect = int(last.split("/")[1]) + closed_end[last].end
+    noted = _killed_child(store_dir, mode)
+    if noted is not None:
+        expect = noted
+    assert (store_dir / "abort").exists()
+    with MessageStore.open(store_dir, _cfg()) as s:
+        rep = s.recovery_report
+        assert rep.process_crash and rep.verified_files > 0
+        assert rep.commitlog_checked_from == expect, rep.summary()
+        assert not rep.dropped
+        for t in TOPICS:
+            for q in range(QUEUES):
+                assert s.get_max_offset_in_queue(t, q) == (N + 300) // 2 // QUEUES
+        assert s.service(background_check.NAME).wait(60)
+        assert s.service(background_check.NAME).result.problems == []
+
+
+def test_after_sigkill_damage_in_the_vouched_bytes_is_found_at_open(store_dir: Path):
+    """A bit flipped after the kill in what the record vouched for: the crc32 no longer matches, the walk
+    starts at the checkpoint's file as RocketMQ's does, and the damaged record is skipped and reported at
+    open."""
+    with MessageStore.open(store_dir, _cfg()) as s:
+        n = s.get_max_offset_in_queue("TopicA", 1)
+        victim = s.get_message("g", "TopicA", 1, n - 2, 1).messages[0]
+        last_from = s.commit_log.queue.files[-1].file_from_offset
+    assert victim.commit_log_offset >= last_from           # in the file the killed run appends to
+    _killed_child(store_dir, "closed")
+    f = store_dir / "commitlog" / f"{last_from:020d}"
+    at = victim.commit_log_offset - last_from + victim.store_size - 30
+    with open(f, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([b ^ 8]))
+    assert "commitlog/" + f.name not in read_inputs(store_dir).verified
+    with MessageStore.open(store_dir, _cfg()) as s:
+        rep = s.recovery_report
+        assert rep.commitlog_checked_from <= victim.commit_log_offset, rep.summary()
+        assert (victim.commit_log_offset, victim.commit_log_offset + victim.store_size) in rep.skipped_ranges
+        assert [m.queue_offset for m in _read(s, "TopicA", 1, n - 2)] == [n - 1]     # removed
+        _assert_right_or_absent(s, "TopicA", 1, n - 1)
