@@ -49,12 +49,13 @@ from .suite.common import REFERENCE_BUILD, ROCKETMQ, SCALES, Table, _fmt_rate, f
 from .suite.lifecycle import LifecycleWorkloads
 from .suite.reads import ReadWorkloads
 from .suite.reference import ReferenceWorkloads, server_table, spark_table
+from .suite.scale import ScaleWorkloads
 
 __all__ = ["REFERENCE_BUILD", "SCALES", "Suite", "Table", "default_outputs", "find_reference", "main", "render_chart",
            "render_markdown", "run_reference", "server_table", "spark_table"]
 
 
-class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads):
+class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads, ScaleWorkloads):
     """Every workload of the suite (one mixin per group, in suite/), run in order into tables."""
 
     def __init__(self, scale: str, work: Path, log=print):
@@ -76,6 +77,8 @@ class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloa
                  ("e2e", self.e2e), ("long_poll", self.long_poll), ("rocketmq", self.rocketmq)]
         if self.p["extras"]:
             steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc)]
+        if self.scale == "huge":        # the scale curve alone (suite/scale.py)
+            steps = [("scale", self.scale_curve)]
         try:
             for name, fn in steps:
                 if only and name not in only:

@@ -24,6 +24,7 @@ SCALES = {
     "full": dict(n_100=1_000_000, n_1k=200_000, n_sync=4800, lookups=20_000, e2e=1_000_000, longpoll=200,
                  queue_cap=1_000_000, pq_cap=50_000, file_size=1 << 30, extras=True),
 }
+SCALES["huge"] = dict(SCALES["full"], extras=False)     # the scale curve alone: suite/scale.py's sizes
 REFERENCE_BUILD = ("apt-get install -y libcommons-lang3-java libjna-java libnetty-java; fetch the public repository "
                    "github:RtwChina/RocketMQ_Fork (RocketMQ 4.4.0's release jars); "
                    "bash ../shared/reference/build.sh GIT_DIR (see ../shared/reference/README.md)")
