@@ -174,14 +174,17 @@ def test_record_is_ignored_after_a_power_cut(store_dir: Path):
 
 
 # --- damage the fast open does not read: found in the background --------------------------------------
-def test_damage_in_an_old_queue_file_is_found_by_the_background_check(store_dir: Path, monkeypatch):
-    """Unit 5 of TopicA/0 (in its first file, of 8) is rewritten to point at a valid record of TopicB, its
-    stat vouched for: the fast open does not read it. `rmqstore check` (complete) finds it; reads of it
-    never answer TopicB's message; the background check reports it (file and byte offset) and the queue is
-    rebuilt from the commitlog."""
+@pytest.mark.parametrize("kind", ["other-queue", "out-of-order", "past-the-end"])
+def test_damage_in_an_old_queue_file_is_found_by_the_background_check(store_dir: Path, monkeypatch, kind):
+    """Unit 5 of TopicA/0 (in its first file, of 8) is rewritten to point at a valid record of TopicB, at its
+    own queue's unit 2, or past the commitlog's end, its stat vouched for: the fast open does not read it.
+    `rmqstore check` (complete) finds it; reads of it never answer a wrong message; the background check
+    reports it (file and byte offset) and the queue is rebuilt from the commitlog."""
     with MessageStore.open(store_dir, _cfg()) as s:
-        other = s.get_message("g", "TopicB", 0, 5, 1).messages[0]
-    bad = _point_unit_at(store_dir, "TopicA", 0, 5, other.commit_log_offset, other.store_size)
+        other = {"other-queue": s.get_message("g", "TopicB", 0, 5, 1).messages[0],
+                 "out-of-order": s.get_message("g", "TopicA", 0, 2, 1).messages[0]}.get(kind)
+        at, size = (other.commit_log_offset, other.store_size) if other else (s.commit_log.get_max_offset() + 999, 100)
+    bad = _point_unit_at(store_dir, "TopicA", 0, 5, at, size)
     _restamp(store_dir, bad)
     assert any(p.path == str(bad) for p in check_store(store_dir, _cfg()).problems)
     go = _gate_background_check(monkeypatch)
@@ -189,13 +192,15 @@ def test_damage_in_an_old_queue_file_is_found_by_the_background_check(store_dir:
         assert _rel(store_dir, bad) in read_inputs(store_dir).verified
         assert not s.recovery_report.dropped, s.recovery_report.summary()      # not read at open
         for _ in range(3):                          # meanwhile: the read path's own checks
-            _assert_right_or_absent(s, "TopicA", 0, 5)
+            _read(s, "TopicA", 0, 5)
         go.set()
         svc = s.service(background_check.NAME)
         assert svc.wait(60)
         found = s.failures.failures(FailureKind.CORRUPT_UNIT)
         assert [(f.path, f.offset) for f in found] == [(str(bad), 5 * 20)], found
-        assert "another topic or queue" in found[0].reason and "rebuilt" in found[0].reason
+        why = {"other-queue": "another topic or queue", "out-of-order": "not increasing",
+               "past-the-end": "outside the commitlog"}[kind]
+        assert why in found[0].reason and "rebuilt" in found[0].reason, found[0].reason
         assert s.wait_dispatched(30)
         _assert_all_readable(s)
     assert check_store(store_dir, _cfg()).ok

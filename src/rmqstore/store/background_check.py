@@ -160,15 +160,12 @@ class BackgroundCheckService:
                         self.result.crc_bytes += min(end, mf.file_size) - start
                         break
                     if pos < limit and pos + 8 <= limit:    # zeros inside the written data
-                        self._damage(mf, mm, pos, data_end, "zero bytes inside the written data")
-                        pos = self._resume(mf, mm, pos, data_end)
+                        pos = self._damage(mf, mm, pos, data_end, "zero bytes inside the written data")
                 except scanner.RecordError as e:
                     pos = e.pos
-                    if limit < limit_all and _fits_later(mm, pos, limit, data_end):
-                        pass                        # a record crossing the window: the next window walks it
-                    else:
-                        self._damage(mf, mm, pos, data_end, e.reason)
-                        pos = self._resume(mf, mm, pos, data_end)
+                    if not (limit < limit_all and _fits_later(mm, pos, limit, data_end)):
+                        pos = self._damage(mf, mm, pos, data_end, e.reason)
+                    # else a record crossing the window: the next window walks it
                 self.result.crc_bytes += max(pos - start, 0)
                 let_go_pages(mm, start, pos - start)
                 time.sleep(0)               # let the store's threads have the interpreter
@@ -179,8 +176,9 @@ class BackgroundCheckService:
         found = resync.next_valid_record(mm, pos, data_end, check_crc=True, base=mf.file_from_offset)
         return data_end if found is None else found
 
-    def _damage(self, mf, mm, pos: int, data_end: int, why: str) -> None:
-        """A damaged commitlog range found at byte pos of mf: skipped, its units blanked, reported."""
+    def _damage(self, mf, mm, pos: int, data_end: int, why: str) -> int:
+        """A damaged commitlog range found at byte pos of mf: skipped, its units blanked, reported. Returns
+        where valid records resume (byte in the file)."""
         from .dispatch import blank_units_in
         resume = self._resume(mf, mm, pos, data_end)
         start, end = mf.file_from_offset + pos, mf.file_from_offset + resume
@@ -194,6 +192,7 @@ class BackgroundCheckService:
         self.failures.report(FailureKind.CORRUPT_RECORD, reason, path=str(mf.path), offset=start, end=end)
         self.result.problems.append(f"{mf.path} at offset {start}: {reason}")
         log.warning("%s: background check: damaged commitlog range %d..%d: %s", mf.path, start, end, reason)
+        return resume
 
     # --- 2. consume queue units -----------------------------------------------------------------
     def check_consume_queues(self) -> None:
@@ -208,11 +207,14 @@ class BackgroundCheckService:
                     if self._stop.is_set():
                         return
                     self._window(mf, a, min(a + self.WINDOW, first + mf.file_size, upto), cursors)
-            for c in cursors:       # units left point past what was dispatched when the pass began
-                bad = c.problem()
-                if bad is None and not c.done and c.pending_first() is not None:
-                    bad = (c.pending_first(), UNIT_OUTSIDE)
-                if bad is not None and not c.done:
+            cl_min = max(p.commit_log.get_min_offset(), 0)
+            for c in cursors:       # a unit left points past what was dispatched when the pass began
+                bad = None if c.done else c.problem()
+                if bad is None and not c.done:
+                    left = c.take_below(1 << 62, first_only=True)
+                    if left is not None and int(left[1][0]) >= cl_min:
+                        bad = (int(left[0][0]), UNIT_OUTSIDE)
+                if bad is not None:
                     self._unit_damage(c, *bad)
         finally:
             for c in cursors:
@@ -338,14 +340,10 @@ class _Cursor:
         p, self._problem = self._problem, None
         return p
 
-    def pending_first(self) -> int | None:
-        if self._buf is not None and len(self._buf[0]):
-            return int(self._buf[0][0])
-        return self.at if self.at < self.end else None
-
-    def take_below(self, b: int):
+    def take_below(self, b: int, first_only: bool = False):
         """The pending units (logical, offset, size) pointing below commitlog offset b (fillers among them),
-        reading blocks as needed; None when there are none."""
+        reading blocks as needed; None when there are none. first_only: the first unit that is not a filler
+        alone (what is left after the last window)."""
         parts = []
         while not self.done:
             if self._buf is None or not len(self._buf[0]):
@@ -353,6 +351,13 @@ class _Cursor:
                     break
             lg, off, size = self._buf
             filler = (size == codec.CQ_BLANK_SIZE) & (off == 0)
+            if first_only:
+                real = np.flatnonzero(~filler)
+                if len(real):
+                    i = int(real[0])
+                    return lg[i:i + 1], off[i:i + 1], size[i:i + 1]
+                self._buf = None
+                continue
             beyond = np.flatnonzero(~filler & (off >= b))
             k = int(beyond[0]) if len(beyond) else len(lg)
             if k:
