@@ -355,15 +355,36 @@ PHASES = {"open": phase_open, "dump": phase_dump, "check": phase_check}
 
 
 def _scratch_copy(template: str, root: Path, m: dict) -> str | None:
-    """A fresh copy of template at root with mutation m applied; None, or why m could not be applied."""
+    """A fresh copy of template at root with mutation m applied; None, or why m could not be applied.
+    A mutation marked `vouched` is damage under an unchanged stat (bit rot): the copy's verified-state
+    record then vouches for every file as it is after the mutation (the fast open reads none of them)."""
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(template, root, symlinks=True)
     try:
         apply_mutation(m, root)
+        if m.get("vouched"):
+            vouch_all(root)
     except OSError as e:
         shutil.rmtree(root, ignore_errors=True)
         return str(e)
     return None
+
+
+def vouch_all(root: Path) -> None:
+    """Rewrite the record of the store at root (if it has one) with every file's stat as it is now."""
+    from rmqstore.store import verified_state as vs
+    state = vs.load(root)
+    files = {}
+    for rel, e in state.files.items():
+        try:
+            st = os.stat(root / rel)
+        except OSError:
+            continue
+        end = min(e.end, st.st_size)
+        if end >= e.begin:
+            files[rel] = vs.FileEntry(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, e.begin, end, e.crc)
+    if files:
+        vs.save(root, vs.VerifiedState(files))
 
 
 # The read-only ways in go first, on one mutated copy: `rmqstore check` must not change it (the phase

@@ -22,15 +22,18 @@ what was written since the record (the last files' crc32 and what follows their 
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import codec
+from . import codec, scanner
 from .consume_queue import UNIT, ConsumeQueue
 from .verified_state import Vouched, rel_path
 
 log = logging.getLogger(__name__)
+
+_PHYS = struct.Struct(">q")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,12 @@ class OpenTrust:
         v = self.verified.get(rel_path(self.root, mf.path))
         return v is not None and v.exact
 
+    def settled(self, mf) -> bool:
+        """The record vouches for mf as it is and nothing follows its vouched bytes (a cheap guard: a write
+        in the clock tick of the record's stat would leave the stat as it was)."""
+        end = self.end_of(mf)
+        return self.exact(mf) and (end >= mf.file_size or not mf.has_data(end, end + 64))
+
     def whole(self, mf) -> bool:
         """mf is vouched for up to its end (a file that is not the last of its queue)."""
         return self.end_of(mf) == mf.file_size
@@ -74,8 +83,10 @@ class OpenTrust:
         return None if v.exact else max((v.end - v.begin) // codec.INDEX_ENTRY_SIZE, 1)
 
     # --- commitlog ------------------------------------------------------------------------------
-    def commitlog_start(self, files: Sequence, base: int, clean: bool) -> CommitLogStart:
-        """Where to walk (module docstring). base: RocketMQ's start file (choose_start_file)."""
+    def commitlog_start(self, files: Sequence, base: int, clean: bool, cqs=()) -> CommitLogStart:
+        """Where to walk (module docstring). base: RocketMQ's start file (choose_start_file). cqs: the consume
+        queues; their last vouched units name the last records before the vouched end, which are walked to
+        it (tail_chains) before the commitlog is taken to end there unwalked."""
         if not files or not self.verified:
             return CommitLogStart(base, 0)
         base_from = files[base].file_from_offset
@@ -85,9 +96,30 @@ class OpenTrust:
         pos = self.end_of(files[i]) or 0
         at = files[i].file_from_offset + pos
         deferred = ((base_from, at),) if at > base_from else ()
-        if clean and i == len(files) - 1 and self.exact(files[i]):
-            return CommitLogStart(len(files), 0, at, deferred)
+        if clean and i == len(files) - 1 and self.settled(files[i]):
+            if tail_chains(files[i], pos, self.last_units(cqs)):
+                return CommitLogStart(len(files), 0, at, deferred)
+            log.warning("%s: the records before the end %d the verified record names do not lead to it: the file "
+                        "is walked", files[i].path, pos)
+            at = files[i].file_from_offset
+            return CommitLogStart(i, 0, None, ((base_from, at),) if at > base_from else ())
         return CommitLogStart(i, pos, None, deferred)
+
+    def last_units(self, cqs) -> list[tuple[int, int]]:
+        """(commitlog offset, size) of the last unit each queue's vouched last file holds (fillers left out)."""
+        import numpy as np
+        out = []
+        for cq in cqs:
+            files = cq.queue.files
+            end = self.end_of(files[-1]) if files and self.exact(files[-1]) else None
+            if not end or end < UNIT:
+                continue
+            u = np.frombuffer(files[-1].mm, dtype=np.dtype(codec.CQ_DTYPE), count=1, offset=end - UNIT)
+            off, size = int(u["offset"][0]), int(u["size"][0])
+            del u
+            if size != codec.CQ_BLANK_SIZE and size > 0:
+                out.append((off, size))
+        return out
 
     def untrusted_commitlog_from(self, files: Sequence) -> int | None:
         """The offset of the first commitlog file the record does not vouch for whole (the last file
@@ -104,11 +136,29 @@ class OpenTrust:
         files = cq.queue.files
         for i, mf in enumerate(files):
             last = i == len(files) - 1
-            if last and self.exact(mf):
+            if last and self.settled(mf):
                 break
             if not self.whole(mf) or (last and not self.exact(mf)):
                 return i, (mf.file_from_offset + (self.end_of(mf) or 0)) // UNIT
         return len(files), cq.get_max_offset_in_queue()
+
+
+def tail_chains(mf, end: int, units: list[tuple[int, int]]) -> bool:
+    """Whether the last commitlog file mf holds valid records (CRC included) from the last one a consume queue
+    unit names (its own PHYSICALOFFSET naming it; the file's start when no unit points into it) up to byte
+    end exactly (or to its END_OF_FILE blank), and no unit points past end: a few records are read."""
+    first = mf.file_from_offset
+    if any(o + s > first + end for o, s in units):
+        return False
+    inside = [o for o, _ in units if o >= first]
+    pos = max(inside) - first if inside else 0
+    try:
+        if pos and _PHYS.unpack_from(mf.mm, pos + codec.POS_PHYSICALOFFSET)[0] != first + pos:
+            return False
+        stop, kind, _ = scanner.walk_records(mf.mm, pos, end, True)
+    except (scanner.RecordError, struct.error, ValueError):
+        return False
+    return stop == end or kind is scanner.Outcome.END_OF_FILE
 
 
 def first_unit_pointing_at(cq: ConsumeQueue, offset: int) -> int:

@@ -362,7 +362,7 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     collected = _Collect()
     trust = OpenTrust(inputs.root, inputs.verified)
     end = recover_commit_log(cl, inputs, inputs.clean, report, collected,
-                             hints=lambda start: unit_offsets_from(cqs, start), trust=trust)
+                             hints=lambda start: unit_offsets_from(cqs, start), trust=trust, cqs=cqs)
     deep_from = report.commitlog_checked_from
     if trust:       # units of commitlog files the record does not vouch for are checked against them
         old = trust.untrusted_commitlog_from(cl.queue.files)
@@ -537,7 +537,7 @@ def choose_start_file(files: list[MappedFile], clean: bool, checkpoint: StoreChe
 
 def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean: bool,
                        report: RecoveryReport, failures: FailureChannel | None = None, hints=None,
-                       trust: OpenTrust | None = None) -> int:
+                       trust: OpenTrust | None = None, cqs=()) -> int:
     """Walk records to the last valid one, cut the rest; returns the commitlog's new end offset. hints(start):
     sorted offsets where records probably start from `start` on (queue_check.unit_offsets_from): faster.
     trust (the verified-state record): files it vouches for are not walked (open_trust.commitlog_start;
@@ -558,7 +558,7 @@ def recover_commit_log(commit_log: CommitLog, checkpoint: StoreCheckpoint, clean
     idx = choose_start_file(files, clean, checkpoint, commit_log.config)
     start_pos = 0
     if trust is not None:
-        start = trust.commitlog_start(files, idx, clean)
+        start = trust.commitlog_start(files, idx, clean, cqs)
         report.deferred_crc = list(start.deferred)
         idx, start_pos = start.index, start.pos
         if start.end is not None:       # every file vouched for: the commitlog ends where the record says
