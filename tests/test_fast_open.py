@@ -383,3 +383,23 @@ def test_after_sigkill_damage_in_the_vouched_bytes_is_found_at_open(store_dir: P
         assert (victim.commit_log_offset, victim.commit_log_offset + victim.store_size) in rep.skipped_ranges
         assert [m.queue_offset for m in _read(s, "TopicA", 1, n - 2)] == [n - 1]     # removed
         _assert_right_or_absent(s, "TopicA", 1, n - 1)
+
+
+def test_a_torn_tail_under_an_unchanged_stat_is_walked(store_dir: Path):
+    """The last commitlog file cut inside its last records and zero-extended, the record restamped (the fuzzer's
+    mutation 102 of seed 605003459): the records before the vouched end no longer lead to it, so the file is
+    walked and cut where the data ends; a put afterwards is dispatched and readable where it was answered."""
+    last = sorted((store_dir / "commitlog").iterdir())[-1]
+    size = last.stat().st_size
+    end = verified_state.load(store_dir).files[_rel(store_dir, last)].end
+    os.truncate(last, end - 50)
+    os.truncate(last, size)
+    _restamp(store_dir, last)
+    with MessageStore.open(store_dir, _cfg()) as s:
+        rep = s.recovery_report
+        assert rep.commitlog_checked_from == int(last.name) and rep.commitlog_end < int(last.name) + end, \
+            rep.summary()
+        r = s.put_message(Message("TopicA", b"after", queue_id=0))
+        assert r.ok and s.wait_dispatched(30)
+        got = s.get_message("g", "TopicA", 0, r.append_result.logics_offset, 1).messages
+        assert [m.body for m in got] == [b"after"]
