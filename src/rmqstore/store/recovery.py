@@ -39,6 +39,15 @@ After a crash of the process alone (the abort file names this boot: lock.AbortFi
 everything the dead process wrote, so what the checkpoint does not vouch for is still there: index files
 newer than the checkpoint are kept (deep-checked, their slots pointing at unpublished entries repaired),
 and the re-dispatch starts at the offset the dispatcher last noted instead of the checkpoint's file.
+
+The fast open (open_trust.py): after a clean shutdown or a crash of the process alone, the files the
+verified-state record (verified_state.py: written at every clean close, renewed while running) vouches for
+are not read again: the commitlog walk of step 2 starts after them (with every file vouched for, and the
+records before the record's end leading to it, nothing is walked), step 3 recovers and checks only the
+units they do not vouch for (and those of records walked), step 4 deep-checks only index entries they do
+not vouch for. What RocketMQ's rule would have walked and this did not is RecoveryReport.deferred_crc: the
+background check (background_check.py) walks it with CRCs, and checks every unit and full index file,
+once the store serves.
 """
 from __future__ import annotations
 
@@ -68,6 +77,7 @@ from .mapped_file import MappedFile, MappedFileQueue, offset_to_file_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .index_file import IndexFile, IndexService
+    from .verified_state import Vouched
     from .store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -172,7 +182,7 @@ class RecoveryInputs:
     checkpoint: tuple[int, int, int] | None       # physic, logics, index timestamps; None: no file
     accepted_damage: tuple[tuple[int, int], ...] = ()   # commitlog ranges `check --repair` quarantined
     deleted_queues: tuple[tuple[str, int, int], ...] = ()   # (topic, queue id, below): deleted_queues.py
-    verified: Mapping[str, int] = field(default_factory=dict)   # files matching verified_state's record
+    verified: Mapping[str, "Vouched"] = field(default_factory=dict)   # files matching verified_state's record
 
     @property
     def process_crash(self) -> bool:

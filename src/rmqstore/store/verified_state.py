@@ -195,7 +195,7 @@ def matching(root: str | Path, state: VerifiedState) -> dict[str, Vouched]:
     return out
 
 
-CRC_CHUNK = 16 << 20
+CRC_CHUNK = 64 << 20
 
 
 def range_crc(path: Path, begin: int, end: int) -> int | None:
