@@ -126,6 +126,7 @@ class RecoveryReport:
     skipped_ranges: list[tuple[int, int]] = field(default_factory=list)  # commitlog ranges skipped, kept
     verified_files: int = 0                # files the verified-state record vouched for (not re-checked)
     deferred_crc: list[tuple[int, int]] = field(default_factory=list)   # left to the background check
+    vouched_queues: set = field(default_factory=set, repr=False)   # "topic/queueId" taken as the record says
 
     @property
     def damaged(self) -> bool:
@@ -242,6 +243,7 @@ class QueuePlan:
     end: int
     max_physic_offset: int
     min_logic_offset: int
+    as_is: bool = False     # the verified-state record vouches for it as it is: nothing to cut, no tail to zero
 
 
 @dataclass(frozen=True)
@@ -391,7 +393,8 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
         if cfg.message_index_enable else None
     start = reput_start(cl, cqs, index_end, inputs.clean, report, inputs.crash_dispatched)
     queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
-                             cq.max_physic_offset, cq.min_logic_offset) for cq in cqs.sorted_queues())
+                             cq.max_physic_offset, cq.min_logic_offset,
+                             f"{cq.topic}/{cq.queue_id}" in report.vouched_queues) for cq in cqs.sorted_queues())
     index = None
     if index_end is not None:
         index = IndexPlan(newer, tuple(actions.set_aside), tuple(actions.dropped), actions.repair_slots,
@@ -442,7 +445,11 @@ def apply_plan(plan: RecoveryPlan, files: StoreFiles, dispatcher, failures: Fail
         if cq is None:
             raise CorruptStoreError(str(cqs.root / qp.topic / str(qp.queue_id)), 0,
                                     "consume queue changed while the store was being recovered")
-        cq.cut(qp.files_kept, qp.end, qp.max_physic_offset, qp.min_logic_offset)
+        if qp.as_is and qp.files_kept == len(cq.queue.files):
+            cq.queue.set_positions_from(qp.end)
+            cq.max_physic_offset, cq.min_logic_offset = qp.max_physic_offset, qp.min_logic_offset
+        else:
+            cq.cut(qp.files_kept, qp.end, qp.max_physic_offset, qp.min_logic_offset)
     for a, b in plan.inputs.accepted_damage:           # quarantined by check --repair: never dispatched
         dispatcher.add_skip_range(a, b)
     dispatcher.deleted = {(t, q): b for t, q, b in plan.inputs.deleted_queues}   # deleteTopic: never again
@@ -729,13 +736,11 @@ def _has_data(mf: MappedFile, pos: int, window: int = 1 << 20) -> bool:
 
 # --- consume queues -------------------------------------------------------------------------------------
 def _vouched_queue(cq: ConsumeQueue, trust: OpenTrust) -> int:
-    """A queue whose every file the record vouches for: it ends where the record says (ConsumeQueue.recover
-    without reading its units). Returns 0 (units dropped)."""
+    """A queue whose every file the record vouches for as it is: it ends where the record says, with nothing
+    after (ConsumeQueue.recover without reading its units). Returns 0 (units dropped)."""
     files = cq.queue.files
     if files:
-        end = files[-1].file_from_offset + trust.end_of(files[-1])
-        cq.queue.truncate_dirty_files(end)
-        cq.queue.set_positions_from(end)
+        cq.queue.set_positions_from(files[-1].file_from_offset + trust.end_of(files[-1]))
         cq.min_logic_offset = first_real_unit_position(cq)
     return 0
 
@@ -856,8 +861,10 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
     for cq in cqs:
         before = cq.get_max_offset_in_queue()
         untrusted, unit = trust.first_untrusted(cq) if trust is not None else (None, 0)
+        name = f"{cq.topic}/{cq.queue_id}"
         if untrusted is not None and untrusted == len(cq.queue.files):
             dropped = _vouched_queue(cq, trust)
+            report.vouched_queues.add(name)
         else:
             dropped = cq.recover(commitlog_end, untrusted)
         last = _last_unit(cq)
@@ -883,7 +890,8 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
                 rebuilt = _repair_queue(cq, commit_log, commitlog_end, found[0], found[1], report)
                 last = _last_unit(cq)
         cq.max_physic_offset = last[0] + last[1] if last is not None else -1
-        name = f"{cq.topic}/{cq.queue_id}"
+        if rebuilt or dropped or cq.queue.repaired:
+            report.vouched_queues.discard(name)
         if rebuilt:
             report.consume_queue_units_dropped[name] = report.consume_queue_units_dropped.get(name, 0) + rebuilt
         if (rebuilt or cq.queue.repaired) and not dropped:
