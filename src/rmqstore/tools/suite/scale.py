@@ -141,7 +141,8 @@ def _rmqstore_figures(d: Path, n: int, log) -> dict:
         o, _ = _child(["open", str(d)] + (["--wait-check"] if i == 2 else []))
         cleans.append(o)
         log(f"[scale] rmqstore {n:,}: clean open {o['open_s']:.3f} s, RSS {o['rss_mb']:.0f} MB"
-            + (f"; background check {o['check_s']:.1f} s" if "check_s" in o else ""))
+            + (f"; background check {o['check_s']:.1f} s ({o['check']}), RSS after it {o['rss_after_check_mb']:.0f} MB"
+               if "check_s" in o else "") + f": {o['summary']}")
     out["clean_all"] = [c["open_s"] for c in cleans]
     out["clean"] = min(cleans, key=lambda c: c["open_s"]) | {"rss_mb": max(c["rss_mb"] for c in cleans)}
     out["check"] = cleans[-1]
@@ -260,13 +261,14 @@ def scale_markdown(rows: list[dict], built: bool) -> str:
         size = f"{n:,} ({r['store_bytes'] / 2**30:.1f} GiB)"
         cleans = "-".join(f"{x:.2f}" for x in sorted(r["clean_all"])[::2]) + " s" if r["clean_all"] else "n/a"
         check = r["check"].get("check_s")
+        check_rss = r["check"].get("rss_after_check_mb")
         ref = (f"{_s(r, 'rocketmq_clean')} | {_s(r, 'rocketmq_killed')} | "
                f"{r['rocketmq_clean']['rss_mb']:.0f} / {r['rocketmq_killed']['rss_mb']:.0f} MB"
                if "rocketmq_killed" in r else
                (f"ERROR: {r['rocketmq_error']} ||" if "rocketmq_error" in r else "not built ||"))
         out.append(f"| {size} | {_fmt_rate(r['write_rate'])} | {cleans} | {_s(r, 'killed')} | "
                    f"{r['clean']['rss_mb']:.0f} / {r['killed']['rss_mb']:.0f} MB | "
-                   f"{f'{check:.1f} s' if check is not None else 'n/a'} | {ref} |")
+                   f"{f'{check:.0f} s (peak RSS {check_rss:.0f} MB)' if check is not None else 'n/a'} | {ref} |")
     if not built:
         out += ["", f"{ROCKETMQ} was not run (its reference benchmark is not built): {REFERENCE_BUILD}."]
     return "\n".join(out)
