@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from . import codec, scanner
 from .consume_queue import UNIT, ConsumeQueue
 from .verified_state import Vouched, rel_path
@@ -34,6 +36,7 @@ from .verified_state import Vouched, rel_path
 log = logging.getLogger(__name__)
 
 _PHYS = struct.Struct(">q")
+_CQ = np.dtype(codec.CQ_DTYPE)
 
 
 @dataclass(frozen=True)
@@ -107,14 +110,13 @@ class OpenTrust:
 
     def last_units(self, cqs) -> list[tuple[int, int]]:
         """(commitlog offset, size) of the last unit each queue's vouched last file holds (fillers left out)."""
-        import numpy as np
         out = []
         for cq in cqs:
             files = cq.queue.files
             end = self.end_of(files[-1]) if files and self.exact(files[-1]) else None
             if not end or end < UNIT:
                 continue
-            u = np.frombuffer(files[-1].mm, dtype=np.dtype(codec.CQ_DTYPE), count=1, offset=end - UNIT)
+            u = np.frombuffer(files[-1].mm, dtype=_CQ, count=1, offset=end - UNIT)
             off, size = int(u["offset"][0]), int(u["size"][0])
             del u
             if size != codec.CQ_BLANK_SIZE and size > 0:
@@ -166,7 +168,6 @@ def first_unit_pointing_at(cq: ConsumeQueue, offset: int) -> int:
     the file holding the first such unit is found by its first units (files from the end), and in it the
     first unit whose offset, or an earlier unit's, reaches `offset` (a running maximum: filler units read as
     offset 0). The queue's end when no unit does. Reads a few units per file and one file's offsets."""
-    import numpy as np
     files = cq.queue.files
     hi = cq.get_max_offset_in_queue()
     last = cq.get_unit(hi - 1) if hi > cq.get_min_offset_in_queue() else None
@@ -178,32 +179,28 @@ def first_unit_pointing_at(cq: ConsumeQueue, offset: int) -> int:
         if first is None or first >= offset:
             continue
         n = min(mf.read_position, mf.data_end()) // UNIT
-        off = np.frombuffer(mf.mm, dtype=np.dtype(codec.CQ_DTYPE), count=n)["offset"].astype(np.int64)
+        off = np.frombuffer(mf.mm, dtype=_CQ, count=n)["offset"].astype(np.int64)
         k = int(np.searchsorted(np.maximum.accumulate(off), offset, side="left"))
         del off
         return mf.file_from_offset // UNIT + k
     return files[0].file_from_offset // UNIT if files else hi
 
 
+def _head_units(mf, look: int = 64) -> np.ndarray:
+    """A copy of mf's first `look` units (fewer when fewer are readable)."""
+    n = min(look, min(mf.read_position, mf.data_end()) // UNIT)
+    return np.frombuffer(mf.mm, dtype=_CQ, count=max(n, 0)).copy()
+
+
 def _first_real_offset(mf, look: int = 64) -> int | None:
     """The commitlog offset of the first unit of mf that is not a filler (within its first `look` units and
     its readable bytes): None for a file without units, 0 (below anything) when the first `look` are all
     fillers."""
-    import numpy as np
-    n = min(look, min(mf.read_position, mf.data_end()) // UNIT)
-    if n <= 0:
-        return None
-    a = np.frombuffer(mf.mm, dtype=np.dtype(codec.CQ_DTYPE), count=n)
+    a = _head_units(mf, look)
     real = np.flatnonzero((a["size"] != codec.CQ_BLANK_SIZE) | (a["offset"] != 0))
-    out = int(a["offset"][real[0]]) if len(real) else None
-    del a
-    return out if out is not None else (0 if n == look else None)
-
-
-def _head_units(mf, look: int = 64):
-    import numpy as np
-    n = min(look, min(mf.read_position, mf.data_end()) // UNIT)
-    return np.frombuffer(mf.mm, dtype=np.dtype(codec.CQ_DTYPE), count=max(n, 0)).copy()
+    if len(real):
+        return int(a["offset"][real[0]])
+    return 0 if len(a) == look else None
 
 
 def first_real_unit_position(cq: ConsumeQueue) -> int:
@@ -213,7 +210,6 @@ def first_real_unit_position(cq: ConsumeQueue) -> int:
     if first is None:
         return 0
     a = _head_units(first)
-    import numpy as np
     real = np.flatnonzero((a["size"] != codec.CQ_BLANK_SIZE) | (a["offset"] != 0))
     if len(real):
         return first.file_from_offset + int(real[0]) * UNIT
@@ -228,6 +224,5 @@ def first_real_unit_below(cq: ConsumeQueue, cl_min: int) -> bool:
     if first is None:
         return False
     a = _head_units(first)
-    import numpy as np
     ok = np.flatnonzero((a["offset"] >= cl_min) & (a["size"] > 0) & (a["size"] != codec.CQ_BLANK_SIZE))
     return not (len(ok) and first.file_from_offset + int(ok[0]) * UNIT <= cq.min_logic_offset)
