@@ -161,7 +161,7 @@ MODULE_SECONDS = {
     "test_spark_kafka_options": 25, "test_record_scanner": 23, "test_spark_view": 21, "test_benchsuite": 20,
     "test_admin_ops": 19, "test_check": 19, "test_grpc_bench": 18, "test_cli_store": 18,
     "test_durability": 17, "test_spark_columns": 17, "test_codec": 16, "test_index_file": 15,
-    "test_server": 13, "test_admin": 12, "test_timer": 11, "test_read_only_commands": 9,
+    "test_server": 13, "test_fast_open": 12, "test_admin": 12, "test_timer": 11, "test_read_only_commands": 9,
     "test_timer_recovery": 9, "test_cli_truth": 8, "test_consumer": 8, "test_cli": 8, "test_damage_range": 7,
     "test_schedule": 6, "test_lock": 6, "test_spark_source": 5, "test_pop": 5, "test_recovery_plan": 5,
     "test_rocketmq_issues": 5, "test_spark_records": 5, "test_cli_newcomer": 4, "test_demo": 4,
