@@ -7,6 +7,7 @@ with `StoreConfig.load(path)`; unknown keys log a warning, bad values raise Conf
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,13 @@ log = logging.getLogger(__name__)
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class BrokerRole(enum.Enum):
+    """RocketMQ's BrokerRole: what a store does with puts and with the HA link (store/ha)."""
+    ASYNC_MASTER = "ASYNC_MASTER"     # takes puts, answers at once, replicates behind
+    SYNC_MASTER = "SYNC_MASTER"       # takes puts, answers once a slave has acknowledged their bytes
+    SLAVE = "SLAVE"                   # refuses puts; appends what its master streams
 
 
 @dataclass
@@ -84,6 +92,17 @@ class StoreConfig:
     long_polling_enable: bool = True
     short_polling_time_mills: int = 1000
     broker_role: str = "ASYNC_MASTER"
+    # replication (store/ha; RocketMQ's MessageStoreConfig and BrokerConfig names)
+    broker_ip2: str = ""                          # host of the haServerAddr registered (default: brokerIP1)
+    ha_listen_port: int = 0                       # 0: 10912 for a SYNC_MASTER, none else (ha.listen_port);
+                                                  # `rmqstore serve`: listenPort + 1, as RocketMQ's broker
+    ha_master_address: str = ""                   # a slave's master (host:haPort); else the name server's answer
+    ha_send_heartbeat_interval: int = 5000
+    ha_housekeeping_interval: int = 20000
+    ha_transfer_batch_size: int = 32768
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
+    slave_read_enable: bool = False
+    offset_check_in_slave: bool = False
     store_path_root_dir: str = ""
     # broker.conf keys seen in the wild that this store accepts silently
     extra: dict[str, str] = field(default_factory=dict, repr=False)
@@ -162,6 +181,20 @@ class StoreConfig:
         need(0 < self.max_message_size, "max_message_size", "must be positive")
         need(self.flush_disk_type in (ASYNC_FLUSH, SYNC_FLUSH), "flush_disk_type",
              "must be ASYNC_FLUSH or SYNC_FLUSH")
+        need(self.broker_role in BrokerRole.__members__, "broker_role",
+             "must be ASYNC_MASTER, SYNC_MASTER or SLAVE")
+        need(self.broker_role != "SLAVE" or self.broker_id > 0, "broker_id",
+             "a SLAVE's brokerId must be > 0 (RocketMQ's BrokerStartup refuses it too)")
+        need(0 <= self.ha_listen_port <= 65535, "ha_listen_port", "must be 0..65535")
+        need(self.ha_send_heartbeat_interval > 0, "ha_send_heartbeat_interval", "must be positive")
+        need(self.ha_housekeeping_interval > 0, "ha_housekeeping_interval", "must be positive")
+        need(4096 <= self.ha_transfer_batch_size <= 4 * 1024 * 1024 - 12, "ha_transfer_batch_size",
+             "must be 4096..4194292 (a RocketMQ slave reads frames into a 4 MiB buffer)")
+        need(self.ha_slave_fallbehind_max > 0, "ha_slave_fallbehind_max", "must be positive")
+        if self.ha_master_address:
+            host, _, port = self.ha_master_address.rpartition(":")
+            need(bool(host) and port.isdigit() and 0 < int(port) <= 65535, "ha_master_address",
+                 "must be host:port (the master's HA port, listenPort + 1)")
         need(0 < self.disk_max_used_space_ratio <= 95, "disk_max_used_space_ratio", "must be in 1..95")
         need(self.file_reserved_time >= 0, "file_reserved_time", "must not be negative")
         need(self.sync_flush_timeout > 0, "sync_flush_timeout", "must be positive")
@@ -189,6 +222,19 @@ class StoreConfig:
         return out
 
     @property
+    def role(self) -> BrokerRole:
+        return BrokerRole[self.broker_role]
+
+    @property
+    def is_slave(self) -> bool:
+        return self.broker_role == "SLAVE"
+
+    @property
+    def ha_server_addr(self) -> str:
+        """What a broker registers as its haServerAddr (RocketMQ's brokerIP2:haListenPort)."""
+        return f"{self.broker_ip2 or self.broker_ip1}:{self.ha_listen_port}"
+
+    @property
     def store_host(self) -> str:
         return f"{self.broker_ip1}:{self.listen_port}"
 
@@ -202,14 +248,14 @@ class StoreConfig:
         return "\n".join(lines) + "\n"
 
 
-_JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1"}
+_JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1", "broker_ip2": "brokerIP2"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
 _QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", "storeCheckpoint",
-               "abortFile", "haListenPort", "haMasterAddress", "enableConsumeQueueExt",
+               "abortFile", "enableConsumeQueueExt",
                "mappedFileSizeConsumeQueueExt", "mapedFileSizeConsumeQueueExt", "useReentrantLockWhenPutMessage",
                "warmMapedFileEnable", "duplicationEnable", "diskFallRecorded", "osPageCacheBusyTimeOutMills",
                "fastFailIfNoBufferInStorePool", "enableDLegerCommitLog", "deleteWhen", "flushDelayOffsetInterval",
-               "transferMsgByHeap", "offsetCheckInSlave", "debugLockEnable", "putMsgIndexHightWater",
+               "transferMsgByHeap", "debugLockEnable", "putMsgIndexHightWater",
                "flushLeastPagesWhenWarmMapedFile", "syncFlushTimeout", "sendMessageThreadPoolNums",
                "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable",
                # broker keys read from `extra` by the messaging layer (local_broker, transaction)

@@ -73,6 +73,9 @@ class Dispatcher:
         self.dispatched_messages = 0
         self.hinted_messages = 0        # of those, how many came with the writer's columns (not parsed)
         self.written_while_stopping = False     # shutdown drained, then a racing put appended more
+        # a slave's log (store/ha) may end inside a record, whose rest the master has not sent yet: a partial
+        # record at the log's end is waited for, not damage
+        self.tail_grows = False
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         # told the reput offset after each step: everything below it is written to the queues and index
         self.on_dispatched: Callable[[int], None] | None = None
@@ -180,8 +183,9 @@ class Dispatcher:
                     continue
             min_off = cl.get_min_offset()
             if reput < min_off:
-                log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",
-                            reput, min_off)
+                if reput or not self.tail_grows:    # (a slave's log may start past 0: nothing was deleted)
+                    log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",
+                                reput, min_off)
                 self.reput_from_offset = min_off
                 continue
             # parse up to the next hinted batch at most, to take the hints up again from there
@@ -211,7 +215,8 @@ class Dispatcher:
             if not got[0]:
                 return total
             data, start = got
-            n, next_offset, err = self._parse_and_dispatch(data, start, len(data) < want)
+            at_read_end = len(data) < want and not (self.tail_grows and start + len(data) >= cl.get_max_offset())
+            n, next_offset, err = self._parse_and_dispatch(data, start, at_read_end)
             total += n
             if err is not None:
                 if self.error != err:

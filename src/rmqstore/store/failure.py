@@ -34,6 +34,7 @@ class FailureKind(enum.Enum):
     DISPATCH = "DISPATCH"                # the dispatcher cannot make progress (a consume queue / index write)
     COMMITLOG_GAP = "COMMITLOG_GAP"      # a commitlog file is missing between two others
     CORRUPT_RECORD = "CORRUPT_RECORD"    # a damaged commitlog range was skipped (its messages are lost)
+    REPLICA = "REPLICA"                  # replication: the link to the master is down, or the logs diverged
 
 
 @dataclass(frozen=True)

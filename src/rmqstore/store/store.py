@@ -34,6 +34,8 @@ from .read_api import StoreReadAPI
 # the read API's names, where they were before it moved out (broker, store_reader, tests)
 from .read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
 from .recovery import RecoveryReport, recover_store
+from .ha import HAService, HAStatus, listen_port
+from .ha.transfer import wants_of
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class MessageStore(StoreReadAPI):
         self.named_services: dict = {}    # register_service: extension services (schedule, ...), by name
         self._services_running = False
         self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
+        self.ha: HAService | None = None  # replication (store/ha), once started: a SLAVE, or listening
+        self.running_flags.slave = self.config.is_slave
 
     # --- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -74,6 +78,8 @@ class MessageStore(StoreReadAPI):
             self._load_and_recover()
             self.abort_file.create(self.dispatcher.reput_from_offset)
             self.dispatcher.on_dispatched = self.abort_file.note_dispatched
+            # a slave's log may end inside a record (a frame cut it): the dispatcher waits for the rest
+            self.dispatcher.tail_grows = self.config.is_slave
             self._closed = False
             if start_services:
                 self.dispatcher.start()
@@ -85,7 +91,11 @@ class MessageStore(StoreReadAPI):
                 self._services_running = True
                 for s in self.named_services.values():
                     s.start()
+                self._start_ha()
         except BaseException:
+            if self.ha is not None:
+                self.ha.shutdown()
+                self.ha = None
             self._release_files()
             self.abort_file.close()
             self.lock.release()
@@ -95,8 +105,24 @@ class MessageStore(StoreReadAPI):
         """Load every file and recover (recovery.recover_store); the report is kept in recovery_report.
         Then the store extensions (hooks.py) register their hooks and services, before any put."""
         self.recovery_report = recover_store(self)
+        if self.config.is_slave:        # no delayed or timer deliveries on a slave: it takes no puts
+            return
         for install in default_extensions():
             install(self)
+
+    def _start_ha(self) -> None:
+        """Replication (store/ha): a SLAVE's client, and the HA port of a store that listens for slaves."""
+        cfg = self.config
+        if not (cfg.is_slave or listen_port(cfg)):
+            return
+        flush = self.commit_log.queue.flush if cfg.is_slave and cfg.flush_disk_type == "SYNC_FLUSH" else None
+        self.ha = HAService(self.commit_log, self.dispatcher, cfg, self.failures, flush)
+        self.ha.start()
+
+    def ha_status(self) -> HAStatus | None:
+        """Replication as it stands (role, slaves and what they acknowledged, a slave's link), or None when
+        this store neither listens for slaves nor is one."""
+        return self.ha.status() if self.ha is not None else None
 
     # --- extensions: put-message hooks and services (hooks.py) ------------------------------------
     def register_put_message_hook(self, hook: PutMessageHook) -> None:
@@ -142,6 +168,9 @@ class MessageStore(StoreReadAPI):
             return
         self._closed = True
         self.group_commit = None
+        if self.ha is not None:         # no more appends from a master, no more waits answered
+            self.ha.shutdown()
+            self.ha = None
         self._services_running = False
         for s in reversed(list(self.named_services.values())):
             s.shutdown()
@@ -233,11 +262,14 @@ class MessageStore(StoreReadAPI):
             raise StoreClosedError(f"store {self.path} is closed")
 
     # --- put ------------------------------------------------------------------------------------
-    def put_message(self, msg: Message) -> PutMessageResult:
+    def put_message(self, msg: Message, *, wait_slave: bool = True) -> PutMessageResult:
         """Append one message (put_messages for one, without the batch's costs). The message is validated
         first (validation.py: refused with MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED and a reason); PUT_OK
         means written at the answered offset and dispatched at the answered queue offset; a failed write
-        answers SERVICE_NOT_AVAILABLE (not stored) and the store refuses puts from then on."""
+        answers SERVICE_NOT_AVAILABLE (not stored) and the store refuses puts from then on. A SYNC_MASTER
+        answers once a slave holds the message (store/ha): FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when
+        not (stored on this store all the same); wait_slave=False answers at once (the caller waits:
+        ha.when_replicated)."""
         if self._closed or not self.running_flags.writeable:
             return self.put_messages([msg])[0]      # refused there, with the reason logged
         hooks = self.put_hooks
@@ -251,6 +283,11 @@ class MessageStore(StoreReadAPI):
         if gc is not None:      # SYNC_FLUSH: appended and flushed by the flusher with others' (flush.put)
             result = gc.put(msg)
             if result is not None:
+                ha = self.ha
+                if ha is not None:
+                    ha.notify()
+                    if wait_slave and ha.sync_master:
+                        return self._replicated([result], [msg])[0]
                 return result
         cl = self.commit_log
         e = cl.encode(msg)                  # CommitLog.put_message, one call less (a measured hot path)
@@ -263,17 +300,22 @@ class MessageStore(StoreReadAPI):
             self.record_write_failure(err)
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {err}")
         self.dispatcher.wakeup()
+        ha = self.ha
+        if ha is not None:
+            ha.notify()
+            if wait_slave and ha.sync_master:
+                return self._replicated([result], [msg])[0]
         return result
 
     def put_messages(self, msgs: Iterable[Message] | MessageBatch, *, run_hooks: bool = True,
-                     delay_rewrite: bool | None = None) -> Sequence[PutMessageResult]:
+                     delay_rewrite: bool | None = None, wait_slave: bool = True) -> Sequence[PutMessageResult]:
         """Append messages, or a MessageBatch (columns: the fastest way in); with run_hooks (the default)
         each message goes through the put-message hooks first (hooks.py: a DELAY message goes to
         SCHEDULE_TOPIC_XXXX as CommitLog.putMessage does); run_hooks=False is for services re-putting
         messages that went through them (delay_rewrite is its old name). One result per message, each true
         for that message: a refused one does not stop the others, and a write that fails part way answers
         PUT_OK for exactly the records written before it (they are stored and dispatched) and
-        SERVICE_NOT_AVAILABLE for the rest."""
+        SERVICE_NOT_AVAILABLE for the rest. A SYNC_MASTER answers as put_message does (wait_slave)."""
         if delay_rewrite is not None:
             run_hooks = delay_rewrite
         hooks = self.put_hooks if run_hooks else None
@@ -294,23 +336,33 @@ class MessageStore(StoreReadAPI):
                 first = min(refused)
                 log.warning("put-message hook refused %d of %d messages of a batch; the first, message %d (%s): %s",
                             len(refused), n, first, refused[first].status.value, refused[first].reason)
-                return merge_refused(self._append(msgs), refused, n)
-        return self._append(msgs)
+                return merge_refused(self._append(msgs, wait_slave), refused, n)
+        return self._append(msgs, wait_slave)
 
-    def _append(self, msgs: list[Message] | MessageBatch) -> Sequence[PutMessageResult]:
+    def _append(self, msgs: list[Message] | MessageBatch, wait_slave: bool = True) -> Sequence[PutMessageResult]:
         """put_messages after the hooks: the commitlog's append, a failed write recorded."""
         try:
             results = self.commit_log.put_messages(msgs)
         except AppendFailed as e:
             self.record_write_failure(e.error)
             self.dispatcher.wakeup()        # the records written before the failure are dispatched
-            return e.results
+            results = e.results
         except OSError as e:
             self.record_write_failure(e)
             return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {e}")
                     for _ in range(len(msgs))]
-        self.dispatcher.wakeup()
+        else:
+            self.dispatcher.wakeup()
+        ha = self.ha
+        if ha is not None:
+            ha.notify()
+            if wait_slave and ha.sync_master:
+                return self._replicated(results, msgs)
         return results
+
+    def _replicated(self, results, msgs):
+        """A SYNC_MASTER's answer: results once a slave holds them (store/ha: await_slave)."""
+        return self.ha.await_slave(results, wants_of(msgs))
 
     def record_write_failure(self, e: OSError) -> None:
         """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""

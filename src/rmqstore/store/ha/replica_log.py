@@ -1,0 +1,129 @@
+"""A slave's commitlog: the master's bytes appended exactly where they belong, and where whole records end.
+
+The master streams bytes, not records: a frame may end inside a record. What the slave appends is the
+master's log byte for byte (RocketMQ's MappedFileQueue.getLastMappedFile(offset) + appendMessage), under the
+commitlog's put lock, into files of the slave's own mappedFileSizeCommitLog (it must equal the master's).
+Before it reports its offset on a new connection the slave cuts a partial record off its tail (the master
+sends it again), so that the offset it reports is a record boundary and the first bytes the master sends
+can be checked to start a record there (`junction_problem`).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+
+from .. import codec
+from ..commit_log import CommitLog
+
+log = logging.getLogger(__name__)
+
+_II = struct.Struct(">iI")
+_PHYS = struct.Struct(">q")
+POS_PHYSICALOFFSET = 28
+JUNCTION_BYTES = POS_PHYSICALOFFSET + 8     # what the first frame must hold to check the junction
+
+
+class ReplicaError(ValueError):
+    """The master's stream does not continue this slave's log (the message says how)."""
+
+
+def expected_offset(cl: CommitLog) -> int:
+    """Where the next byte of the stream belongs: the commitlog's max offset (0: an empty log)."""
+    return cl.get_max_offset()
+
+
+def append(cl: CommitLog, offset: int, data: bytes) -> int:
+    """Append data (the master's bytes at offset) to the slave's commitlog; returns the new max offset.
+    ReplicaError when offset is not this log's end (an empty log takes any file-aligned offset: the start
+    of the master's stream). A write error (ENOSPC) is an OSError naming the file."""
+    q = cl.queue
+    size = cl.file_size
+    with cl.put_lock:
+        end = q.get_max_offset()
+        if q.last is None:
+            if offset % size:
+                raise ReplicaError(f"an empty slave needs a stream that starts at a file start, not at {offset} "
+                                   f"(mappedFileSizeCommitLog {size}: the same on master and slave?)")
+        elif offset != end:
+            raise ReplicaError(f"master sent offset {offset}, this slave's log ends at {end}")
+        pos = 0
+        while pos < len(data):
+            mf = q.get_last_mapped_file(offset + pos)
+            if mf is None:
+                raise OSError(f"{q.store_path}: {q.create_failure()}")
+            at = mf.wrote_position
+            if mf.file_from_offset + at != offset + pos:
+                raise ReplicaError(f"{mf.path}: the stream's offset {offset + pos} is not this file's end "
+                                   f"{mf.file_from_offset + at}")
+            take = min(len(data) - pos, mf.file_size - at)
+            try:
+                mf.write_at(at, data[pos:pos + take])
+            except OSError as e:
+                raise OSError(e.errno, f"{mf.path}: write of {take} replicated bytes at {at} failed: "
+                                       f"{e.strerror or e}") from e
+            mf.committed_position = mf.wrote_position
+            pos += take
+        return q.get_max_offset()
+
+
+def last_boundary(cl: CommitLog, start: int) -> int:
+    """The end of the last whole record (or full file) of the log, walking record sizes from `start`, a
+    record boundary at or below the log's end (the dispatcher's offset, or a file's start)."""
+    end = cl.get_max_offset()
+    at = start
+    while at < end:
+        mf = cl.file_of(at)
+        if mf is None:
+            return at
+        pos = at - mf.file_from_offset
+        head = mf.read(pos, 8)
+        if head is None:            # fewer than 8 bytes of a record: partial
+            return at
+        total, magic = _II.unpack(head)
+        if magic == codec.BLANK_MAGIC_CODE:
+            nxt = mf.file_from_offset + mf.file_size
+            if nxt > end:           # the blank's file is all there; the next file not yet
+                return nxt if mf.read_position == mf.file_size else at
+            at = nxt
+            continue
+        if total <= 0 or magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) \
+                or pos + total > mf.file_size:
+            return at               # not a record: the dispatcher reports damage; the tail stays
+        if at + total > end:
+            return at
+        at += total
+    return at
+
+
+def cut_partial_tail(cl: CommitLog, start: int) -> int:
+    """Cut what lies past the last whole record (a frame that ended inside a record); returns the log's end."""
+    with cl.put_lock:
+        end = cl.get_max_offset()
+        keep = last_boundary(cl, start)
+        if keep < end:
+            log.info("%s: cut %d bytes of a partial record at %d (the master sends them again)",
+                     cl.queue.store_path, end - keep, keep)
+            cl.queue.truncate_to(keep)
+        return keep
+
+
+def junction_problem(offset: int, data: bytes, file_size: int) -> str | None:
+    """The first bytes the master sent at `offset` (this slave's end, a record boundary): None when they
+    start a record that names this offset (or an END_OF_FILE blank filling the file), else why not: the
+    master's log and this slave's differ before offset (a master that lost bytes, another master)."""
+    if len(data) < 8:
+        return None if len(data) == 0 else "too few bytes to check"
+    total, magic = _II.unpack_from(data, 0)
+    if magic == codec.BLANK_MAGIC_CODE:
+        if total != file_size - offset % file_size:
+            return (f"the master's END_OF_FILE blank at {offset} is {total} bytes, "
+                    f"the file's rest is {file_size - offset % file_size}")
+        return None
+    if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2):
+        return f"the master's bytes at {offset} do not start a record (magic {magic:#010x})"
+    if len(data) < JUNCTION_BYTES:
+        return "too few bytes to check"
+    (phys,) = _PHYS.unpack_from(data, POS_PHYSICALOFFSET)
+    if phys != offset:
+        return f"the master's record at {offset} says it lies at {phys}"
+    return None
