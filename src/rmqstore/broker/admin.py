@@ -277,6 +277,13 @@ class AdminBrokerProcessor:
     def get_all_consumer_offset(self, ch: Channel, req: RemotingCommand):
         return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.ctx.offsets.encode()))
 
+    def get_all_delay_offset(self, ch: Channel, req: RemotingCommand):
+        """GET_ALL_DELAY_OFFSET (45), what a slave's SlaveSynchronize asks: ScheduleMessageService.encode."""
+        sched = getattr(self.ctx.store, "schedule_service", None)
+        if sched is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "No delay offset in this broker")
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(sched.encode()))
+
     # --- connections --------------------------------------------------------------------------------
     def get_consumer_connection_list(self, ch: Channel, req: RemotingCommand):
         group = Header(req.ext_fields).str("consumerGroup")

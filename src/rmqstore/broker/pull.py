@@ -108,6 +108,17 @@ class PullMessageProcessor:
                                            f"The broker does not support consumer to filter message by {sd.expression_type}", {})
         return sd, None
 
+    def _suggest(self, group: str, from_slave: bool) -> int:
+        """suggestWhichBrokerId: with slaveReadEnable, the group's whichBrokerWhenConsumeSlowly when the pulled
+        messages lie further behind the log's head than accessMessageInMemoryMaxRatio % of memory, else its
+        brokerId; without it, the master."""
+        if not self.ctx.cfg.slave_read_enable:
+            return MASTER_ID
+        sgc = self.ctx.groups.find(group)
+        if sgc is None:
+            return MASTER_ID
+        return sgc.which_broker_when_consume_slowly if from_slave else sgc.broker_id
+
     def _pull(self, ch: Channel, req: RemotingCommand, allow_suspend: bool, held: HeldPull | None):
         ctx = self.ctx
         p = PullRequest.of(req)
@@ -115,11 +126,21 @@ class PullMessageProcessor:
         if err is not None:
             return err
         t0 = time.monotonic()
+        cfg = ctx.cfg
+        if cfg.is_slave and not cfg.slave_read_enable and ctx.store.ha is not None and ctx.store.ha.master_online:
+            # slaveReadEnable=false: consumers read from the master while it is there (RocketMQ 4.4.0 means
+            # this and serves anyway); a slave whose master is gone serves them (failover)
+            return req.make_response(ResponseCode.PULL_RETRY_IMMEDIATELY, "slave read disabled: pull from the master",
+                                     {"suggestWhichBrokerId": str(MASTER_ID), "nextBeginOffset": str(p.offset),
+                                      "maxOffset": "0", "minOffset": "0"})
         res = ctx.store.get_message(p.group, p.topic, p.queue_id, p.offset, p.max_nums, TagFilter(sd))
         st = res.status
         code = (ResponseCode.PULL_OFFSET_MOVED if p.offset != 0 else ResponseCode.PULL_NOT_FOUND) \
             if st in _EMPTY_QUEUE else _PULL_CODES.get(st, ResponseCode.PULL_OFFSET_MOVED)
-        if allow_suspend and p.sys_flag & PULL_FLAG_COMMIT_OFFSET:
+        next_begin = res.next_begin_offset
+        if cfg.is_slave and code == ResponseCode.PULL_OFFSET_MOVED and not cfg.offset_check_in_slave:
+            code, next_begin = ResponseCode.PULL_RETRY_IMMEDIATELY, p.offset    # the master corrects offsets
+        if allow_suspend and p.sys_flag & PULL_FLAG_COMMIT_OFFSET and not cfg.is_slave:
             ctx.offsets.commit_offset(p.group, p.topic, p.queue_id, p.commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and p.sys_flag & PULL_FLAG_SUSPEND:
             if held is not None and time.monotonic() < held.deadline:
@@ -131,12 +152,12 @@ class PullMessageProcessor:
                 return None
         if code == ResponseCode.PULL_OFFSET_MOVED:
             log.warning("PULL_OFFSET_MOVED: topic=%s group=%s requestOffset=%d newOffset=%d", p.topic, p.group,
-                        p.offset, res.next_begin_offset)
+                        p.offset, next_begin)
         body = None
         if code == ResponseCode.SUCCESS:
             body = raw_messages(ctx.store, res.messages)
         ctx.stats.on_get(p.group, p.topic, p.queue_id, len(res.messages) if body else 0, len(body or b""),
                          int((time.monotonic() - t0) * 1000))
-        fields = {"suggestWhichBrokerId": str(MASTER_ID), "nextBeginOffset": str(res.next_begin_offset),
-                  "maxOffset": str(res.max_offset), "minOffset": str(res.min_offset)}
+        fields = {"suggestWhichBrokerId": str(self._suggest(p.group, res.suggest_pulling_from_slave)),
+                  "nextBeginOffset": str(next_begin), "maxOffset": str(res.max_offset), "minOffset": str(res.min_offset)}
         return req.make_response(code, st.name, fields, body)

@@ -30,7 +30,7 @@ from typing import Callable
 
 from ..remoting.subscription import SubscriptionData
 from ..common.allocate import allocate_averagely  # AllocateMessageQueueAveragely
-from ..remoting.codes import (PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
+from ..remoting.codes import (MASTER_ID, PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
                               PROPERTY_RETRY_TOPIC, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND,
                               RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode)
 from ..remoting import fastjson
@@ -117,7 +117,7 @@ class RemoteOffsetStore:
     def read_store(self, mq: MessageQueue) -> int:
         """-1: the broker has none (QUERY_NOT_FOUND); -2: no answer."""
         mqc = self.c._mq()
-        addr = mqc.find_broker_addr(mq.broker_name) or self._refresh(mq)
+        addr = mqc.find_broker_addr_in_admin(mq.broker_name) or self._refresh(mq)
         if addr is None:
             return -2
         try:
@@ -138,7 +138,7 @@ class RemoteOffsetStore:
     def _refresh(self, mq: MessageQueue) -> str | None:
         mqc = self.c._mq()
         mqc.update_route(mq.topic)
-        return mqc.find_broker_addr(mq.broker_name)
+        return mqc.find_broker_addr_in_admin(mq.broker_name)
 
     def persist(self, mqs, oneway: bool = True) -> None:
         mqc = self.c.mq
@@ -147,7 +147,7 @@ class RemoteOffsetStore:
         with self.lock:
             items = [(mq, off) for mq, off in self.table.items() if mq in mqs]
         for mq, off in items:
-            addr = mqc.find_broker_addr(mq.broker_name)
+            addr = mqc.find_broker_addr_in_admin(mq.broker_name)
             if addr is None:
                 continue
             cmd = mqc.request(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": self.c.group, "topic": mq.topic,
@@ -203,6 +203,7 @@ class _ConsumerBase:
         self.topic_queues: dict[str, set[MessageQueue]] = {}
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self.offset_store = RemoteOffsetStore(self)
+        self.pull_from_which_node: dict[MessageQueue, int] = {}     # suggestWhichBrokerId of each queue's last pull
         self.mq: MQClientInstance | None = None
         self._rebalance_lock = threading.Lock()
         self.running = False
@@ -477,12 +478,15 @@ class _ConsumerBase:
             self.mq.scheduler.call_later(PULL_TIME_DELAY_WHEN_EXCEPTION, self._pull, req)
             return
         mqc = self.mq
-        addr = mqc.find_broker_addr(mq.broker_name)
+        # the broker the last answer suggested (suggestWhichBrokerId), else the first listed: a slave once
+        # its master left the route (RocketMQ's PullAPIWrapper)
+        addr, slave = mqc.find_broker_addr_in_subscribe(mq.broker_name, self.pull_from_which_node.get(mq, MASTER_ID))
         if addr is None:
+            mqc.update_route(mq.topic)
             self.mq.scheduler.call_later(PULL_TIME_DELAY_WHEN_EXCEPTION, self._pull, req)
             return
         cmd = self._pull_command(mq, req.next_offset, self.pull_batch_size, sd, True,
-                                 self.offset_store.read_memory(mq), False)
+                                 -1 if slave else self.offset_store.read_memory(mq), False)
         log.debug("%s: pull %s from %d (opaque %d) via %s", self.group, mq, req.next_offset, cmd.opaque, addr)
         pq.last_pull = time.monotonic()
 
@@ -494,10 +498,13 @@ class _ConsumerBase:
             except Exception as e:
                 if self.running and not pq.dropped:
                     log.info("pull of %s failed: %s", mq, e)
+                    if isinstance(e, (OSError, TimeoutError, ConnectionError)) and self.mq is not None:
+                        self.mq.update_route(mq.topic)      # a broker that went away: a slave may serve
                     sch = self.mq.scheduler if self.mq else None
                     if sch is not None:
                         sch.call_later(PULL_TIME_DELAY_WHEN_EXCEPTION, self._pull, req)
                 return
+            self.pull_from_which_node[mq] = res.suggest_which_broker_id
             self._on_pulled(req, res)
         try:
             mqc.remoting.invoke_async(addr, cmd, CONSUMER_TIMEOUT_WHEN_SUSPEND, on_response)
@@ -728,11 +735,15 @@ class PullConsumer(_ConsumerBase):
         """One PULL_MESSAGE on a queue; with block, the broker holds it until a message arrives or
         broker_suspend_max_time_millis passes (pullBlockIfNotFound)."""
         mqc = self._mq()
-        addr = mqc.broker_addr_of(mq)
+        addr, _slave = mqc.find_broker_addr_in_subscribe(mq.broker_name, self.pull_from_which_node.get(mq, MASTER_ID))
+        if addr is None:
+            addr = mqc.broker_addr_of(mq)
         sd = SubscriptionData.build(mq.topic, sub_expression)
         cmd = self._pull_command(mq, offset, max_nums, sd, block, 0, True)
         wait = max(timeout, self.broker_suspend_max_time_millis / 1000.0 + 5) if block else timeout
-        return self._pull_result(mqc.invoke(addr, cmd, wait), mq, sd)
+        res = self._pull_result(mqc.invoke(addr, cmd, wait), mq, sd)
+        self.pull_from_which_node[mq] = res.suggest_which_broker_id
+        return res
 
     def pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
                                 max_nums: int = 32) -> PullResult:

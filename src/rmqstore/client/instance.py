@@ -319,6 +319,20 @@ class MQClientInstance:
             return addrs[MASTER_ID]
         return None if only_master else next(iter(addrs.values()))
 
+    def find_broker_addr_in_subscribe(self, broker_name: str, broker_id: int = MASTER_ID) -> tuple[str | None, bool]:
+        """RocketMQ's findBrokerAddressInSubscribe(name, id, false): the broker of that id, else the first
+        one the route lists (a slave while its master is gone); and whether it is a slave."""
+        addrs = self.broker_addrs.get(broker_name)
+        if not addrs:
+            return None, False
+        bid = broker_id if broker_id in addrs else min(addrs)
+        return addrs[bid], bid != MASTER_ID
+
+    def find_broker_addr_in_admin(self, broker_name: str) -> str | None:
+        """findBrokerAddressInAdmin: the master while it is in the route, else a slave (offsets)."""
+        addrs = self.broker_addrs.get(broker_name)
+        return addrs[min(addrs)] if addrs else None
+
     def broker_addr_of(self, mq: MessageQueue) -> str:
         """The master address of the queue's broker, asking the name server once if it is not known yet;
         MQClientError if there is none."""

@@ -782,6 +782,22 @@ COMMANDS: list[Command] = [
             lambda p: __import__("rmqstore.tools.admin_cli", fromlist=["x"]).add_arguments(p),
             epilog="examples:\n  rmqstore admin clusterList -n 127.0.0.1:9876\n"
                    "  rmqstore admin topicStatus -n 127.0.0.1:9876 -t TopicA"),
+    Command("namesrv", "run a RocketMQ 4.x name server alone (for a master/slave pair)",
+            lambda args, cfg: __import__("rmqstore.broker.server", fromlist=["x"]).cli_namesrv(args, cfg),
+            lambda p: __import__("rmqstore.broker.server", fromlist=["x"]).cli_namesrv_arguments(p),
+            epilog="example:\n  rmqstore namesrv --listen 127.0.0.1:9876"),
+    Command("ha-truncate", "cut a slave's commitlog back to what its master holds (after a divergence)",
+            lambda args, cfg: __import__("rmqstore.tools.ha_cli", fromlist=["x"]).run(args, cfg),
+            lambda p: __import__("rmqstore.tools.ha_cli", fromlist=["x"]).add_arguments(p),
+            description="A slave whose log diverged from its master's (the master lost bytes the slave has, or "
+                        "the slave was pointed at another master) stops replicating and says so. This finds "
+                        "the common prefix, comparing the slave's bytes with the master's byte for byte over "
+                        "the HA port, cuts the slave's commitlog (a stopped store) back to the last whole "
+                        "record in it and keeps the cut bytes aside in STORE/quarantine/. Consume queues and "
+                        "index are cut at the next start.",
+            epilog="examples:\n  rmqstore ha-truncate -c slave.conf --master 127.0.0.1:10912 --dry-run ./slave-store\n"
+                   "  rmqstore ha-truncate -c slave.conf --master 127.0.0.1:10912 ./slave-store\n"
+                   "  rmqstore ha-truncate -c slave.conf --to 4718592 ./slave-store"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
     # ---- above, then add one Command(...) line.
 ]

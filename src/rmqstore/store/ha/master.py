@@ -96,13 +96,13 @@ class HAConnection:
                 await asyncio.wait_for(self.writer.wait_closed(), 1)
             except (OSError, asyncio.TimeoutError, ConnectionError):
                 pass
-            if self.diverged is not None:
-                self.failures.clear_condition(self._key)
             log.info("HA connection from %s closed (acknowledged %d)", self.addr, self.acked)
 
     @property
     def _key(self) -> str:
-        return f"ha.slave.{self.addr}"
+        """The failure channel condition of this slave's host: raised while its log is ahead of this
+        master's, cleared when a connection from it reports an offset this master holds."""
+        return f"ha.slave.{self.addr.rpartition(':')[0]}"
 
     # --- the slave's reports --------------------------------------------------------------------------
     async def _read_loop(self) -> None:
@@ -135,6 +135,7 @@ class HAConnection:
                                               path=str(cl.queue.store_path), offset=value)
             else:
                 self.trusted = value
+                self.failures.clear_condition(self._key)
                 if not is_boundary(cl, value):
                     log.warning("slave %s resumes at %d, inside a record of this master's log (a slave cut "
                                 "mid-record, or a log that differs from this master's)", self.addr, value)

@@ -66,32 +66,35 @@ def append(cl: CommitLog, offset: int, data: bytes) -> int:
         return q.get_max_offset()
 
 
+def last_boundary_step(cl: CommitLog, at: int) -> int | None:
+    """Where the next record begins after the whole record (or END_OF_FILE blank) at `at`; None when the
+    log holds no whole record there (a partial one, or bytes that are not a record)."""
+    mf = cl.file_of(at)
+    if mf is None:
+        return None
+    pos = at - mf.file_from_offset
+    head = mf.read(pos, 8)
+    if head is None:
+        return None
+    total, magic = _II.unpack(head)
+    if magic == codec.BLANK_MAGIC_CODE:
+        return mf.file_from_offset + mf.file_size if mf.read_position == mf.file_size else None
+    if total <= 0 or magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) \
+            or pos + total > mf.read_position:
+        return None
+    return at + total
+
+
 def last_boundary(cl: CommitLog, start: int) -> int:
     """The end of the last whole record (or full file) of the log, walking record sizes from `start`, a
     record boundary at or below the log's end (the dispatcher's offset, or a file's start)."""
     end = cl.get_max_offset()
     at = start
     while at < end:
-        mf = cl.file_of(at)
-        if mf is None:
+        nxt = last_boundary_step(cl, at)
+        if nxt is None:
             return at
-        pos = at - mf.file_from_offset
-        head = mf.read(pos, 8)
-        if head is None:            # fewer than 8 bytes of a record: partial
-            return at
-        total, magic = _II.unpack(head)
-        if magic == codec.BLANK_MAGIC_CODE:
-            nxt = mf.file_from_offset + mf.file_size
-            if nxt > end:           # the blank's file is all there; the next file not yet
-                return nxt if mf.read_position == mf.file_size else at
-            at = nxt
-            continue
-        if total <= 0 or magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) \
-                or pos + total > mf.file_size:
-            return at               # not a record: the dispatcher reports damage; the tail stays
-        if at + total > end:
-            return at
-        at += total
+        at = nxt
     return at
 
 

@@ -211,6 +211,11 @@ class HAService:
         except RuntimeError:
             pass
 
+    @property
+    def master_online(self) -> bool:
+        """A slave's link to its master is up."""
+        return self.client is not None and self.client.connected
+
     # --- what it looks like ---------------------------------------------------------------------------
     def status(self) -> HAStatus:
         cl = self.cl
