@@ -275,7 +275,10 @@ class AdminBrokerProcessor:
         return req.make_response(ResponseCode.SUCCESS, None, {"offset": str(self.ctx.store.get_max_phy_offset())})
 
     def get_all_consumer_offset(self, ch: Channel, req: RemotingCommand):
-        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.ctx.offsets.encode()))
+        """ConsumerOffsetManager.encode as fastjson writes it: queue ids as unquoted integer keys."""
+        table = self.ctx.offsets.encode()["offsetTable"]
+        body = {"offsetTable": {k: {int(q): o for q, o in m.items()} for k, m in table.items()}}
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(body))
 
     def get_all_delay_offset(self, ch: Channel, req: RemotingCommand):
         """GET_ALL_DELAY_OFFSET (45), what a slave's SlaveSynchronize asks: ScheduleMessageService.encode."""
