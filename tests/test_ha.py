@@ -376,3 +376,34 @@ def test_group_transfer_rules():
     assert g.expire(time.monotonic() + 1) == 1 and got == [S.PUT_OK, S.FLUSH_SLAVE_TIMEOUT]
     g.when_acked(600, got.append)                            # already acknowledged
     assert got[-1] is S.PUT_OK
+
+
+def test_slave_dispatch_racing_the_stream_never_reads_a_partial_record_as_damage(tmp_path):
+    """The dispatcher reads up to the log's end while frames keep arriving: a record cut at the end of its
+    read, whose rest arrives right after the read, is waited for, never skipped as damage (it was, when the
+    end was taken after the read: a stream of 1,000-message batches lost units to filler)."""
+    from rmqstore.store.ha import replica_log
+    port = free_port()
+    with MessageStore.open(tmp_path / "m", master_cfg(port, "ASYNC_MASTER")) as m:
+        rs = m.put_messages([Message("Race", bytes([65 + i]) * 300) for i in range(10)])
+        data = m.commit_log.get_data(0)[0]
+    cut = rs[4].append_result.wrote_offset + 100          # inside the fifth record
+    s = MessageStore.open(tmp_path / "s", slave_cfg(port), start_services=False)
+    try:
+        s.dispatcher.tail_grows = True
+        replica_log.append(s.commit_log, 0, data[:cut])
+        real = s.commit_log.get_data
+
+        def read_then_frame_arrives(offset, max_bytes=4 << 20):
+            got = real(offset, max_bytes)
+            if s.commit_log.get_max_offset() == cut:      # the rest of the record lands right after the read
+                replica_log.append(s.commit_log, cut, data[cut:])
+            return got
+        s.commit_log.get_data = read_then_frame_arrives
+        s.dispatcher.do_reput()
+        s.commit_log.get_data = real
+        s.dispatcher.do_reput()
+        assert not s.failures.failures()
+        assert [x.body[0] for x in read_all(s, "Race", 0)] == [65 + i for i in range(10)]
+    finally:
+        s.close()

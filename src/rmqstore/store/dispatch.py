@@ -215,7 +215,9 @@ class Dispatcher:
             if not got[0]:
                 return total
             data, start = got
-            at_read_end = len(data) < want and not (self.tail_grows and start + len(data) >= cl.get_max_offset())
+            # a slave's read that reached the log's end (as it was before the read) may end inside a record
+            # whose rest is still on its way: not damage
+            at_read_end = len(data) < want and not (self.tail_grows and start + len(data) >= end)
             n, next_offset, err = self._parse_and_dispatch(data, start, at_read_end)
             total += n
             if err is not None:

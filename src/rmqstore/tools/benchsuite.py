@@ -75,7 +75,7 @@ class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloa
                  ("consume", self.consume), ("key_lookup", self.key_lookup), ("restart", self.restart),
                  ("e2e", self.e2e), ("long_poll", self.long_poll), ("rocketmq", self.rocketmq)]
         if self.p["extras"]:
-            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc)]
+            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc), ("ha", self.ha)]
         try:
             for name, fn in steps:
                 if only and name not in only:
@@ -350,7 +350,7 @@ def render_markdown(tables: list[Table], scale: str, work: Path, total_seconds: 
             continue
         out += [f"## {t.title}", ""]
         if t.compare:
-            out += render_beside(t, "Parquet (Spark's own reader)", "query")
+            out += render_beside(t, *BESIDE.get(t.key, ("Parquet (Spark's own reader)", "query")))
         ref = t.ref_value()
         if t.unit:
             better = "higher is better" if t.higher_better else "lower is better"
@@ -383,6 +383,9 @@ def render_compare(t: Table) -> list[str]:
     for nt in t.notes:
         out += [nt, ""]
     return out
+
+
+BESIDE = {"ha": ("RocketMQ 4.4.0 (a Java master and slave)", "workload")}     # table key -> (other, what)
 
 
 def render_beside(t: Table, other: str, what: str) -> list[str]:
