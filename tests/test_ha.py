@@ -147,7 +147,7 @@ def test_async_master_replicates_behind(pair, tmp_path):
     rs = m.put_messages([Message("A", b"m%d" % i) for i in range(300)])
     assert all(r.status is S.PUT_OK for r in rs)
     wait_for(lambda: caught_up(m, s), what="the slave to catch up")
-    assert m.ha_status().acked == m.commit_log.get_max_offset()
+    wait_for(lambda: m.ha_status().acked == m.commit_log.get_max_offset(), what="the acknowledgement")
 
 
 def test_slave_refuses_puts_on_every_library_path(pair):
@@ -205,8 +205,8 @@ def test_slave_restarted_resumes_from_its_own_end(tmp_path):
         m.put_messages([Message("R", b"b%d" % i) for i in range(100)])       # while the slave is down
         with MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
             wait_for(lambda: caught_up(m, s))
-            conns = m.ha_status().slaves
-            assert conns and conns[-1].reported == m.commit_log.get_max_offset()
+            wait_for(lambda: [c.reported for c in m.ha_status().slaves] == [m.commit_log.get_max_offset()],
+                     what="the restarted slave's report")
             assert s.wait_dispatched(10)
             assert [x.body for x in read_all(s, "R", 0)][-1] == b"b99"
     same_commitlog(tmp_path / "m", tmp_path / "s")
@@ -407,3 +407,24 @@ def test_slave_dispatch_racing_the_stream_never_reads_a_partial_record_as_damage
         assert [x.body[0] for x in read_all(s, "Race", 0)] == [65 + i for i in range(10)]
     finally:
         s.close()
+
+
+def test_a_stopped_slaves_directory_refuses_offline_writers_until_promoted(tmp_path, golden):
+    """`rmqstore load` into a stopped slave's directory (without its broker.conf) would make it diverge from its
+    master: refused, as the slave refuses puts; starting it as a master promotes it."""
+    port = free_port()
+    with MessageStore.open(tmp_path / "m", master_cfg(port, "ASYNC_MASTER")) as m, \
+            MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
+        m.put_message(Message("T", b"x"))
+        wait_for(lambda: caught_up(m, s))
+    line = json.dumps({"topic": "T", "body": b"offline".hex()})
+    out = run_cli("load", "-c", str(_conf(tmp_path)), str(tmp_path / "s"), input=(line + "\n").encode())
+    assert json.loads(out.stdout.splitlines()[0])["status"] == "SERVICE_NOT_AVAILABLE"
+    assert b"SLAVE" in out.stderr
+    with MessageStore.open(tmp_path / "s", StoreConfig(mapped_file_size_commit_log=FILE)) as s:    # no role: a slave
+        assert s.put_message(Message("T", b"x")).status is S.SERVICE_NOT_AVAILABLE
+    with MessageStore.open(tmp_path / "s", StoreConfig(broker_role="ASYNC_MASTER",
+                                                       mapped_file_size_commit_log=FILE)) as s:    # promotion
+        assert s.put_message(Message("T", b"now a master")).ok
+    out = run_cli("load", "-c", str(_conf(tmp_path)), str(tmp_path / "s"), input=(line + "\n").encode())
+    assert json.loads(out.stdout.splitlines()[0])["status"] == "PUT_OK"

@@ -91,7 +91,7 @@ class StoreConfig:
     default_topic_queue_nums: int = 8
     long_polling_enable: bool = True
     short_polling_time_mills: int = 1000
-    broker_role: str = "ASYNC_MASTER"
+    broker_role: str = ""                         # "": not set, an ASYNC_MASTER (see `role`)
     # replication (store/ha; RocketMQ's MessageStoreConfig and BrokerConfig names)
     broker_ip2: str = ""                          # host of the haServerAddr registered (default: brokerIP1)
     ha_listen_port: int = 0                       # 0: 10912 for a SYNC_MASTER, none else (ha.listen_port);
@@ -181,7 +181,7 @@ class StoreConfig:
         need(0 < self.max_message_size, "max_message_size", "must be positive")
         need(self.flush_disk_type in (ASYNC_FLUSH, SYNC_FLUSH), "flush_disk_type",
              "must be ASYNC_FLUSH or SYNC_FLUSH")
-        need(self.broker_role in BrokerRole.__members__, "broker_role",
+        need(self.broker_role in BrokerRole.__members__ or self.broker_role == "", "broker_role",
              "must be ASYNC_MASTER, SYNC_MASTER or SLAVE")
         need(self.broker_role != "SLAVE" or self.broker_id > 0, "broker_id",
              "a SLAVE's brokerId must be > 0 (RocketMQ's BrokerStartup refuses it too)")
@@ -223,7 +223,8 @@ class StoreConfig:
 
     @property
     def role(self) -> BrokerRole:
-        return BrokerRole[self.broker_role]
+        """brokerRole; ASYNC_MASTER (RocketMQ's default) when not set."""
+        return BrokerRole[self.broker_role or "ASYNC_MASTER"]
 
     @property
     def is_slave(self) -> bool:

@@ -31,7 +31,8 @@ class RunningFlags:
 
     def why(self) -> str:
         if self.slave:
-            return "the store is a SLAVE (brokerRole): puts go to its master"
+            return ("the store is a SLAVE (brokerRole, or its config/brokerRole.json): puts go to its master; "
+                    "open it with brokerRole=ASYNC_MASTER or SYNC_MASTER to promote it")
         if self.disk_full:
             return self.disk_full_reason or "disk full"
         return self.write_error or "ok"

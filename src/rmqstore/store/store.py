@@ -35,6 +35,7 @@ from .read_api import StoreReadAPI
 from .read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
 from .recovery import RecoveryReport, recover_store
 from .ha import HAService, HAStatus, listen_port
+from .ha import role as ha_role
 from .ha.transfer import wants_of
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class MessageStore(StoreReadAPI):
         self.lock.acquire()
         try:
             self._load_and_recover()
+            self._note_role()
             self.abort_file.create(self.dispatcher.reput_from_offset)
             self.dispatcher.on_dispatched = self.abort_file.note_dispatched
             # a slave's log may end inside a record (a frame cut it): the dispatcher waits for the rest
@@ -109,6 +111,17 @@ class MessageStore(StoreReadAPI):
             return
         for install in default_extensions():
             install(self)
+
+    def _note_role(self) -> None:
+        """A SLAVE's record (ha/role.py): written by a slave, ended by a store opened with brokerRole set to a
+        master role (a promotion); a store opened without brokerRole that was a slave refuses puts as the
+        slave does (`rmqstore load` into a stopped slave's directory would make it diverge)."""
+        if self.config.is_slave:
+            ha_role.record_slave(self.path, self.config.ha_master_address)
+        elif self.config.broker_role:
+            ha_role.promoted(self.path, self.config.broker_role)
+        elif ha_role.was_slave(self.path) is not None:
+            self.running_flags.slave = True
 
     def _start_ha(self) -> None:
         """Replication (store/ha): a SLAVE's client, and the HA port of a store that listens for slaves."""

@@ -99,10 +99,12 @@ def put_cost(work: Path, n: int = 200_000) -> dict:
                 while not m.ha_status().slaves:
                     time.sleep(0.05)
             body = [b"x" * 100] * 1000
+            cpu0 = _cpu()
             t0 = time.perf_counter()
             for i in range(n // 1000):
                 m.put_messages(MessageBatch("PutCost", body, queue_ids=[j % 4 for j in range(1000)]))
             secs = time.perf_counter() - t0
+            cpu = _cpu() - cpu0
             lagged = m.commit_log.get_max_offset() - m.ha_status().acked if with_slave else 0
             if with_slave:
                 t1 = time.monotonic()
@@ -114,8 +116,16 @@ def put_cost(work: Path, n: int = 200_000) -> dict:
             slave.terminate()
             slave.wait(20)
         out["with_slave" if with_slave else "alone"] = n / secs
+        out[f"cpu_us_per_msg_{'with_slave' if with_slave else 'alone'}"] = cpu / n * 1e6
     clean(work)
     return out
+
+
+def _cpu() -> float:
+    """CPU seconds of this process (every thread: puts, dispatcher, HA), user + system."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 _SLAVE = """
@@ -174,10 +184,12 @@ def ha_table(r: dict):
               kind="rocketmq" if p["system"] == "java" else "rmqstore")
     pc = r.get("put_cost") or {}
     if pc:
-        t.add("rmqstore master, MessageBatch puts, no slave", pc.get("alone"), _fmt_rate(pc.get("alone", 0)))
+        t.add("rmqstore master, MessageBatch puts, no slave", pc.get("alone"),
+              f"{_fmt_rate(pc.get('alone', 0))}; master CPU {pc.get('cpu_us_per_msg_alone', 0):.2f} us/msg")
         t.add("rmqstore master, MessageBatch puts, a slave replicating", pc.get("with_slave"),
-              f"{_fmt_rate(pc.get('with_slave', 0))}; the slave {pc.get('slave_behind_at_end_bytes', 0):,} bytes "
-              f"behind at the last put, caught up {pc.get('slave_catch_up_s', 0):.2f} s later")
+              f"{_fmt_rate(pc.get('with_slave', 0))}; master CPU {pc.get('cpu_us_per_msg_with_slave', 0):.2f} "
+              f"us/msg; the slave {pc.get('slave_behind_at_end_bytes', 0):,} bytes behind at the last put, caught "
+              f"up {pc.get('slave_catch_up_s', 0):.2f} s later (the slave process shares this machine's cores)")
     t.notes.append(f"{r['n_sync']:,} sync and {r['n_async']:,} async sends of {r['size']} B per pair and role, "
                    "ASYNC_FLUSH, 1 GiB commitlog files, one name server; the Java producer (HaTool, from "
                    "../shared/realmq) for both pairs; 'behind': the master's commitLogMaxOffset minus the slave's, "
