@@ -344,6 +344,21 @@ def test_a_slave_that_stops_acknowledging_gets_flush_slave_timeout_and_others_go
     c.close()
 
 
+def test_a_peer_claiming_bytes_it_was_never_sent_does_not_acknowledge(pair):
+    """RocketMQ's master takes a slave's report as its acknowledgement: a peer (or a diverged slave) reporting
+    a large offset makes a SYNC_MASTER answer PUT_OK for bytes no slave holds. Here an acknowledgement counts
+    only up to what the connection was sent."""
+    m, _, port = pair(start_slave=False, master_kw={"sync_flush_timeout": 700})
+    c = _connect(port)
+    c.sendall(struct.pack(">q", 0))
+    wait_slave(m)
+    c.sendall(struct.pack(">q", 1 << 40))        # "I hold a terabyte" (it was sent nothing)
+    time.sleep(0.3)
+    r = m.put_message(Message("T", b"x"))
+    assert r.status is S.FLUSH_SLAVE_TIMEOUT
+    c.close()
+
+
 # --- the pure parts ------------------------------------------------------------------------------------
 def test_protocol_round_trip_and_limits():
     frames = protocol.encode_frames(100, b"x" * 10000, 4096)
