@@ -185,3 +185,39 @@ def test_frozen_slave_gives_flush_slave_timeout_and_others_are_not_serialised(cl
         finally:
             os.kill(s.proc.pid, signal.SIGCONT)
         wait_for(lambda: p.send(Message("HaT", b"after")).send_status is SendStatus.SEND_OK, 30, "SEND_OK again")
+
+
+def test_a_5x_client_reads_from_the_slave_over_grpc(cluster):
+    """The official 5.x Python client against the slave's gRPC port: it receives what the master took; a
+    send to the slave is refused."""
+    rocketmq = pytest.importorskip("rocketmq")
+    pytest.importorskip("rocketmq.grpc_protocol")
+    ns, m, s = cluster("ASYNC_MASTER")
+    with Producer("ha_pg4", ns.addr) as p:
+        for i in range(100):
+            assert p.send(Message("HaT", b"g%d" % i, keys=f"g{i}")).send_status is SendStatus.SEND_OK
+    with Admin(ns.addr) as admin:
+        wait_for(lambda: runtime(admin, s.broker_addr).get("commitLogMaxOffset") ==
+                 runtime(admin, m.broker_addr).get("commitLogMaxOffset"), 60, "the slave to catch up")
+    conf = rocketmq.ClientConfiguration(s.grpc_addr, rocketmq.Credentials(), request_timeout=10)
+    c = rocketmq.SimpleConsumer(conf, "ha_grpc_cg", {"HaT": rocketmq.FilterExpression("*")}, await_duration=1)
+    c.startup()
+    got: set[bytes] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < 100 and time.monotonic() < deadline:
+            for msg in c.receive(32, 30):
+                got.add(bytes(msg.body))
+                c.ack(msg)
+    finally:
+        c.shutdown()
+    assert got == {b"g%d" % i for i in range(100)}
+    prod = rocketmq.Producer(conf, ("HaT",))
+    prod.startup()
+    try:
+        msg = rocketmq.Message()
+        msg.topic, msg.body = "HaT", b"to the slave"
+        with pytest.raises(Exception):
+            prod.send(msg)
+    finally:
+        prod.shutdown()
