@@ -206,6 +206,8 @@ class HAServer:
         self.connections: set[HAConnection] = set()
         self.server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.refused = 0
+        self._refused_logged = -60.0
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
@@ -214,8 +216,12 @@ class HAServer:
 
     async def _accept(self, reader, writer) -> None:
         if len(self.connections) >= self.max_connections:
-            log.warning("HA port: %d connections already; refusing %s", len(self.connections),
-                        writer.get_extra_info("peername"))
+            self.refused += 1
+            now = time.monotonic()
+            if now - self._refused_logged >= 60:        # once a minute, whatever a peer tries
+                self._refused_logged = now
+                log.warning("HA port: %d connections already: refused %s (%d refused so far)", len(self.connections),
+                            writer.get_extra_info("peername"), self.refused)
             writer.close()
             return
         sock = writer.get_extra_info("socket")
