@@ -167,6 +167,13 @@ def test_frozen_slave_gives_flush_slave_timeout_and_others_are_not_serialised(cl
     ns, m, s = cluster("SYNC_MASTER", syncFlushTimeout=1500)
     with Producer("ha_pg3", ns.addr, retry_times_when_send_failed=0, send_msg_timeout=10.0) as p:
         assert p.send(Message("HaT", b"before")).send_status is SendStatus.SEND_OK
+        # what an operator sees: both brokers of the pair, each role, what the slave acknowledged
+        out = run_cli("admin", "clusterList", "-n", ns.addr).stdout.decode()
+        assert m.broker_addr in out and s.broker_addr in out
+        out = run_cli("admin", "brokerStatus", "-n", ns.addr, "-b", m.broker_addr).stdout.decode()
+        assert "SYNC_MASTER" in out and "haSlaveAckOffset" in out and "haSlaveBehindBytes" in out
+        out = run_cli("admin", "brokerStatus", "-n", ns.addr, "-b", s.broker_addr).stdout.decode()
+        assert "haConnected" in out and "true" in out
         os.kill(s.proc.pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
