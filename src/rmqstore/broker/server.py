@@ -84,7 +84,8 @@ async def _start_grpc(server: BrokerServer):
     except ImportError as e:
         log.warning("no gRPC endpoint (RocketMQ 5 clients): %s", e)
         return None
-    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups)
+    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups,
+                            acl=server.acl)
     try:
         await proxy.start()
     except OSError as e:
