@@ -62,6 +62,8 @@ readable on the network. Secrets are never logged nor put in an error or a remar
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from .gate import AclGate, acl_enabled
 from .permission import ADMIN_CODES, Perm, check_permission, parse_perm
@@ -89,7 +91,37 @@ def inner_client_signer(cfg) -> RemotingSigner | None:
     return RemotingSigner(creds)
 
 
-__all__ = ["AclGate", "AclConfigError", "AclDenied", "PlainAclService", "PlainAccessValidator", "PlainAclConfig",
+ACCESS_KEY_ENV, SECRET_KEY_ENV = "ROCKETMQ_ACCESS_KEY", "ROCKETMQ_SECRET_KEY"
+
+
+def tool_credentials(access_key: str | None = None, secret_key: str | None = None,
+                     environ=None) -> SessionCredentials | None:
+    """The keys a command-line tool signs with: the options given, else $ROCKETMQ_ACCESS_KEY and
+    $ROCKETMQ_SECRET_KEY, else accessKey / secretKey of $ROCKETMQ_HOME/conf/tools.yml (mqadmin's file);
+    None when none of them has both. ValueError when only one half is given (its value never shown)."""
+    environ = os.environ if environ is None else environ
+    sources = [("--accessKey/--secretKey", access_key, secret_key),
+               (f"{ACCESS_KEY_ENV}/{SECRET_KEY_ENV}", environ.get(ACCESS_KEY_ENV), environ.get(SECRET_KEY_ENV))]
+    home = environ.get("ROCKETMQ_HOME", "").strip()
+    tools = Path(home) / "conf" / "tools.yml" if home else None
+    if tools is not None and tools.is_file():
+        import yaml
+        try:
+            d = yaml.safe_load(tools.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            raise ValueError(f"{tools} is not a YAML file of accessKey and secretKey") from None
+        if isinstance(d, dict):
+            ak, sk = d.get("accessKey"), d.get("secretKey")
+            sources.append((str(tools), None if ak is None else str(ak), None if sk is None else str(sk)))
+    for where, ak, sk in sources:
+        if ak or sk:
+            if not (ak and sk):
+                raise ValueError(f"{where}: both an access key and a secret key are needed")
+            return SessionCredentials(ak, sk)
+    return None
+
+
+__all__ = ["tool_credentials", "AclGate", "AclConfigError", "AclDenied", "PlainAclService", "PlainAccessValidator", "PlainAclConfig",
            "PlainAccount", "RemotingSigner", "SessionCredentials", "Perm", "ADMIN_CODES", "acl_enabled",
            "check_permission", "parse_perm", "parse_plain_acl", "load_plain_acl", "plain_acl_path",
            "sign_fields", "grpc_authorization", "inner_client_signer", "INNER_CREDENTIALS_KEY"]

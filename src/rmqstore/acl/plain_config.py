@@ -192,9 +192,12 @@ def parse_plain_acl(text: str | bytes, path: str | Path = "plain_acl.yml") -> Pl
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         # problem and context only: the snippet PyYAML quotes could hold a secret key
-        mark = e.problem_mark or e.context_mark
+        # a token left open (a quote) is reported where it starts; anything else where parsing stopped
+        first = e.context_mark if isinstance(e, yaml.scanner.ScannerError) and e.context_mark else e.problem_mark
         reason = "; ".join(x for x in (e.context, e.problem) if x) or "not YAML"
-        raise AclConfigError(path, mark.line + 1 if mark else None, f"not valid YAML: {reason}") from None
+        if e.problem_mark is not None and first is not e.problem_mark:
+            reason += f" (line {e.problem_mark.line + 1})"
+        raise AclConfigError(path, first.line + 1 if first else None, f"not valid YAML: {reason}") from None
     except yaml.YAMLError as e:
         raise AclConfigError(path, None, f"not valid YAML: {type(e).__name__}") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and not root.value.strip()):
