@@ -105,6 +105,17 @@ def test_signature_is_rocketmqs_own():
     assert content.startswith(b"aclAppUser1pgAclTopicMainTBW102") and content.endswith(b"falsefalsehello")
 
 
+def test_hmac_with_precomputed_key_states_is_hmac_sha1():
+    import hashlib
+    import hmac
+    from rmqstore.acl.signature import HmacSha1
+    for n in (0, 1, 7, 63, 64, 65, 130):
+        key = bytes(range(n % 256))[:n] if n < 256 else b"k" * n
+        for data in (b"", b"x", bytes(1000)):
+            assert HmacSha1(key).digest(data) == hmac.new(key, data, hashlib.sha1).digest()
+    assert "zz" not in repr(HmacSha1(b"zzzzzzzz"))
+
+
 def test_signature_orders_names_as_java_strings():
     """TreeMap order is UTF-16 code units: an astral character (a surrogate pair, 0xD8xx) sorts before U+FFFF."""
     fields = {"\uffff": "B", "\U0001F600": "A", "AccessKey": "k", "a": "x"}

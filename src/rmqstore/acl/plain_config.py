@@ -30,6 +30,7 @@ import yaml
 from ..errors import RmqStoreError
 from .address import AddressPattern, AddressPatternError, parse_address_pattern
 from .permission import PERM_NAMES, is_known_perm, parse_perm, retry_topic
+from .signature import HmacSha1
 
 MAX_FILE_BYTES = 8 << 20
 MIN_KEY_LENGTH = 7            # RocketMQ: "length should longer than 6"
@@ -59,6 +60,10 @@ class PlainAccount:
     default_group_perm: int
     resource_perms: Mapping[str, int]              # topic -> perm, %RETRY%group -> perm
     line: int
+    mac: HmacSha1 = field(init=False, repr=False, compare=False)     # HmacSHA1 under secret_key
+
+    def __post_init__(self):
+        object.__setattr__(self, "mac", HmacSha1(self.secret_key))
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from typing import Callable, Mapping
 
 from ..remoting import fastjson
 from ..remoting.codes import RETRY_GROUP_TOPIC_PREFIX, UNIQUE_MSG_QUERY_FLAG, RequestCode
-from .permission import ADMIN_CODES, Perm, check_permission, describe, is_group, retry_topic
+from .permission import ADMIN_CODES, ANY, PUB, SUB, check_permission, describe, is_group, retry_topic
 from .plain_config import PlainAccount, PlainAclConfig
 from .signature import (ACCESS_KEY, AUTHORIZATION, DATE_TIME, SIGNATURE, AuthorizationError, parse_authorization,
-                        remoting_content, remoting_signature, signature_equals)
+                        remoting_fields_bytes, signature_equals)
 
 ACL_EXCEPTION = "org.apache.rocketmq.acl.common.AclException"
 _LOADER = "org.apache.rocketmq.acl.plain.PlainPermissionLoader"
@@ -72,16 +72,16 @@ def remoting_resources(code: int, ext: Mapping[str, str], body: bytes | None) ->
     if code == R.SEND_MESSAGE_V2 or code == R.SEND_BATCH_MESSAGE or code == R.SEND_MESSAGE:
         topic = ext.get("b") if code != R.SEND_MESSAGE else ext.get("topic")
         if topic is not None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            add(group(ext.get("a") if code != R.SEND_MESSAGE else ext.get("producerGroup")), Perm.SUB)
+            add(group(ext.get("a") if code != R.SEND_MESSAGE else ext.get("producerGroup")), SUB)
         else:
-            add(topic, Perm.PUB)
+            add(topic, PUB)
     elif code == R.CONSUMER_SEND_MSG_BACK:
-        add(group(ext.get("group")), Perm.SUB)
+        add(group(ext.get("group")), SUB)
     elif code == R.PULL_MESSAGE:
-        add(ext.get("topic"), Perm.SUB)
-        add(group(ext.get("consumerGroup")), Perm.SUB)
+        add(ext.get("topic"), SUB)
+        add(group(ext.get("consumerGroup")), SUB)
     elif code == R.QUERY_MESSAGE:
-        add(ext.get("topic"), Perm.SUB)
+        add(ext.get("topic"), SUB)
     elif code == R.HEART_BEAT:
         try:
             data = fastjson.loads(body or b"{}")
@@ -95,15 +95,15 @@ def remoting_resources(code: int, ext: Mapping[str, str], body: bytes | None) ->
             if not isinstance(c, dict) or not isinstance(subs, (list, type(None))):
                 raise AclDenied("the HEART_BEAT body has a consumer that is not one")
             name = c.get("groupName")
-            add(group(name) if isinstance(name, str) else None, Perm.SUB)
+            add(group(name) if isinstance(name, str) else None, SUB)
             for s in subs or ():
                 topic = s.get("topic") if isinstance(s, dict) else None
-                add(topic if isinstance(topic, str) else None, Perm.SUB)
+                add(topic if isinstance(topic, str) else None, SUB)
     elif code == R.UNREGISTER_CLIENT or code == R.GET_CONSUMER_LIST_BY_GROUP:
-        add(group(ext.get("consumerGroup")), Perm.SUB)
+        add(group(ext.get("consumerGroup")), SUB)
     elif code == R.UPDATE_CONSUMER_OFFSET:
-        add(group(ext.get("consumerGroup")), Perm.SUB)
-        add(ext.get("topic"), Perm.SUB)
+        add(group(ext.get("consumerGroup")), SUB)
+        add(ext.get("topic"), SUB)
     return out
 
 
@@ -144,7 +144,7 @@ def grpc_resources(message) -> dict[str, int]:
         topic = message.messages[0].topic.name
         if any(m.topic.name != topic for m in message.messages):
             raise AclDenied("SendMessageRequest, messages' topic is not consistent")
-        add(topic, Perm.PUB)
+        add(topic, PUB)
     elif kind == "HeartbeatRequest":
         f = fields["client_type"]
         v = f.enum_type.values_by_number.get(message.client_type)
@@ -152,7 +152,7 @@ def grpc_resources(message) -> dict[str, int]:
             g = group(message)
             if g is None:
                 raise AclDenied("Consumer heartbeat doesn't have group")
-            add(g, Perm.SUB)
+            add(g, SUB)
     elif kind == "TelemetryCommand":
         if message.HasField("settings"):
             s = message.settings
@@ -160,22 +160,22 @@ def grpc_resources(message) -> dict[str, int]:
                 raise AclDenied("settings command doesn't have publishing or subscription")
             if s.HasField("publishing"):
                 for t in s.publishing.topics:
-                    add(t.name, Perm.PUB)
+                    add(t.name, PUB)
             if s.HasField("subscription"):
-                add(group(s.subscription), Perm.SUB)
+                add(group(s.subscription), SUB)
                 for e in s.subscription.subscriptions:
-                    add(e.topic.name, Perm.SUB)
+                    add(e.topic.name, SUB)
     elif kind == "QueryRouteRequest":
-        add(_name(message, "topic"), Perm.ANY)
+        add(_name(message, "topic"), ANY)
     elif kind in ("EndTransactionRequest", "RecallMessageRequest"):
-        add(_name(message, "topic"), Perm.PUB)
+        add(_name(message, "topic"), PUB)
     else:
         if "group" in fields:
-            add(group(message), Perm.SUB)
+            add(group(message), SUB)
         if "topic" in fields:
-            add(_name(message, "topic"), Perm.SUB)
+            add(_name(message, "topic"), SUB)
         if "message_queue" in fields and message.HasField("message_queue"):
-            add(_name(message.message_queue, "topic"), Perm.SUB)
+            add(_name(message.message_queue, "topic"), SUB)
     return out
 
 
@@ -195,10 +195,10 @@ class PlainAccessValidator:
         return False
 
     def authenticate(self, ip: str, access_key: str | None, signature: str | None,
-                     contents: Callable[[], tuple[bytes, ...]]) -> PlainAccount | None:
+                     contents: Callable[[], tuple[tuple[bytes, ...], ...]]) -> PlainAccount | None:
         """The account a request is signed by, or comes from the whiteRemoteAddress of (then unsigned);
-        None for an IP of globalWhiteRemoteAddresses. contents() gives the byte strings a right signature
-        may cover (the first is RocketMQ's)."""
+        None for an IP of globalWhiteRemoteAddresses. contents() gives what a right signature may cover,
+        each as the parts of one byte string (the first is RocketMQ's)."""
         if self.globally_trusted(ip):
             return None
         if access_key is None:
@@ -210,7 +210,7 @@ class PlainAccessValidator:
             return account
         if signature is not None:
             for content in contents():
-                if signature_equals(remoting_signature(account.secret_key, content), signature):
+                if signature_equals(account.mac.base64(*content), signature):
                     return account
         raise AclDenied(f"Check signature failed for accessKey={_q(access_key)}", FRAME_SIGNATURE)
 
@@ -242,13 +242,15 @@ class PlainAccessValidator:
         ext = cmd.ext_fields or {}
         body = cmd.body
 
+        tail = body or b""
+
         def contents():
             if UNIQUE_MSG_QUERY_FLAG in ext:
                 # a 4.x Java client signs without it, rmqstore's client and RocketMQ 4.4.0 with it
-                without = remoting_content(ext, body, _SKIP_UNIQUE)
-                return (without, remoting_content(ext, body)) if cmd.version <= _V4_9_3 else \
-                    (remoting_content(ext, body), without)
-            return (remoting_content(ext, body),)
+                without = (remoting_fields_bytes(ext, _SKIP_UNIQUE), tail)
+                whole = (remoting_fields_bytes(ext), tail)
+                return (without, whole) if cmd.version <= _V4_9_3 else (whole, without)
+            return ((remoting_fields_bytes(ext), tail),)
         account = self.authenticate(ip, ext.get(ACCESS_KEY), ext.get(SIGNATURE), contents)
         if account is not None and not account.white_remote_address.match(ip):
             self.authorize(account, cmd.code, remoting_resources(cmd.code, ext, body))
@@ -276,7 +278,7 @@ class PlainAccessValidator:
                 raise AclDenied(str(e)) from None
         date_time = metadata.get(DATE_TIME)
         account = self.authenticate(ip, access_key, signature,
-                                    lambda: (date_time.encode("utf-8", "replace"),) if date_time is not None else ())
+                                    lambda: ((date_time.encode("utf-8", "replace"),),) if date_time is not None else ())
         if account is not None and not account.white_remote_address.match(ip):
             self.authorize(account, None, grpc_resources(message), bare_groups=True)
         return account
