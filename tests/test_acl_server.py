@@ -407,3 +407,37 @@ def test_official_grpc_client_right_and_wrong_credentials(server):
             wrong.shutdown()
         except Exception:
             pass
+
+
+def test_grpc_calls_of_every_kind_are_refused_with_permission_denied(server):
+    """Unary (QueryRoute), server streaming (ReceiveMessage) and bidirectional (Telemetry) calls, raw."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("rocketmq.grpc_protocol")
+    from rocketmq.grpc_protocol import definition_pb2 as d, service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+    from rmqstore.acl import grpc_authorization
+
+    def meta(creds):
+        dt = time.strftime("%Y%m%dT%H%M%SZ")
+        return (("authorization", grpc_authorization(creds, dt)), ("x-mq-date-time", dt))
+    right = SessionCredentials("aclGrpcUser10", "aclGrpcSecret10")
+    wrong = SessionCredentials("aclGrpcUser10", "aclWrongSecret")
+    topic, group = d.Resource(name="AclGrpcTopic"), d.Resource(name="acl_grpc_cg")
+    settings = s.TelemetryCommand(settings=d.Settings(client_type=d.ClientType.PRODUCER,
+                                                      publishing=d.Publishing(topics=[topic])))
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        stub = MessagingServiceStub(ch)
+        assert stub.QueryRoute(s.QueryRouteRequest(topic=topic), metadata=meta(right), timeout=10).status.code == \
+            d.Code.OK
+        answers = stub.Telemetry(iter([settings]), metadata=meta(right), timeout=5)
+        assert next(answers).status.code == d.Code.OK
+        answers.cancel()
+        calls = (lambda md: stub.QueryRoute(s.QueryRouteRequest(topic=topic), metadata=md, timeout=10),
+                 lambda md: list(stub.ReceiveMessage(s.ReceiveMessageRequest(
+                     group=group, message_queue=d.MessageQueue(topic=topic)), metadata=md, timeout=10)),
+                 lambda md: list(stub.Telemetry(iter([settings]), metadata=md, timeout=10)))
+        for call in calls:
+            for md in (meta(wrong), ()):
+                with pytest.raises(grpc.RpcError) as ei:
+                    call(md)
+                assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED, ei.value

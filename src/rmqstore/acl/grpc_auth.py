@@ -20,30 +20,31 @@ class AclInterceptor(grpc.aio.ServerInterceptor):
         """check(message, metadata, peer) -> None, or the refusal's message."""
         self.check = check
 
+    async def _gate(self, request, context) -> None:
+        """Ends the call with PERMISSION_DENIED when request may not go on."""
+        refusal = self.check(request, _metadata(context), context.peer())
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        check = self.check
-        denied = grpc.StatusCode.PERMISSION_DENIED
+        check, gate = self.check, self._gate
         kw = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary
 
             async def unary_unary(request, context):
-                refusal = check(request, _metadata(context), context.peer())
-                if refusal is not None:
-                    await context.abort(denied, refusal)
+                await gate(request, context)
                 return await inner_uu(request, context)
             return grpc.unary_unary_rpc_method_handler(unary_unary, **kw)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
 
             async def unary_stream(request, context):
-                refusal = check(request, _metadata(context), context.peer())
-                if refusal is not None:
-                    await context.abort(denied, refusal)
+                await gate(request, context)
                 async for r in inner_us(request, context):
                     yield r
             return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
@@ -66,6 +67,6 @@ class AclInterceptor(grpc.aio.ServerInterceptor):
                         break
                     yield r
                 if refused:
-                    await context.abort(denied, refused[0])
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused[0])
             return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
         return handler          # stream-unary: no such RPC in the protocol
