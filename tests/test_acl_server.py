@@ -128,7 +128,8 @@ def test_right_keys_send_and_consume(server):
         if {f"m{i}".encode() for i in range(20)} <= set(got):
             done.set()
         return ConsumeStatus.CONSUME_SUCCESS
-    c = PushConsumer("acl_cg_main", server.namesrv_addr, credentials=APP, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+    c = PushConsumer("acl_cg_main", server.namesrv_addr, credentials=APP,
+                     consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                      instance_name="acl-right-consumer")
     c.subscribe("AclTopicMain", "*")
     c.register_message_listener(listener)
@@ -141,11 +142,14 @@ def test_right_keys_send_and_consume(server):
 
 
 @pytest.mark.parametrize("creds, topic, message", [
-    (SessionCredentials("aclAppUser1", "aclWrongSecret"), "AclTopicMain", "Check signature failed for accessKey=aclAppUser1"),
+    (SessionCredentials("aclAppUser1", "aclWrongSecret"), "AclTopicMain",
+     "Check signature failed for accessKey=aclAppUser1"),
     (SessionCredentials("aclNobodyUser", "aclNobodySecret"), "AclTopicMain", "No acl config for aclNobodyUser"),
     (None, "AclTopicMain", "No accessKey is configured"),
-    (SessionCredentials("aclDenyUser4", "aclDenySecret4"), "AclTopicDenied", "No default permission for topic:AclTopicDenied"),
-    (SessionCredentials("aclSubOnly5", "aclSubSecret5"), "AclTopicMain", "No default permission for topic:AclTopicMain"),
+    (SessionCredentials("aclDenyUser4", "aclDenySecret4"), "AclTopicDenied",
+     "No default permission for topic:AclTopicDenied"),
+    (SessionCredentials("aclSubOnly5", "aclSubSecret5"), "AclTopicMain",
+     "No default permission for topic:AclTopicMain"),
     (APP, "AclTopicDenied", "No default permission for topic:AclTopicDenied"),
 ], ids=["wrong-secret", "unknown-key", "no-signature", "deny-topic", "sub-only", "unlisted-topic"])
 def test_refused_sends_store_nothing(server, creds, topic, message):
@@ -175,7 +179,8 @@ def test_non_admin_admin_requests_change_nothing(server):
             assert ei.value.code == 1 and f"Need admin permission for request code={code}, but accessKey=aclAppUser1" \
                 in ei.value.remark
         # DELETE_TOPIC_IN_BROKER straight to the broker
-        r = user._m().invoke(server.broker_addr, user._m().request(R.DELETE_TOPIC_IN_BROKER, {"topic": "AclTopicOther"}))
+        m = user._m()
+        r = m.invoke(server.broker_addr, m.request(R.DELETE_TOPIC_IN_BROKER, {"topic": "AclTopicOther"}))
         assert r.code == 1 and "request code=215" in r.remark
     finally:
         user.shutdown()
@@ -211,8 +216,8 @@ def test_white_lists(server):
         assert rpc(near, R.GET_TOPIC_STATS_INFO, {**topic, "AccessKey": "aclLocalUser9"}).code == ResponseCode.SUCCESS
         r = rpc(near, R.GET_TOPIC_STATS_INFO, {**topic, "AccessKey": "aclFarUser11"})
         assert r.code == 1 and "Check signature failed for accessKey=aclFarUser11" in r.remark
-        assert rpc(near, R.GET_TOPIC_STATS_INFO, topic, creds=SessionCredentials("aclFarUser11", "aclFarSecret11")).code \
-            == ResponseCode.SUCCESS
+        far_key = SessionCredentials("aclFarUser11", "aclFarSecret11")
+        assert rpc(near, R.GET_TOPIC_STATS_INFO, topic, creds=far_key).code == ResponseCode.SUCCESS
     finally:
         far.close()
         near.close()
@@ -281,7 +286,8 @@ def test_hostile_auth_input_never_crashes_the_server(server):
         for fields, body in (({"AccessKey": "k" * (4 << 20), "Signature": "s" * (4 << 20)}, None),
                              ({"AccessKey": "aclAppUser1"}, None),
                              ({"Signature": "x"}, None),
-                             ({"AccessKey": "aclAppUser1", "Signature": "\u00e9\u6f22" * 1000, "b": "\ud7ff"}, b"\x00" * 1000)):
+                             ({"AccessKey": "aclAppUser1", "Signature": "\u00e9\u6f22" * 1000, "b": "\ud7ff"},
+                              b"\x00" * 1000)):
             r = rpc(c, R.SEND_MESSAGE_V2, fields, body)
             assert r.code == 1 and r.remark.startswith(ACL_EXCEPTION) and len(r.remark) < 1000
         r = rpc(c, R.HEART_BEAT, {}, b"[" * 50000, APP)

@@ -121,7 +121,7 @@ def tool_credentials(access_key: str | None = None, secret_key: str | None = Non
     return None
 
 
-__all__ = ["tool_credentials", "AclGate", "AclConfigError", "AclDenied", "PlainAclService", "PlainAccessValidator", "PlainAclConfig",
+__all__ = ["AclGate", "AclConfigError", "AclDenied", "PlainAclService", "PlainAccessValidator", "PlainAclConfig",
            "PlainAccount", "RemotingSigner", "SessionCredentials", "Perm", "ADMIN_CODES", "acl_enabled",
-           "check_permission", "parse_perm", "parse_plain_acl", "load_plain_acl", "plain_acl_path",
-           "sign_fields", "grpc_authorization", "inner_client_signer", "INNER_CREDENTIALS_KEY"]
+           "check_permission", "parse_perm", "parse_plain_acl", "load_plain_acl", "plain_acl_path", "sign_fields",
+           "grpc_authorization", "inner_client_signer", "tool_credentials", "INNER_CREDENTIALS_KEY"]
