@@ -20,15 +20,15 @@ _BY_NAME = {"PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB, 
 PERM_NAMES = tuple(_BY_NAME)
 
 # Request codes only an `admin: true` account may send (Permission.ADMIN_CODE, the same in 4.4.0 and 5.x).
-ADMIN_CODES = frozenset({RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG,
-                         RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-                         RequestCode.DELETE_SUBSCRIPTIONGROUP})
+ADMIN_CODES = frozenset(map(int, (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG,
+                                  RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                                  RequestCode.DELETE_SUBSCRIPTIONGROUP)))
 
 # The name server's writes: with ACL on, only a peer of globalWhiteRemoteAddresses or an admin account's
 # signed request (RocketMQ 4.4.0's name server checks nothing).
-NAMESRV_WRITE_CODES = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
-                                 RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG,
-                                 RequestCode.DELETE_TOPIC_IN_NAMESRV, RequestCode.WIPE_WRITE_PERM_OF_BROKER})
+NAMESRV_WRITE_CODES = frozenset(map(int, (RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
+                                          RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG,
+                                          RequestCode.DELETE_TOPIC_IN_NAMESRV, RequestCode.WIPE_WRITE_PERM_OF_BROKER)))
 
 
 def parse_perm(text) -> int:

@@ -56,55 +56,76 @@ def _q(s: str) -> str:
 
 
 # --- what a remoting request names ----------------------------------------------------------------------
+_RETRY = RETRY_GROUP_TOPIC_PREFIX
+
+
+def _send(topic_key: str, group_key: str):
+    """A send: PUB on its topic; to a %RETRY% topic (a consumer's retry), SUB on the sending group."""
+    def resources(ext, body):
+        topic = ext.get(topic_key)
+        if topic is not None and topic.startswith(_RETRY):
+            g = ext.get(group_key)
+            return {} if g is None else {_RETRY + g: SUB}
+        return {} if topic is None else {topic: PUB}
+    return resources
+
+
+def _named(*items: tuple[str, int, bool]):
+    """The resources named by header fields: (field, permission, is a group)."""
+    def resources(ext, body):
+        out = {}
+        for key, perm, group in items:
+            v = ext.get(key)
+            if v is not None:
+                out[_RETRY + v if group else v] = perm
+        return out
+    return resources
+
+
+def _heartbeat(ext, body) -> dict[str, int]:
+    """Each consumer of a HEART_BEAT body: SUB on its group and on every topic it subscribes."""
+    try:
+        data = fastjson.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        raise AclDenied("the HEART_BEAT body is not JSON") from None
+    consumers = data.get("consumerDataSet") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(consumers, (list, type(None))):
+        raise AclDenied("the HEART_BEAT body is not a heartbeat")
+    out: dict[str, int] = {}
+    for c in consumers or ():
+        subs = c.get("subscriptionDataSet") if isinstance(c, dict) else None
+        if not isinstance(c, dict) or not isinstance(subs, (list, type(None))):
+            raise AclDenied("the HEART_BEAT body has a consumer that is not one")
+        name = c.get("groupName")
+        if isinstance(name, str):
+            out[_RETRY + name] = SUB
+        for sd in subs or ():
+            topic = sd.get("topic") if isinstance(sd, dict) else None
+            if isinstance(topic, str):
+                out[topic] = SUB
+    return out
+
+
+_R = RequestCode
+_RESOURCES = {int(code): fn for code, fn in (
+    (_R.SEND_MESSAGE, _send("topic", "producerGroup")),
+    (_R.SEND_MESSAGE_V2, _send("b", "a")),
+    (_R.SEND_BATCH_MESSAGE, _send("b", "a")),
+    (_R.CONSUMER_SEND_MSG_BACK, _named(("group", SUB, True))),
+    (_R.PULL_MESSAGE, _named(("topic", SUB, False), ("consumerGroup", SUB, True))),
+    (_R.QUERY_MESSAGE, _named(("topic", SUB, False))),
+    (_R.HEART_BEAT, _heartbeat),
+    (_R.UNREGISTER_CLIENT, _named(("consumerGroup", SUB, True))),
+    (_R.GET_CONSUMER_LIST_BY_GROUP, _named(("consumerGroup", SUB, True))),
+    (_R.UPDATE_CONSUMER_OFFSET, _named(("consumerGroup", SUB, True), ("topic", SUB, False))))}
+
+
 def remoting_resources(code: int, ext: Mapping[str, str], body: bytes | None) -> dict[str, int]:
     """The resources a remoting request needs and the permission for each (PlainAccessResource.parse of
     RocketMQ 5, which fixed 4.4.0: batches are checked, a send to a retry topic and a send-back need the
-    group's SUB)."""
-    R = RequestCode
-    out: dict[str, int] = {}
-
-    def add(resource, perm):
-        if resource is not None:
-            out[resource] = perm
-
-    def group(name):
-        return None if name is None else retry_topic(name)
-    if code == R.SEND_MESSAGE_V2 or code == R.SEND_BATCH_MESSAGE or code == R.SEND_MESSAGE:
-        topic = ext.get("b") if code != R.SEND_MESSAGE else ext.get("topic")
-        if topic is not None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            add(group(ext.get("a") if code != R.SEND_MESSAGE else ext.get("producerGroup")), SUB)
-        else:
-            add(topic, PUB)
-    elif code == R.CONSUMER_SEND_MSG_BACK:
-        add(group(ext.get("group")), SUB)
-    elif code == R.PULL_MESSAGE:
-        add(ext.get("topic"), SUB)
-        add(group(ext.get("consumerGroup")), SUB)
-    elif code == R.QUERY_MESSAGE:
-        add(ext.get("topic"), SUB)
-    elif code == R.HEART_BEAT:
-        try:
-            data = fastjson.loads(body or b"{}")
-        except (ValueError, RecursionError):
-            raise AclDenied("the HEART_BEAT body is not JSON") from None
-        consumers = data.get("consumerDataSet") if isinstance(data, dict) else None
-        if not isinstance(data, dict) or not isinstance(consumers, (list, type(None))):
-            raise AclDenied("the HEART_BEAT body is not a heartbeat")
-        for c in consumers or ():
-            subs = c.get("subscriptionDataSet") if isinstance(c, dict) else None
-            if not isinstance(c, dict) or not isinstance(subs, (list, type(None))):
-                raise AclDenied("the HEART_BEAT body has a consumer that is not one")
-            name = c.get("groupName")
-            add(group(name) if isinstance(name, str) else None, SUB)
-            for s in subs or ():
-                topic = s.get("topic") if isinstance(s, dict) else None
-                add(topic if isinstance(topic, str) else None, SUB)
-    elif code == R.UNREGISTER_CLIENT or code == R.GET_CONSUMER_LIST_BY_GROUP:
-        add(group(ext.get("consumerGroup")), SUB)
-    elif code == R.UPDATE_CONSUMER_OFFSET:
-        add(group(ext.get("consumerGroup")), SUB)
-        add(ext.get("topic"), SUB)
-    return out
+    group's SUB); none for any other code."""
+    fn = _RESOURCES.get(code)
+    return fn(ext, body) if fn is not None else {}
 
 
 # --- what a gRPC request names ----------------------------------------------------------------------
