@@ -136,6 +136,20 @@ def test_every_field_and_the_body_are_signed(validator):
         "Check signature failed for accessKey=aclAppUser1"
 
 
+def test_a_query_by_unique_key_is_accepted_signed_either_way(validator):
+    """A 4.x Java client adds _UNIQUE_KEY_QUERY after signing (RocketMQ 5 leaves it out of the content for
+    clients up to 4.9.3); rmqstore's client signs it with the rest (as RocketMQ 4.4.0's broker wants)."""
+    query = {"topic": "AclTopicMain", "key": "0A0B", "maxNum": "32", "beginTimestamp": "0", "endTimestamp": "1"}
+    java = request(R.QUERY_MESSAGE, query, None, APP)
+    java.ext_fields["_UNIQUE_KEY_QUERY"] = "true"
+    ours = request(R.QUERY_MESSAGE, {**query, "_UNIQUE_KEY_QUERY": "true"}, None, APP)
+    for cmd in (java, ours):
+        assert refusal(validator, cmd) is None
+    forged = request(R.QUERY_MESSAGE, {**query, "_UNIQUE_KEY_QUERY": "true"}, None, APP)
+    forged.ext_fields["key"] = "0A0C"
+    assert refusal(validator, forged) == "Check signature failed for accessKey=aclAppUser1"
+
+
 def test_credentials_never_show_their_secret():
     c = SessionCredentials("aclAppUser1", "aclAppSecret1")
     assert "aclAppSecret1" not in repr(c) and "aclAppSecret1" not in repr(RemotingSigner(c))

@@ -262,7 +262,6 @@ class PlainAccessValidator:
         """A RemotingCommand from a client IP: its account (None: globally white-listed), or AclDenied."""
         ext = cmd.ext_fields or {}
         body = cmd.body
-
         tail = body or b""
 
         def contents():
