@@ -447,3 +447,17 @@ def test_grpc_calls_of_every_kind_are_refused_with_permission_denied(server):
                 with pytest.raises(grpc.RpcError) as ei:
                     call(md)
                 assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED, ei.value
+
+
+def test_bench_step_costs_and_table():
+    """The `acl` step of make bench: the in-process costs measured, and a run's figures as its table (the
+    server rounds themselves are `rmqstore serve` with and without ACL, as in the tests above)."""
+    from rmqstore.tools.suite.acl import acl_table, check_costs
+    costs = check_costs(n=50)
+    assert all(costs[k] > 0 for k in ("sign_us", "check_us", "decode_us", "grpc_check_us")), costs
+    run = {"async_msgs_per_s": 9000, "sync_msgs_per_s": 1500, "sync_latency_ms": {"p50": 0.4},
+           "async_cpu_us_per_msg": {"client": 40.0, "server": 45.0}, "async_errors": 0}
+    t = acl_table({"messages": 30000, "body_size": 256, "in_flight": 512, "rounds": 2, "off": run,
+                   "on": {**run, "async_msgs_per_s": 8000}, "in_process": costs})
+    assert [(row.ref, row.value) for row in t.rows] == [(True, 9000), (False, 8000), (False, 1500), (False, 1500)]
+    assert f"checking {costs['check_us']} us" in t.notes[0] and "server 45.0 / 45.0 us" in t.notes[0]

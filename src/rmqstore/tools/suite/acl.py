@@ -50,7 +50,7 @@ def _round(acl: bool, work: Path, n: int, n_sync: int, body: bytes, in_flight: i
             a.create_topic(TOPIC + "_sync", queues)
         p = Producer("bench_acl_pg", srv.namesrv_addr, max_async_in_flight=in_flight, credentials=user).start()
         try:
-            for f in [p.send_async(Message(TOPIC + "_sync", body)) for _ in range(500)]:      # warm-up
+            for f in [p.send_async(Message(TOPIC + "_sync", body)) for _ in range(min(500, n))]:      # warm-up
                 f.result(30)
             cpu0 = (cpu_seconds(), cpu_seconds(srv.proc.pid))
             t0 = time.perf_counter()
@@ -114,7 +114,7 @@ def check_costs(body_size: int = 256, n: int = 3_000) -> dict:
 
 
 def bench_acl(n: int = 30_000, n_sync: int = 3_000, *, body_size: int = 256, in_flight: int = 512, queues: int = 4,
-              rounds: int = 2) -> dict:
+              rounds: int = 2, cost_calls: int = 3_000) -> dict:
     """ACL off and on, `rounds` times each, alternating (a shared machine's noise falls on both); the best
     round of each is kept."""
     from ...broker.bench import bench_body
@@ -138,7 +138,7 @@ def bench_acl(n: int = 30_000, n_sync: int = 3_000, *, body_size: int = 256, in_
         best[key] = b
     return {"messages": n, "sync_messages": n_sync, "body_size": body_size, "in_flight": in_flight,
             "queues": queues, "rounds": rounds, "off": best.get("off", {}), "on": best.get("on", {}),
-            "in_process": check_costs(body_size)}
+            "in_process": check_costs(body_size, cost_calls)}
 
 
 def acl_table(r: dict) -> Table:
