@@ -454,3 +454,21 @@ def test_a_stopped_slaves_directory_refuses_offline_writers_until_promoted(tmp_p
         assert s.put_message(Message("T", b"now a master")).ok
     out = run_cli("load", "-c", str(_conf(tmp_path)), str(tmp_path / "s"), input=(line + "\n").encode())
     assert json.loads(out.stdout.splitlines()[0])["status"] == "PUT_OK"
+
+
+def test_the_ha_port_admits_only_the_peers_it_is_told(tmp_path):
+    """ha_accept (the broker sets ACL's globalWhiteRemoteAddresses test): a peer it refuses is closed at once
+    and never counts as a slave."""
+    port = free_port()
+    m = MessageStore(tmp_path / "m", master_cfg(port))
+    seen = []
+    m.ha_accept = lambda peer: seen.append(peer) or False
+    m.start()
+    try:
+        with MessageStore.open(tmp_path / "s", slave_cfg(port)):
+            wait_for(lambda: seen, what="a connection attempt")
+            time.sleep(0.3)
+            assert not m.ha_status().slaves
+            assert m.put_message(Message("T", b"x")).status is S.SLAVE_NOT_AVAILABLE
+    finally:
+        m.close()

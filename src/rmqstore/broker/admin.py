@@ -9,6 +9,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..acl import INNER_CREDENTIALS_KEY
 from ..errors import ConfigError
 from ..remoting import fastjson
 from ..remoting.codes import RequestCode, ResponseCode
@@ -174,7 +175,8 @@ class AdminBrokerProcessor:
         if not props.get("storePathRootDir"):
             props["storePathRootDir"] = str(getattr(self.ctx.store, "path", ""))
         for k, v in (self.ctx.cfg.extra or {}).items():
-            props.setdefault(k, str(v))
+            if k != INNER_CREDENTIALS_KEY:       # a secret: never answered nor persisted
+                props.setdefault(k, str(v))
         return props
 
     def get_broker_config(self, ch: Channel, req: RemotingCommand):

@@ -15,6 +15,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..acl import AclGate, inner_client_signer
 from ..store.config import StoreConfig
 from .admin import load_persisted_config
 from .core import Broker
@@ -53,6 +54,8 @@ class BrokerServer:
         self.servers: list[RemotingServer] = []
         self._tasks: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.acl: AclGate | None = None          # aclEnable=true: every port's requests pass this gate
+        self.signer = None                       # innerClientAuthenticationCredentials: signs our own requests
         self.started = False
         self._registering = False
         self._register_again = False
@@ -69,9 +72,16 @@ class BrokerServer:
             log.warning("haListenPort=%d ignored: the HA port is listenPort + 1 = %d, as RocketMQ's broker",
                         cfg.ha_listen_port, cfg.listen_port + 1)
         cfg.ha_listen_port = cfg.listen_port + 1
+        self.signer = inner_client_signer(cfg)
+        self.outer.signer = self.signer          # registrations and a slave's sync requests are signed
+        self.acl = AclGate.from_config(cfg)      # before the store: a bad plain_acl.yml stops the start
         if self.store is None:
             from ..store.store import MessageStore
-            self.store = await self.loop.run_in_executor(None, MessageStore.open, self.store_path, cfg)
+            store = MessageStore(self.store_path, cfg)
+            if self.acl is not None:     # the HA port admits only peers of globalWhiteRemoteAddresses
+                store.ha_accept = self.acl.trusted_peer
+            await self.loop.run_in_executor(None, store.start)
+            self.store = store
         try:
             await self._start_services()
         except BaseException:
@@ -94,16 +104,18 @@ class BrokerServer:
         if self.embedded_namesrv:
             self.namesrv = NameServer()
             nhost, nport = parse_addr(self.namesrv_addr)
-            ns = RemotingServer(nhost, nport, self.namesrv.handle, name="namesrv", idle_timeout=self.idle_timeout,
+            ns_handler = self.namesrv.handle if self.acl is None else self.acl.namesrv(self.namesrv.handle)
+            ns = RemotingServer(nhost, nport, ns_handler, name="namesrv", idle_timeout=self.idle_timeout,
                                 on_close=self.namesrv.on_close)
             await ns.start()
             self.servers.append(ns)
-        main = RemotingServer(host, cfg.listen_port, broker.handle, name="broker", idle_timeout=self.idle_timeout,
+        handler = broker.handle if self.acl is None else self.acl.remoting(broker.handle)
+        main = RemotingServer(host, cfg.listen_port, handler, name="broker", idle_timeout=self.idle_timeout,
                               on_close=broker.on_close)
         await main.start()
         self.servers.append(main)
         if cfg.listen_port >= 2:
-            vip = RemotingServer(host, cfg.listen_port - 2, broker.handle, name="broker-vip",
+            vip = RemotingServer(host, cfg.listen_port - 2, handler, name="broker-vip",
                                  idle_timeout=self.idle_timeout, on_close=broker.on_close)
             await vip.start()
             self.servers.append(vip)
@@ -260,6 +272,9 @@ class BrokerServer:
         if self.store is not None and self._own_store:
             await self.loop.run_in_executor(None, self.store.close)
             self.store = None
+        if self.acl is not None:
+            self.acl.shutdown()
+            self.acl = None
         self.started = False
 
     # --- addresses ------------------------------------------------------------------------------------

@@ -54,8 +54,9 @@ class _Peer:
 
 
 class BrokerOuterAPI:
-    def __init__(self):
+    def __init__(self, signer=None):
         self._peers: dict[str, _Peer] = {}
+        self.signer = signer            # ACL: signs each request (acl's client hook), or None
 
     async def request(self, addr: str, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
         peer = self._peers.get(addr)
@@ -63,6 +64,8 @@ class BrokerOuterAPI:
             host, port = split_addr(addr)
             r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
             peer = self._peers[addr] = _Peer(r, w)
+        if self.signer is not None:
+            self.signer(cmd)
         fut = asyncio.get_running_loop().create_future()
         peer.pending[cmd.opaque] = fut
         try:

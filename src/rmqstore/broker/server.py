@@ -12,6 +12,9 @@ updateBrokerConfig changed (persisted in STORE/config/broker.properties) win ove
 
 grpcListenPort (8081; -1 off): the RocketMQ 5 gRPC endpoint (rmqstore.proxy, needs the `grpc` extra).
 
+aclEnable (false), rocketmqHome (else $ROCKETMQ_HOME), innerClientAuthenticationCredentials: plain ACL on
+every port (rmqstore.acl; the rules in HOME/conf/plain_acl.yml).
+
 On start it prints one JSON line to stdout, `{"event": "ready", "namesrv": ..., "broker": ..., "vip": ...,
 "grpc": host:port or null}`.
 SIGTERM / SIGINT stop it cleanly: connections closed, consumer offsets and topics persisted, store closed.
@@ -84,7 +87,8 @@ async def _start_grpc(server: BrokerServer):
     except ImportError as e:
         log.warning("no gRPC endpoint (RocketMQ 5 clients): %s", e)
         return None
-    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups)
+    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups,
+                            acl=server.acl)
     try:
         await proxy.start()
     except OSError as e:

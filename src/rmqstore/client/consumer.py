@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Callable
 
+from ..acl.signature import RemotingSigner, SessionCredentials
 from ..remoting.subscription import SubscriptionData
 from ..common.allocate import allocate_averagely  # AllocateMessageQueueAveragely
 from ..remoting.codes import (MASTER_ID, PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
@@ -184,7 +185,9 @@ class _ConsumerBase:
                  pull_threshold_size_for_queue: int = 100 * 1024 * 1024,
                  broker_suspend_max_time_millis: int = BROKER_SUSPEND_MAX_TIME_MILLIS,
                  allocate: Callable[[str, str, list, list], list] = allocate_averagely,
-                 vip_channel_enabled: bool = True, language: str = "JAVA", client_ip: str | None = None):
+                 vip_channel_enabled: bool = True, language: str = "JAVA", client_ip: str | None = None,
+                 credentials: SessionCredentials | None = None):
+        """credentials: plain ACL's access and secret key; every request is then signed (AclClientRPCHook)."""
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.instance_name = instance_name
@@ -198,6 +201,7 @@ class _ConsumerBase:
         self.vip_channel_enabled = vip_channel_enabled
         self.language = language
         self.client_ip = client_ip
+        self._signer = RemotingSigner(credentials) if credentials is not None else None
         self.message_model = MessageModel.CLUSTERING
         self.subscriptions: dict[str, SubscriptionData] = {}
         self.topic_queues: dict[str, set[MessageQueue]] = {}
@@ -245,7 +249,7 @@ class _ConsumerBase:
         name = self.instance_name
         for attempt in range(64):
             inst = MQClientInstance.get(self.namesrv_addr, name, self.client_ip, language=self.language,
-                                        vip_channel_enabled=self.vip_channel_enabled)
+                                        vip_channel_enabled=self.vip_channel_enabled, rpc_hook=self._signer)
             try:
                 inst.register_consumer(self.group, self)
                 break

@@ -263,7 +263,9 @@ _QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", 
                "flushConsumerOffsetInterval", "transactionTimeOut", "transactionCheckMax",
                "transactionCheckInterval",
                # read from `extra` by the gRPC endpoint (rmqstore.proxy)
-               "grpcListenPort"}
+               "grpcListenPort",
+               # read from `extra` by rmqstore.acl (with aclEnable): where plain_acl.yml is; the broker's own keys
+               "rocketmqHome", "innerClientAuthenticationCredentials"}
 
 
 def _coerce(typ, key: str, raw, source: str | None):

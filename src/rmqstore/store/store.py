@@ -63,6 +63,7 @@ class MessageStore(StoreReadAPI):
         self._services_running = False
         self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
         self.ha: HAService | None = None  # replication (store/ha), once started: a SLAVE, or listening
+        self.ha_accept = None             # set before start: which peers ("host:port") the HA port admits
         self.running_flags.slave = self.config.is_slave
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class MessageStore(StoreReadAPI):
         if not (cfg.is_slave or listen_port(cfg)):
             return
         flush = self.commit_log.queue.flush if cfg.is_slave and cfg.flush_disk_type == "SYNC_FLUSH" else None
-        self.ha = HAService(self.commit_log, self.dispatcher, cfg, self.failures, flush)
+        self.ha = HAService(self.commit_log, self.dispatcher, cfg, self.failures, flush, accept=self.ha_accept)
         self.ha.start()
 
     def ha_status(self) -> HAStatus | None:

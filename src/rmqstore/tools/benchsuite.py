@@ -28,6 +28,8 @@ Workloads (sizes per scale in SCALES; full = the sizes of issue #7):
                 dispatch, SYNC_FLUSH from 1 and 16 threads; its rows join the tables above and a side-by-side
                 table; when it is not built the report says so and how to build it (no figure is quoted);
 - spark, server (full scale only) bench_spark / bench_server, as rows with ratios;
+- acl (full scale only)  suite/acl.py: `rmqstore serve` with plain ACL on (every request signed by
+                the client, checked by the server) beside the same sends with it off; one check in process.
 - grpc (full scale only)  bench_grpc (the official Python 5.x client over gRPC: send, receive + ack) beside
                 the server step's remoting rows, ratios against remoting async send.
 """
@@ -44,6 +46,7 @@ import time
 from pathlib import Path
 
 from .bench import machine_info
+from .suite.acl import AclWorkloads
 from .suite.appends import AppendWorkloads
 from .suite.common import REFERENCE_BUILD, ROCKETMQ, SCALES, Table, _fmt_rate, find_reference, run_reference
 from .suite.lifecycle import LifecycleWorkloads
@@ -54,7 +57,7 @@ __all__ = ["REFERENCE_BUILD", "SCALES", "Suite", "Table", "default_outputs", "fi
            "render_markdown", "run_reference", "server_table", "spark_table"]
 
 
-class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads):
+class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads, AclWorkloads):
     """Every workload of the suite (one mixin per group, in suite/), run in order into tables."""
 
     def __init__(self, scale: str, work: Path, log=print):
@@ -75,7 +78,8 @@ class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloa
                  ("consume", self.consume), ("key_lookup", self.key_lookup), ("restart", self.restart),
                  ("e2e", self.e2e), ("long_poll", self.long_poll), ("rocketmq", self.rocketmq)]
         if self.p["extras"]:
-            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc), ("ha", self.ha)]
+            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc), ("acl", self.acl),
+                      ("ha", self.ha)]
         try:
             for name, fn in steps:
                 if only and name not in only:

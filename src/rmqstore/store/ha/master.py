@@ -18,6 +18,7 @@ import asyncio
 import logging
 import struct
 import time
+from typing import Callable
 
 from .. import codec
 from ..commit_log import CommitLog
@@ -199,8 +200,10 @@ class HAConnection:
 class HAServer:
     """AcceptSocketService: the HA port; a task per connection (at most max_connections at once)."""
 
-    def __init__(self, host: str, port: int, make_connection, max_connections: int = 1000):
+    def __init__(self, host: str, port: int, make_connection, max_connections: int = 1000,
+                 accept: Callable[[str], bool] | None = None):
         self.host, self.port = host, port
+        self.accept = accept            # which peers ("host:port") may connect (ACL's whitelist); None: all
         self.make_connection = make_connection
         self.max_connections = max_connections
         self.connections: set[HAConnection] = set()
@@ -224,6 +227,11 @@ class HAServer:
                             writer.get_extra_info("peername"), self.refused)
             writer.close()
             return
+        if self.accept is not None:
+            peer = writer.get_extra_info("peername")
+            if not self.accept(f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)):
+                writer.close()
+                return
         sock = writer.get_extra_info("socket")
         if sock is not None:
             _tune(sock)

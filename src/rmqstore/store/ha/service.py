@@ -79,13 +79,13 @@ def listen_port(config: StoreConfig) -> int:
 
 class HAService:
     def __init__(self, commit_log: CommitLog, dispatcher, config: StoreConfig, failures: FailureChannel,
-                 flush: Callable[[], None] | None = None):
+                 flush: Callable[[], None] | None = None, accept: Callable[[str], bool] | None = None):
         self.cl, self.dispatcher, self.config, self.failures = commit_log, dispatcher, config, failures
         self.role = config.role
         self.transfer = GroupTransfer(config.ha_slave_fallbehind_max, config.sync_flush_timeout)
         port = listen_port(config)
         host = config.broker_ip2 or config.broker_ip1 or "127.0.0.1"
-        self.server = HAServer(host, port, self._connection) if port else None
+        self.server = HAServer(host, port, self._connection, accept=accept) if port else None
         self.batch = config.ha_transfer_batch_size
         self.client = HAClient(commit_log, dispatcher, config, failures, flush) if config.is_slave else None
         self.loop: asyncio.AbstractEventLoop | None = None
