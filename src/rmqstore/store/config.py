@@ -244,7 +244,7 @@ class StoreConfig:
         lines = []
         for f in dataclasses.fields(self):
             if f.name != "extra":
-                v = getattr(self, f.name)
+                v = self.role.value if f.name == "broker_role" else getattr(self, f.name)
                 lines.append(f"{self.java_name(f.name)}={str(v).lower() if isinstance(v, bool) else v}")
         return "\n".join(lines) + "\n"
 
