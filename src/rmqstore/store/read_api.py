@@ -14,6 +14,7 @@ from typing import Protocol
 from . import codec
 from . import scanner
 from .consume_queue import UNIT, ConsumeQueue
+from .consume_queue_ext import MAX_ADDR as MAX_EXT_ADDR
 from .message import GetMessageResult, GetMessageStatus, MessageExt
 
 log = logging.getLogger("rmqstore.store.store")
@@ -25,7 +26,9 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover
 
 
 class MessageFilter(Protocol):
-    """RocketMQ's MessageFilter: first by the consume queue's tags code, then by the message itself."""
+    """RocketMQ's MessageFilter: first by the consume queue's tags code, then by the message itself. A filter
+    may also have `is_matched_by_cq_ext(store_time, bit_map) -> bool`: asked for units whose consume queue
+    extension unit (consume_queue_ext.py) is readable, before the message is read."""
 
     def is_matched_by_consume_queue(self, tags_code: int | None) -> bool: ...
 
@@ -77,8 +80,14 @@ class StoreReadAPI:
         i = 0
         n = len(units)
         unpack = codec.CQ_UNIT.unpack_from
+        ext_table = getattr(self, "consume_queue_ext", None)
+        by_ext = getattr(message_filter, "is_matched_by_cq_ext", None)
         while i < n and i < max_filter:
             off_py, size_py, tags = unpack(units, i)
+            ext = None
+            if tags <= MAX_EXT_ADDR:    # an address in the consume queue extension: the tags code is there
+                ext = ext_table.unit(cq.topic, cq.queue_id, tags) if ext_table is not None else None
+                tags = ext.tags_code if ext is not None else None
             max_phy_pulling = off_py
             if next_phy_file_start is not None and off_py < next_phy_file_start:
                 i += UNIT
@@ -92,8 +101,9 @@ class StoreReadAPI:
             in_disk = max_py - off_py > memory
             if self._batch_full(size_py, max_msg_nums, result, in_disk):
                 break
-            if message_filter is not None and not message_filter.is_matched_by_consume_queue(tags):
-                i += UNIT
+            if message_filter is not None and (not message_filter.is_matched_by_consume_queue(tags) or (
+                    ext is not None and by_ext is not None and not by_ext(ext.store_time, ext.bit_map))):
+                i += UNIT       # not read: its tags code (or its filter bit map) says it does not match
                 continue
             msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
             if msg is None and off_py + size_py > max_py:
