@@ -153,3 +153,18 @@ def test_delay_queue_reads_delivery_times_through_the_extension(tmp_path):
 @pytest.mark.parametrize("raw", [b"", b"\x00\x05", b"\x00\x14" + b"\x00" * 16 + b"\x00\x02", b"\xff\xff"])
 def test_bad_units_decode_to_none(raw):
     assert CqExtUnit.decode(raw) is None
+
+
+def test_bench_step_measures_the_three_ways(tmp_path):
+    """`make bench`'s sql92 step at the tiny scale: its rows are there (structure, not speed)."""
+    from rmqstore.tools.benchsuite import Suite
+    suite = Suite("tiny", tmp_path)
+    try:
+        t = suite.sql92()
+    finally:
+        for s in suite.state.pop("stores", []):
+            s.close()
+    assert [r.system.split(",")[0].split(" (")[0] for r in t.rows] == [
+        "rmqstore SQL92 selector", "rmqstore SQL92 selector", "rmqstore tag filter", "rmqstore put + dispatch",
+        "rmqstore put + dispatch"]
+    assert all(r.value and r.value > 0 for r in t.rows) and "20 delivered" in t.rows[0].text

@@ -175,11 +175,17 @@ class ExpressionMessageFilter:
     def is_matched_by_consume_queue(self, tags_code) -> bool:
         return True
 
-    def is_matched_by_cq_ext(self, store_time: int, bit_map: bytes | None) -> bool:
-        if not self._bloom_ok or bit_map is None or not self.data.is_msg_in_live(store_time) \
-                or len(bit_map) * 8 != self.data.bloom.bit_num:
-            return True
-        return BloomFilter.is_hit(self.data.bloom, bit_map)
+    def cq_ext_mask(self, store_times, bit_maps, has_bit_map):
+        """Which units must be read (numpy bool array): all but those whose bit map, computed after the group
+        registered and of the bloom filter's length, misses the group's bits."""
+        import numpy as np
+        n = len(store_times)
+        if not self._bloom_ok or bit_maps is None or bit_maps.shape[1] * 8 != self.data.bloom.bit_num:
+            return np.ones(n, dtype=bool)
+        hit = np.ones(n, dtype=bool)
+        for p in self.data.bloom.bit_pos:
+            hit &= (bit_maps[:, p >> 3] & (1 << (p & 7))) != 0
+        return hit | ~has_bit_map | (store_times <= self.data.born_time)
 
     def is_matched_by_commit_log(self, msg) -> bool:
         return self.compiled.matches_cached(msg.properties)

@@ -43,6 +43,8 @@ END_BLANK_DATA_LENGTH = 4
 MAX_ADDR = -(1 << 31) - 1           # Integer.MIN_VALUE - 1: a tags code at or below it is an address
 LONG_MIN = -(1 << 63)
 _HEAD = struct.Struct(">hqqh")
+_HEAD_NP = np.dtype([("size", ">i2"), ("tags", ">i8"), ("time", ">i8"), ("bm_len", ">i2")])
+_HEAD_IDX = np.arange(_HEAD.size)
 _END_MARK = struct.pack(">h", -1)
 
 BitMapCalculator = Callable[[str, list], "list[bytes] | None"]   # (topic, properties of each message)
@@ -84,6 +86,17 @@ class CqExtUnit:
         return cls(tags, store_time, bytes(buf[pos + _HEAD.size:pos + size]) if bm_len else None)
 
 
+@dataclass
+class ExtColumns:
+    """Ext units read for many consume queue units: ok (readable), tags codes, store times, and the bit maps
+    (a row per unit, None when no unit has one) with has_bit_map telling which rows hold one."""
+    ok: np.ndarray
+    tags: np.ndarray
+    store_times: np.ndarray
+    bit_maps: np.ndarray | None
+    has_bit_map: np.ndarray
+
+
 class ConsumeQueueExt:
     """The extension files of one consume queue."""
 
@@ -117,6 +130,10 @@ class ConsumeQueueExt:
     def put(self, units: list[CqExtUnit]) -> list[int] | None:
         """Append units; their addresses, or None when a file cannot be created (the caller keeps the plain
         tags codes, as RocketMQ does when an ext put fails)."""
+        return self.put_encoded([u.encode() for u in units])
+
+    def put_encoded(self, units: list[bytes]) -> list[int] | None:
+        """put() of units already encoded (encode_units)."""
         out: list[int] = []
         with self.lock:
             q = self.queue
@@ -129,7 +146,7 @@ class ConsumeQueueExt:
                 room = self.file_size - mf.wrote_position - END_BLANK_DATA_LENGTH
                 parts, addrs, used = [], [], 0
                 while i < len(units):
-                    b = units[i].encode()
+                    b = units[i]
                     if used + len(b) > room:
                         break
                     addrs.append(decorate(mf.file_from_offset + mf.wrote_position + used))
@@ -158,6 +175,38 @@ class ConsumeQueueExt:
         bm_len = struct.unpack_from(">h", head, 18)[0]
         raw = head if bm_len <= 0 else mf.read(pos, _HEAD.size + bm_len)
         return CqExtUnit.decode(raw) if raw is not None else None
+
+    def read_columns(self, addresses: np.ndarray) -> "ExtColumns":
+        """The units at many addresses at once (numpy gathers from the mapped files): the read path's batch."""
+        n = len(addresses)
+        real = (addresses.astype(np.int64).view(np.uint64) + np.uint64(1 << 63)).view(np.int64)
+        ok = np.zeros(n, dtype=bool)
+        tags, times, bm_len = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+        where: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []      # (rows, positions, file bytes)
+        for mf in list(self.queue.files):
+            sel = np.flatnonzero((real >= mf.file_from_offset) & (real < mf.file_from_offset + self.file_size))
+            if not len(sel):
+                continue
+            limit = mf.read_position
+            pos = real[sel] - mf.file_from_offset
+            sel, pos = sel[pos + _HEAD.size <= limit], pos[pos + _HEAD.size <= limit]
+            try:
+                buf = np.frombuffer(mf.mm, dtype=np.uint8)
+            except ValueError:      # unmapped under us (the file was deleted)
+                continue
+            h = np.ascontiguousarray(buf[pos[:, None] + _HEAD_IDX]).view(_HEAD_NP).ravel()
+            good = (h["bm_len"] >= 0) & (h["size"] == MIN_EXT_UNIT_SIZE + h["bm_len"]) & (pos + h["size"] <= limit)
+            rows = sel[good]
+            ok[rows], tags[rows], times[rows], bm_len[rows] = True, h["tags"][good], h["time"][good], h["bm_len"][good]
+            where.append((rows, pos[good], buf))
+        width = int(bm_len.max()) if n else 0
+        maps = None
+        if width:
+            maps = np.zeros((n, width), dtype=np.uint8)
+            for rows, pos, buf in where:
+                full = bm_len[rows] == width        # (units with another length keep no bit map: read)
+                maps[rows[full]] = buf[(pos[full] + MIN_EXT_UNIT_SIZE)[:, None] + np.arange(width)]
+        return ExtColumns(ok, tags, times, maps, (bm_len == width) & ok if width else np.zeros(n, dtype=bool))
 
     def truncate_by_max_address(self, address: int) -> None:
         """Forget units after the one at address (the last a consume queue unit points at)."""
@@ -224,6 +273,33 @@ class ConsumeQueueExtTable:
         ext = self.table.get((topic, queue_id))
         return ext.get(address) if ext is not None else None
 
+    def resolve(self, topic: str, queue_id: int, units: bytes, message_filter) -> tuple[list, list] | None:
+        """For a run of consume queue units (the read path's buffer): each unit's real tags code (None when
+        its ext unit cannot be read) and whether the filter's bit map test rules it out, or None when no
+        unit holds an ext address. The filter's optional `cq_ext_mask(store_times, bit_maps, has_bit_map)`
+        answers, for all units at once, which must still be read."""
+        codes = np.frombuffer(units, dtype=codec.CQ_DTYPE)["tags_code"].astype(np.int64)
+        is_ext = codes <= MAX_ADDR
+        if not is_ext.any():
+            return None
+        tags: list = codes.tolist()
+        skip = [False] * len(codes)
+        ext = self.table.get((topic, queue_id))
+        rows = np.flatnonzero(is_ext)
+        if ext is None:
+            for r in rows.tolist():
+                tags[r] = None
+            return tags, skip
+        cols = ext.read_columns(codes[rows])
+        for r, ok, t in zip(rows.tolist(), cols.ok.tolist(), cols.tags.tolist()):
+            tags[r] = t if ok else None
+        mask_of = getattr(message_filter, "cq_ext_mask", None)
+        if mask_of is not None and cols.bit_maps is not None:
+            read = mask_of(cols.store_times, cols.bit_maps, cols.has_bit_map)
+            for r in rows[~read].tolist():
+                skip[r] = True
+        return tags, skip
+
     # --- write (the dispatcher) -------------------------------------------------------------------------
     def decorate(self, batch, consume_queues):
         """The batch (DispatchBatch or DispatchRequests) with each new consume queue unit's tags code replaced
@@ -244,10 +320,9 @@ class ConsumeQueueExtTable:
             if not len(part):
                 continue
             offs, sizes = batch.offsets[part].tolist(), batch.sizes[part].tolist()
-            maps = self._bit_maps(topic, lambda: [self._properties(o, s) for o, s in zip(offs, sizes)])
-            units = [CqExtUnit(t, ts, maps[k] if maps else None)
-                     for k, (t, ts) in enumerate(zip(tags[part].tolist(), batch.store_timestamps[part].tolist()))]
-            addrs = self.find_or_create(topic, qid).put(units)
+            maps = self._bit_maps(topic, lambda: self._properties(offs, sizes))
+            addrs = self.find_or_create(topic, qid).put_encoded(
+                encode_units(tags[part].tolist(), batch.store_timestamps[part].tolist(), maps))
             if addrs is not None:
                 tags[part] = addrs
         out = codec.DispatchBatch.__new__(codec.DispatchBatch)
@@ -269,11 +344,10 @@ class ConsumeQueueExtTable:
             if not ids:
                 continue
             # (a DispatchRequest carries only the properties the store reads: the record has them all)
-            maps = self._bit_maps(topic, lambda: [self._properties(reqs[i].commit_log_offset, reqs[i].msg_size)
-                                                  for i in ids])
-            units = [CqExtUnit(reqs[i].tags_code, reqs[i].store_timestamp, maps[k] if maps else None)
-                     for k, i in enumerate(ids)]
-            addrs = self.find_or_create(topic, qid).put(units)
+            maps = self._bit_maps(topic, lambda: self._properties([reqs[i].commit_log_offset for i in ids],
+                                                                  [reqs[i].msg_size for i in ids]))
+            addrs = self.find_or_create(topic, qid).put_encoded(
+                encode_units([reqs[i].tags_code for i in ids], [reqs[i].store_timestamp for i in ids], maps))
             if addrs is not None:
                 for i, a in zip(ids, addrs):
                     out[i] = dataclasses.replace(reqs[i], tags_code=a)
@@ -289,15 +363,14 @@ class ConsumeQueueExtTable:
             log.exception("computing filter bit maps for %s failed", topic)
             return None
 
-    def _properties(self, offset: int, size: int) -> dict:
-        """Every property of the record at offset ({} when it cannot be read)."""
-        raw = self.commit_log.get_message(offset, size)
+    def _properties(self, offsets: list[int], sizes: list[int]) -> list[dict]:
+        """Every property of each record ({} when it cannot be read): the records' bytes read at once when
+        they lie in one commitlog file (a batch's usually do)."""
+        lo, hi = offsets[0], offsets[-1] + sizes[-1]
+        raw = self.commit_log.get_message(lo, hi - lo) if 0 <= hi - lo <= 64 << 20 else None
         if raw is None:
-            return {}
-        try:
-            return codec.dispatch_request_at(raw, 0, offset).properties
-        except (codec.RecordError, struct.error, ValueError):
-            return {}
+            return [_record_properties(self.commit_log.get_message(o, s), 0) for o, s in zip(offsets, sizes)]
+        return [_record_properties(raw, o - lo) for o in offsets]
 
     # --- upkeep ------------------------------------------------------------------------------------------
     def clean(self, consume_queues) -> int:
@@ -317,6 +390,28 @@ class ConsumeQueueExtTable:
     def shutdown(self) -> None:
         for ext in list(self.table.values()):
             ext.shutdown()
+
+
+def encode_units(tags: list[int], store_times: list[int], bit_maps: list[bytes] | None) -> list[bytes]:
+    """CqExtUnit.encode for many units."""
+    if not bit_maps:
+        head = struct.Struct(">hqqh").pack
+        return [head(MIN_EXT_UNIT_SIZE, t, ts, 0) for t, ts in zip(tags, store_times)]
+    return [_HEAD.pack(MIN_EXT_UNIT_SIZE + len(bm), t, ts, len(bm)) + bm
+            for t, ts, bm in zip(tags, store_times, bit_maps)]
+
+
+def _record_properties(buf, pos: int) -> dict:
+    """The properties of the message record at pos of buf ({} when it cannot be read)."""
+    if buf is None:
+        return {}
+    try:
+        magic = struct.unpack_from(">I", buf, pos + 4)[0]
+        hs = codec.header_struct(struct.unpack_from(">i", buf, pos + codec.POS_SYSFLAG)[0])
+        body_len = struct.unpack_from(">i", buf, pos + hs.size - 4)[0]
+        return codec.topic_and_properties(buf, pos + hs.size + body_len, magic)[1]
+    except (struct.error, ValueError, IndexError):
+        return {}
 
 
 def _last_address(cq) -> int | None:
