@@ -142,40 +142,34 @@ class Relation(Binary):
         return relation
 
 
-class And(Binary):
+class _Logic(Binary):
+    """AND / OR: three-valued, left to right; `stop` (FALSE for AND, TRUE for OR) decides at once, without
+    evaluating the right side when the left side has it; otherwise an unknown side makes it unknown."""
     boolean = True
+    stop = False
+
+    def compile(self) -> Evaluator:
+        lf, rf, stop = self.left.compile(), self.right.compile(), self.stop
+
+        def logic(props):
+            lv = lf(props)
+            if lv is stop:
+                return stop
+            rv = rf(props)
+            if rv is stop:
+                return stop
+            return None if lv is None or rv is None else not stop
+        return logic
+
+
+class And(_Logic):
     symbol = "&&"
-
-    def compile(self) -> Evaluator:
-        lf, rf = self.left.compile(), self.right.compile()
-
-        def and_(props):
-            lv = lf(props)
-            if lv is False:
-                return False
-            rv = rf(props)
-            if rv is False:
-                return False
-            return None if lv is None or rv is None else True
-        return and_
+    stop = False
 
 
-class Or(Binary):
-    boolean = True
+class Or(_Logic):
     symbol = "||"
-
-    def compile(self) -> Evaluator:
-        lf, rf = self.left.compile(), self.right.compile()
-
-        def or_(props):
-            lv = lf(props)
-            if lv is True:
-                return True
-            rv = rf(props)
-            if rv is True:
-                return True
-            return None if lv is None or rv is None else False
-        return or_
+    stop = True
 
 
 @dataclass(eq=False)

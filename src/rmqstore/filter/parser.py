@@ -119,25 +119,21 @@ class Parser:
                             f"Expression will not result in a boolean value: {e.java()}")
 
     def _or(self) -> X.Expression:
-        left = self._and()
-        while True:
-            if self._kind() != Kind.OR:
-                self._gave_up("or", (Kind.OR,))
-                return left
-            self._consume(Kind.OR)
-            right = self._and()
-            left = X.Or(self._as_boolean(left), self._as_boolean(right))
-            self._check_depth(left)
+        return self._logic(self._and, Kind.OR, "or", X.Or)
 
     def _and(self) -> X.Expression:
-        left = self._equality()
+        return self._logic(self._equality, Kind.AND, "and", X.And)
+
+    def _logic(self, operand, kind: Kind, point: str, make) -> X.Expression:
+        """operand {kind operand}, left-associative; each side must be boolean (a property is cast)."""
+        left = operand()
         while True:
-            if self._kind() != Kind.AND:
-                self._gave_up("and", (Kind.AND,))
+            if self._kind() != kind:
+                self._gave_up(point, (kind,))
                 return left
-            self._consume(Kind.AND)
-            right = self._equality()
-            left = X.And(self._as_boolean(left), self._as_boolean(right))
+            self._consume(kind)
+            right = operand()
+            left = make(self._as_boolean(left), self._as_boolean(right))
             self._check_depth(left)
 
     def _equality(self) -> X.Expression:
@@ -292,45 +288,36 @@ class _Scan:
             return j + 1 if j is not None and self.kind(j) == Kind.RPAREN else None
         return None
 
-    def _loop(self, i: int | None, sep, item) -> int | None:
+    def _repeat(self, i: int | None, tail) -> int | None:
+        """i, then as many tails as follow (each tail(i) is the index after it, or None)."""
         while i is not None:
-            j = item(i + 1) if self.kind(i) in sep else None
+            j = tail(i)
             if j is None:
                 return i
             i = j
         return None
 
     def or_(self, i: int) -> int | None:
-        return self._loop(self.and_(i), (Kind.OR,), self.and_)
+        return self._repeat(self.and_(i), lambda j: self.and_(j + 1) if self.kind(j) == Kind.OR else None)
 
     def and_(self, i: int) -> int | None:
-        return self._loop(self.equality(i), (Kind.AND,), self.equality)
+        return self._repeat(self.equality(i), lambda j: self.equality(j + 1) if self.kind(j) == Kind.AND else None)
 
     def equality(self, i: int) -> int | None:
-        i = self.comparison(i)
-        while i is not None:
-            k = self.kind(i)
-            if k in (Kind.EQ, Kind.NE):
-                j = self.comparison(i + 1)
-            elif k == Kind.IS and self.kind(i + 1) == Kind.NULL:
-                j = i + 2
-            elif k == Kind.IS and self.kind(i + 1) == Kind.NOT and self.kind(i + 2) == Kind.NULL:
-                j = i + 3
-            else:
-                j = None
-            if j is None:
-                return i
-            i = j
+        return self._repeat(self.comparison(i), self.equality_tail)
+
+    def equality_tail(self, i: int) -> int | None:
+        k = self.kind(i)
+        if k in (Kind.EQ, Kind.NE):
+            return self.comparison(i + 1)
+        if k == Kind.IS and self.kind(i + 1) == Kind.NULL:
+            return i + 2
+        if k == Kind.IS and self.kind(i + 1) == Kind.NOT and self.kind(i + 2) == Kind.NULL:
+            return i + 3
         return None
 
     def comparison(self, i: int) -> int | None:
-        i = self.unary(i)
-        while i is not None:
-            j = self.comparison_tail(i)
-            if j is None:
-                return i
-            i = j
-        return None
+        return self._repeat(self.unary(i), self.comparison_tail)
 
     def comparison_tail(self, i: int) -> int | None:
         k = self.kind(i)
