@@ -83,6 +83,26 @@ def test_bloom_filter_bit_positions_are_rocketmq_ones():
     assert n >= 10
 
 
+def test_consumer_filter_json_is_rocketmq_file():
+    """config/consumerFilter.json: RocketMQ's file loads (each group dead until it heartbeats again, its
+    selector compiled, its bit positions kept) and is written back in its layout."""
+    from rmqstore.filter.consumer_filter import ConsumerFilterManager
+    saved = json.loads((DATA / "rocketmq440-consumerFilter.json").read_text())
+    m = ConsumerFilterManager(20, 32)
+    assert m.load_json(saved, now=10 ** 13) == 19
+    d = m.get("W38ExtTopic", "sql_push_E40_1g5g")
+    assert d.dead and d.expression == "a in ('5', '7')" and list(d.bloom.bit_pos) == [21, 105, 77]
+    assert d.compiled.matches({"a": "7"}) and not d.compiled.matches({"a": "8"})
+    assert m.register("W38ExtTopic", "sql_push_E40_1g5g", d.expression, "SQL92", d.client_version)    # re-alive
+    assert not m.get("W38ExtTopic", "sql_push_E40_1g5g").dead
+    out = m.to_json(now=10 ** 13)["filterDataByTopic"]["W38ExtTopic"]["groupFilterData"]
+    mine, theirs = out["sql_push_E40_1g5g"], saved["filterDataByTopic"]["W38ExtTopic"]["groupFilterData"][
+        "sql_push_E40_1g5g"]
+    assert set(mine) == set(theirs) and {k: mine[k] for k in ("bloomFilterData", "bornTime", "expression")} == \
+        {k: theirs[k] for k in ("bloomFilterData", "bornTime", "expression")}
+    assert ConsumerFilterManager(10, 32).load_json(saved) == 0     # another bloom filter: nothing loaded
+
+
 def test_murmur3_known_values():
     # Guava's Hashing.murmur3_128().hashString(s, UTF_8).asLong(), printed by Java (guava 31)
     assert murmur3_x64_128(b"hello")[0] == 0xcbd8a7b341bd9b02

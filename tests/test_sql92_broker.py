@@ -6,6 +6,7 @@ consumer's start (CHECK_CLIENT_CONFIG), a pull with a selector that does not com
 without filter data, and a broker with enablePropertyFilter off."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -114,6 +115,10 @@ def test_push_consumers_get_rocketmq_delivered_sets_through_bit_maps(server, sen
         assert seen.ids == by_id[rid].delivered(N), rid
     ext = server.store / "consumequeue_ext" / TOPIC
     assert sorted(p.name for p in ext.iterdir()) == ["0", "1", "2", "3"]
+    saved = json.loads((server.store / "config" / "consumerFilter.json").read_text())     # RocketMQ's file
+    groups = saved["filterDataByTopic"][TOPIC]["groupFilterData"]
+    assert {f"sql_push_{rid}" for rid in PUSHED} <= set(groups)
+    assert groups["sql_push_E01"]["expression"] == "a = 5" and groups["sql_push_E01"]["bloomFilterData"]["bitNum"] == 112
 
 
 def test_push_consumer_start_refused_as_rocketmq_refuses(server, sent):

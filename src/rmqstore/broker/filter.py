@@ -22,6 +22,7 @@ import logging
 from ..filter import SQL92, SelectorError, compile_sql92, is_tag_type
 from ..filter.consumer_filter import ConsumerFilterManager, ExpressionMessageFilter, build_filter_data
 from ..remoting.codes import ResponseCode
+from ..store.config_file import as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,22 @@ def not_supported(expression_type: str) -> str:
 
 
 def install(ctx) -> ConsumerFilterManager:
-    """The broker's ConsumerFilterManager; with enableCalcFilterBitMap, the store's dispatcher computes bit
-    maps from it (bitMapLengthConsumeQueueExt is then the bloom filter's bit count, as RocketMQ sets it)."""
+    """The broker's ConsumerFilterManager, loaded from and saved to config/consumerFilter.json (RocketMQ's
+    file: a restarted broker serves a push consumer's pulls before its next heartbeat); with
+    enableCalcFilterBitMap, the store's dispatcher computes bit maps from it (bitMapLengthConsumeQueueExt is
+    then the bloom filter's bit count, as RocketMQ sets it)."""
     cfg = ctx.cfg
     filters = ConsumerFilterManager.for_config(cfg)
+    path = getattr(ctx.store, "path", None)
+    if path is not None:
+        path = config_dir(path) / "consumerFilter.json"
+        saved = load_config_file(path, lambda v: as_object(v, "consumerFilter.json"))
+        try:
+            filters.load_json(saved or {})
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("%s: not RocketMQ's consumerFilter.json layout (%s): starting without saved filter data "
+                        "(heartbeats register it again)", path, e)
+        filters.on_change = lambda: string_to_file(dumps_pretty(filters.to_json()), path)
     ctx.clients.on_group_gone = filters.unregister
     ext = getattr(ctx.store, "consume_queue_ext", None)
     if cfg.enable_calc_filter_bit_map and ext is not None:

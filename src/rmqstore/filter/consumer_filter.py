@@ -62,6 +62,7 @@ class ConsumerFilterManager:
         self.bloom = BloomFilter(max_error_rate, expect_consumer_num)
         self._by_topic: dict[str, dict[str, ConsumerFilterData]] = {}
         self._lock = threading.Lock()
+        self.on_change = None       # called (no argument) after the registered filter data changed
 
     @classmethod
     def for_config(cls, cfg) -> "ConsumerFilterManager":
@@ -81,6 +82,7 @@ class ConsumerFilterManager:
                 d = groups.get(group)
                 if d is not None and topic not in topics and not d.dead:
                     d.dead_time = now
+                    self._changed()
 
     def register(self, topic: str, group: str, expression: str | None, expression_type: str | None,
                  client_version: int) -> bool:
@@ -92,12 +94,14 @@ class ConsumerFilterManager:
             if old is not None and client_version <= old.client_version:
                 if client_version == old.client_version and old.dead:
                     old.dead_time = 0
+                    self._changed()
                     return True
                 return False
             if old is not None and old.expression == expression and old.expression_type == expression_type \
                     and old.bloom == bloom:
                 old.client_version = client_version
                 old.dead_time = 0
+                self._changed()
                 return True
             try:
                 data = build_filter_data(topic, group, expression, expression_type, client_version)
@@ -119,6 +123,11 @@ class ConsumerFilterManager:
                 d = groups.get(group)
                 if d is not None and not d.dead:
                     d.dead_time = now
+                    self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _put(self, topic: str, group: str, data: ConsumerFilterData | None) -> None:
         groups = dict(self._by_topic.get(topic, {}))
@@ -132,6 +141,49 @@ class ConsumerFilterManager:
         else:
             table.pop(topic, None)
         self._by_topic = table
+        self._changed()
+
+    # --- consumerFilter.json (ConsumerFilterManager's ConfigManager encode / decode) ---------------------
+    def to_json(self, now: int | None = None, keep_dead_ms: int = 24 * 3600 * 1000) -> dict:
+        """RocketMQ's consumerFilter.json; filter data dead for keep_dead_ms is left out (its clean())."""
+        now = int(time.time() * 1000) if now is None else now
+        out: dict = {}
+        for topic, groups in self._by_topic.items():
+            g = {name: {"bloomFilterData": {"bitNum": d.bloom.bit_num, "bitPos": list(d.bloom.bit_pos)} if d.bloom
+                        else None, "bornTime": d.born_time, "clientVersion": d.client_version,
+                        "consumerGroup": d.consumer_group, "dead": d.dead, "deadTime": d.dead_time,
+                        "expression": d.expression, "expressionType": d.expression_type, "topic": d.topic}
+                 for name, d in groups.items() if not (d.dead and now - d.dead_time >= keep_dead_ms)}
+            if g:
+                out[topic] = {"groupFilterData": g, "topic": topic}
+        return {"filterDataByTopic": out}
+
+    def load_json(self, saved: dict, now: int | None = None) -> int:
+        """ConsumerFilterManager.decode: the saved filter data, each dead until its group's next heartbeat
+        (pulls still use it); nothing at all when the bloom filter's parameters changed since. Returns how
+        many were loaded. ValueError (or TypeError, KeyError) for a file of the wrong shape."""
+        now = int(time.time() * 1000) if now is None else now
+        table: dict[str, dict[str, ConsumerFilterData]] = {}
+        for topic, by_topic in dict(saved.get("filterDataByTopic") or {}).items():
+            for group, d in dict(by_topic.get("groupFilterData") or {}).items():
+                bd = d.get("bloomFilterData")
+                bloom = BloomFilterData(tuple(int(p) for p in bd["bitPos"]), int(bd["bitNum"])) if bd else None
+                if not self.bloom.is_valid(bloom):
+                    log.info("consumerFilter.json was written with another bloom filter: its filter data ignored")
+                    return 0
+                try:
+                    compiled = compile_sql92(str(d["expression"]))
+                except SelectorError as e:
+                    log.warning("consumerFilter.json: %s of %s: %s", group, topic, e.remark)
+                    continue
+                born, dead = int(d.get("bornTime") or 0), int(d.get("deadTime") or 0)
+                if dead == 0:
+                    dead = max(now - 30_000, born)
+                table.setdefault(str(topic), {})[str(group)] = ConsumerFilterData(
+                    str(group), str(topic), str(d["expression"]), str(d.get("expressionType") or SQL92), compiled,
+                    born, int(d.get("clientVersion") or 0), bloom, dead)
+        self._by_topic = table
+        return sum(len(g) for g in table.values())
 
     # --- lookups ------------------------------------------------------------------------------------
     def get(self, topic: str, group: str) -> ConsumerFilterData | None:
