@@ -112,6 +112,15 @@ def test_pulls_skip_what_the_bit_map_rules_out(tmp_path):
     tags = SubscriptionData.build("T", "T1")        # tag filtering through the ext units' tags codes
     assert _pull_all(store, tags) == [i for i in range(1000) if i % 3 == 1]
     store.close()
+    # reopened without the option: plain units follow the ext ones; a unit the bit map ruled out does not
+    # rule out the plain units after it
+    store = MessageStore.open(tmp_path / "s", StoreConfig(mapped_file_size_commit_log=1 << 20,
+                                                          mapped_file_size_consume_queue_ext=4096))
+    store.put_messages([Message("T", b"%d" % i, properties={"a": "1"}) for i in range(1000, 1004)])
+    assert store.dispatcher.wait_dispatched()
+    assert _pull_all(store, ExpressionMessageFilter(data.compiled, data, filters.bloom)) == \
+        [i for i in range(1000) if i % 100 in (1, 2)] + [1000, 1001, 1002, 1003]
+    store.close()
 
 
 def test_reopened_store_goes_on_and_reads_without_the_option(tmp_path):

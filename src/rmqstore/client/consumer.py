@@ -51,6 +51,7 @@ def subscription_data(topic: str, expression: "str | MessageSelector") -> Subscr
         expression = expression.expression
     return SubscriptionData.build(topic, expression)
 
+
 PULL_TIME_DELAY_WHEN_EXCEPTION = 3.0
 PULL_TIME_DELAY_WHEN_FLOW_CONTROL = 0.05
 BROKER_SUSPEND_MAX_TIME_MILLIS = 15000

@@ -83,9 +83,9 @@ class StoreReadAPI:
         ext_table = getattr(self, "consume_queue_ext", None)
         ext = ext_table.resolve(cq.topic, cq.queue_id, units[:min(n, max_filter)], message_filter) \
             if ext_table is not None else None
-        skip = False
         while i < n and i < max_filter:
             off_py, size_py, tags = unpack(units, i)
+            skip = False
             if ext is not None and tags <= MAX_EXT_ADDR:    # the consume queue extension holds the tags code
                 tags, skip = ext[0][i // UNIT], ext[1][i // UNIT]
             max_phy_pulling = off_py
