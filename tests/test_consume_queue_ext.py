@@ -174,6 +174,6 @@ def test_bench_step_measures_the_three_ways(tmp_path):
         for s in suite.state.pop("stores", []):
             s.close()
     assert [r.system.split(",")[0].split(" (")[0] for r in t.rows] == [
-        "rmqstore SQL92 selector", "rmqstore SQL92 selector", "rmqstore tag filter", "rmqstore put + dispatch",
-        "rmqstore put + dispatch"]
+        "rmqstore SQL92 selector", "rmqstore SQL92 selector", "rmqstore tag filter", "rmqstore tag filter",
+        "rmqstore put + dispatch", "rmqstore put + dispatch"]
     assert all(r.value and r.value > 0 for r in t.rows) and "20 delivered" in t.rows[0].text
