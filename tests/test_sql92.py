@@ -103,6 +103,26 @@ def test_consumer_filter_json_is_rocketmq_file():
     assert ConsumerFilterManager(10, 32).load_json(saved) == 0     # another bloom filter: nothing loaded
 
 
+def test_consumer_filter_registration_follows_heartbeats():
+    from rmqstore.filter.consumer_filter import ConsumerFilterManager
+    from rmqstore.remoting.subscription import SubscriptionData
+    m, saves = ConsumerFilterManager(), []
+    m.on_change = lambda: saves.append(1)
+    m.register_group("g", [SubscriptionData.build("T1", "a > 1", "SQL92", 5), SubscriptionData.build("T2", "b = 'x'",
+                                                                                                       "SQL92", 5),
+                           SubscriptionData.build("T3", "TagA", "TAG", 5)])
+    assert sorted(m.topics()) == ["T1", "T2"] and len(saves) == 2
+    m.register_group("g", [SubscriptionData.build("T1", "a > 1", "SQL92", 5)])       # T2 dropped: dead, kept
+    assert not m.get("T1", "g").dead and m.get("T2", "g").dead and len(saves) == 3
+    assert not m.register("T1", "g", "a > 2", "SQL92", 4)                              # an older client: ignored
+    assert m.register("T1", "g", "a > 2", "SQL92", 6) and m.get("T1", "g").expression == "a > 2"
+    assert not m.register("T1", "g", "a >", "SQL92", 7) and m.get("T1", "g") is None  # does not compile: gone
+    m.unregister("g")
+    assert m.get("T2", "g").dead and len(saves) == 5
+    hit, miss = m.bit_maps("T2", [{"b": "x"}, {"b": "y"}])     # a dead group's bits are still computed (RocketMQ)
+    assert m.bloom.is_hit(m.get("T2", "g").bloom, hit) and miss == bytes(m.bloom.empty())
+
+
 def test_murmur3_known_values():
     # Guava's Hashing.murmur3_128().hashString(s, UTF_8).asLong(), printed by Java (guava 31)
     assert murmur3_x64_128(b"hello")[0] == 0xcbd8a7b341bd9b02

@@ -76,13 +76,7 @@ class ConsumerFilterManager:
         for sd in subscriptions:
             topics.add(sd.topic)
             self.register(sd.topic, group, sd.sub_string, sd.expression_type, sd.sub_version)
-        now = int(time.time() * 1000)
-        with self._lock:
-            for topic, groups in self._by_topic.items():
-                d = groups.get(group)
-                if d is not None and topic not in topics and not d.dead:
-                    d.dead_time = now
-                    self._changed()
+        self._mark_dead(group, lambda topic: topic not in topics)
 
     def register(self, topic: str, group: str, expression: str | None, expression_type: str | None,
                  client_version: int) -> bool:
@@ -117,13 +111,17 @@ class ConsumerFilterManager:
 
     def unregister(self, group: str) -> None:
         """The group's last client left: its filter data is dead (kept for pulls of late clients)."""
+        self._mark_dead(group, lambda topic: True)
+
+    def _mark_dead(self, group: str, which) -> None:
         now = int(time.time() * 1000)
         with self._lock:
-            for groups in self._by_topic.values():
-                d = groups.get(group)
-                if d is not None and not d.dead:
-                    d.dead_time = now
-                    self._changed()
+            dying = [d for topic, groups in self._by_topic.items() if which(topic)
+                     for d in [groups.get(group)] if d is not None and not d.dead]
+            for d in dying:
+                d.dead_time = now
+            if dying:
+                self._changed()
 
     def _changed(self) -> None:
         if self.on_change is not None:
