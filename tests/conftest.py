@@ -167,6 +167,8 @@ MODULE_SECONDS = {
     "test_rocketmq_issues": 5, "test_spark_records": 5, "test_cli_newcomer": 4, "test_demo": 4,
     "test_grpc_node": 4, "test_network_imports": 3, "test_commit_log": 3,
     "test_acl_server": 17, "test_acl_replay": 6, "test_acl": 5,
+    "test_sql92_consumers": 30, "test_sql92_grpc": 25, "test_sql92_broker": 15, "test_sql92": 10,
+    "test_consume_queue_ext": 5,
 }
 
 

@@ -11,7 +11,9 @@ from ..remoting.codes import (MASTER_ID, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBS
 from ..remoting.command import RemotingCommand
 from ..store.message import GetMessageStatus
 from .clients import SubscriptionData, TagFilter
+from ..filter import is_tag_type
 from .context import BrokerContext
+from .filter import pull_filter
 from .header import FAQ, Header
 from .long_polling import KEEP_HELD, HeldPull, PullRequestHoldService
 from .net import Channel
@@ -70,7 +72,7 @@ class PullMessageProcessor:
         return self._pull(ch, req, False, held)
 
     def _subscription(self, ch: Channel, req: RemotingCommand, p: PullRequest):
-        """(SubscriptionData, None) or (None, error response)."""
+        """(the store's MessageFilter for the subscription, None) or (None, error response)."""
         ctx = self.ctx
         sgc = ctx.groups.find(p.group)
         if sgc is None:
@@ -103,10 +105,10 @@ class PullMessageProcessor:
             if sd.sub_version < p.sub_version:
                 return None, req.make_response(ResponseCode.SUBSCRIPTION_NOT_LATEST,
                                                "the consumer's subscription not latest", {})
-        if sd.expression_type != "TAG":
-            return None, req.make_response(ResponseCode.SYSTEM_ERROR,
-                                           f"The broker does not support consumer to filter message by {sd.expression_type}", {})
-        return sd, None
+        if is_tag_type(sd.expression_type):
+            return TagFilter(sd), None
+        mf, refused = pull_filter(ctx, p.group, p.topic, sd, bool(p.sys_flag & PULL_FLAG_SUBSCRIPTION), p.sub_version)
+        return (mf, None) if refused is None else (None, req.make_response(*refused, {}))
 
     def _suggest(self, group: str, from_slave: bool) -> int:
         """suggestWhichBrokerId: with slaveReadEnable, the group's whichBrokerWhenConsumeSlowly when the pulled
@@ -122,7 +124,7 @@ class PullMessageProcessor:
     def _pull(self, ch: Channel, req: RemotingCommand, allow_suspend: bool, held: HeldPull | None):
         ctx = self.ctx
         p = PullRequest.of(req)
-        sd, err = self._subscription(ch, req, p)
+        message_filter, err = self._subscription(ch, req, p)
         if err is not None:
             return err
         t0 = time.monotonic()
@@ -133,7 +135,7 @@ class PullMessageProcessor:
             return req.make_response(ResponseCode.PULL_RETRY_IMMEDIATELY, "slave read disabled: pull from the master",
                                      {"suggestWhichBrokerId": str(MASTER_ID), "nextBeginOffset": str(p.offset),
                                       "maxOffset": "0", "minOffset": "0"})
-        res = ctx.store.get_message(p.group, p.topic, p.queue_id, p.offset, p.max_nums, TagFilter(sd))
+        res = ctx.store.get_message(p.group, p.topic, p.queue_id, p.offset, p.max_nums, message_filter)
         st = res.status
         code = (ResponseCode.PULL_OFFSET_MOVED if p.offset != 0 else ResponseCode.PULL_NOT_FOUND) \
             if st in _EMPTY_QUEUE else _PULL_CODES.get(st, ResponseCode.PULL_OFFSET_MOVED)

@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 from ..acl.signature import RemotingSigner, SessionCredentials
+from ..filter import SQL92, MessageSelector
 from ..remoting.subscription import SubscriptionData
 from ..common.allocate import allocate_averagely  # AllocateMessageQueueAveragely
 from ..remoting.codes import (MASTER_ID, PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
@@ -41,6 +42,16 @@ from .message import (ConsumeFromWhere, ConsumeStatus, MessageExt, MessageModel,
                       MQClientError, PullResult, PullStatus, decode_messages)
 
 log = logging.getLogger(__name__)
+
+
+def subscription_data(topic: str, expression: "str | MessageSelector") -> SubscriptionData:
+    """FilterAPI.build: tags, or a MessageSelector's SQL92 selector (sent as is: the broker compiles it)."""
+    if isinstance(expression, MessageSelector):
+        if expression.is_sql:
+            return SubscriptionData.build(topic, expression.expression, SQL92)
+        expression = expression.expression
+    return SubscriptionData.build(topic, expression)
+
 
 PULL_TIME_DELAY_WHEN_EXCEPTION = 3.0
 PULL_TIME_DELAY_WHEN_FLOW_CONTROL = 0.05
@@ -214,8 +225,9 @@ class _ConsumerBase:
         self.start_timestamp = 0     # epoch ms of start() (PROP_CONSUMER_START_TIMESTAMP of consumerStatus)
 
     # --- configuration ------------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        self.subscriptions[topic] = SubscriptionData.build(topic, expression)
+    def subscribe(self, topic: str, expression: "str | MessageSelector" = "*") -> None:
+        """`expression`: tags ("TagA || TagB", "*") or a MessageSelector (MessageSelector.by_sql(...))."""
+        self.subscriptions[topic] = subscription_data(topic, expression)
         if self.mq is not None:
             self.mq.update_route(topic)
             self.mq.send_heartbeat_to_all_brokers()
@@ -268,6 +280,8 @@ class _ConsumerBase:
             for t in list(self.subscriptions):
                 inst.update_route(t)
             inst.learn_brokers()
+            if self.consume_type == "CONSUME_PASSIVELY":
+                self._check_client_in_broker()
             inst.send_heartbeat_to_all_brokers()
             for t in list(self.subscriptions):
                 if t not in self.topic_queues:
@@ -277,6 +291,22 @@ class _ConsumerBase:
             self.shutdown()
             raise
         return self
+
+    def _check_client_in_broker(self) -> None:
+        """MQClientInstance.checkClientInBroker: each non-TAG subscription checked (CHECK_CLIENT_CONFIG) by a
+        broker of its topic; a refusal (a selector that does not compile) fails start()."""
+        mqc = self._mq()
+        for sd in self.subscriptions.values():
+            if sd.expression_type == "TAG":
+                continue
+            addr = mqc.find_broker_addr_by_topic(sd.topic)
+            if addr is None:
+                continue
+            body = fastjson.dumps_bytes({"clientId": mqc.client_id, "group": self.group,
+                                         "subscriptionData": sd.to_json()})
+            resp = mqc.invoke(addr, mqc.request(RequestCode.CHECK_CLIENT_CONFIG, None, body))
+            if resp.code != ResponseCode.SUCCESS:
+                raise MQBrokerError(resp.code, resp.remark, addr)
 
     def shutdown(self) -> None:
         mq = self.mq
@@ -734,7 +764,7 @@ class PullConsumer(_ConsumerBase):
             self.commit_sync(persist=False)
 
     # --- the plain pull API ---------------------------------------------------------------------------
-    def pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0, max_nums: int = 32,
+    def pull(self, mq: MessageQueue, sub_expression: "str | MessageSelector" = "*", offset: int = 0, max_nums: int = 32,
              timeout: float = 10.0, block: bool = False) -> PullResult:
         """One PULL_MESSAGE on a queue; with block, the broker holds it until a message arrives or
         broker_suspend_max_time_millis passes (pullBlockIfNotFound)."""
@@ -742,7 +772,7 @@ class PullConsumer(_ConsumerBase):
         addr, _slave = mqc.find_broker_addr_in_subscribe(mq.broker_name, self.pull_from_which_node.get(mq, MASTER_ID))
         if addr is None:
             addr = mqc.broker_addr_of(mq)
-        sd = SubscriptionData.build(mq.topic, sub_expression)
+        sd = subscription_data(mq.topic, sub_expression)
         cmd = self._pull_command(mq, offset, max_nums, sd, block, 0, True)
         wait = max(timeout, self.broker_suspend_max_time_millis / 1000.0 + 5) if block else timeout
         res = self._pull_result(mqc.invoke(addr, cmd, wait), mq, sd)

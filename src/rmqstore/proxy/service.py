@@ -25,7 +25,7 @@ from .arrivals import Arrivals
 from .convert import BadMessageError, from_protocol, message_id_of, peer_address, to_protocol
 from .protocol import Code, MessageType, Permission, TransactionResolution, definition, service
 from .protocol import service_grpc, status
-from .pull import PullActivity, tag_filter
+from .pull import PullActivity, expression_filter
 from .settings import ServerSettings, answer_settings
 from .telemetry import TelemetryHub, TelemetrySession
 
@@ -295,7 +295,7 @@ class MessagingService(service_grpc.MessagingServiceServicer):
         accept = None
         if bad is None:
             try:
-                accept = tag_filter(request.filter_expression)
+                accept = expression_filter(request.filter_expression, self.store.config.enable_property_filter)
             except ValueError as e:
                 bad = status(Code.ILLEGAL_FILTER_EXPRESSION, str(e))
         if bad is not None:

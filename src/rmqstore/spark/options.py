@@ -16,7 +16,7 @@ KNOWN = {
     "startingtimestamp", "endingtimestamp", "includebody", "config", "mode", "key", "maxoffsetspertrigger",
     "rowsperpartition", "pushfilters", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
     "startingoffsetsbytimestampstrategy", "failondataloss", "minpartitions", "minoffsetspertrigger",
-    "maxtriggerdelay", "view", "checkcrc", "columns",
+    "maxtriggerdelay", "view", "checkcrc", "columns", "messageselector",
 }
 # Names as the user spells them (options arrive lower-cased).
 SPELLING = {k.lower(): k for k in (
@@ -24,7 +24,7 @@ SPELLING = {k.lower(): k for k in (
     "startingTimestamp", "endingTimestamp", "includeBody", "config", "mode", "key", "maxOffsetsPerTrigger",
     "rowsPerPartition", "pushFilters", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions", "minOffsetsPerTrigger",
-    "maxTriggerDelay", "view", "checkCRC", "columns")}
+    "maxTriggerDelay", "view", "checkCRC", "columns", "messageSelector")}
 
 
 class OptionError(ValueError):
@@ -65,6 +65,7 @@ class ReadOptions:
     max_offsets_per_trigger: int | None = None
     rows_per_partition: int = 200_000
     push_filters: bool = False            # see datasource.RocketMQReader
+    selector: str | None = None           # messageSelector: an SQL92 selector (rmqstore.filter) rows must match
     config_path: str | None = None
     raw: dict = field(default_factory=dict)
 
@@ -271,7 +272,7 @@ def _parse_columns(v) -> tuple:
 
 
 def _parse_switches(ro: ReadOptions, opts: dict) -> None:
-    """includeBody, columns, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition."""
+    """includeBody, columns, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition, messageSelector."""
     if "includebody" in opts:
         ro.include_body = _bool("includebody", opts["includebody"])
     if "columns" in opts:
@@ -287,6 +288,19 @@ def _parse_switches(ro: ReadOptions, opts: dict) -> None:
         ro.push_filters = _bool("pushfilters", opts["pushfilters"])
     if "rowsperpartition" in opts:
         ro.rows_per_partition = _int("rowsperpartition", opts["rowsperpartition"], 1)
+    if "messageselector" in opts:
+        ro.selector = parse_selector(opts["messageselector"])
+
+
+def parse_selector(v) -> str:
+    """Option messageSelector: an SQL92 selector, compiled now (RocketMQ's refusal names the option)."""
+    from ..filter import SelectorError, compile_sql92
+    text = str(v)
+    try:
+        compile_sql92(text)
+    except SelectorError as e:
+        raise OptionError(f"option 'messageSelector' is not a selector RocketMQ accepts: {e.remark}") from None
+    return text
 
 
 def _check_mode(ro: ReadOptions, opts: dict, streaming: bool) -> None:

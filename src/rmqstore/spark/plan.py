@@ -403,7 +403,7 @@ def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
     selection = (ro.topics, ro.pattern, ro.queue_ids)
     for p in parts:
         p.fail_on_data_loss, p.check_crc, p.loss_counter = ro.fail_on_data_loss, ro.check_crc, ro.loss_counter
-        p.columns = ro.columns
+        p.columns, p.selector = ro.columns, ro.selector
         if p.kind == "commitlog" and ro.key is None and selection != (None, None, None):
             p.selection = selection     # a commitlog walk meets every topic: the options select rows
     return parts

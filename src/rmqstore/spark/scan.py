@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..filter import compile_sql92
 from ..store import codec, scanner, store_fs
 from ..store.scanner import Outcome
 from . import records as R
@@ -175,6 +176,7 @@ class Partition(_Base):
     loss_counter = None               # and the session's skipped-data accumulator (loss.py)
     check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
     columns = None                    # option columns: the only columns built (None: all)
+    selector = None                   # option messageSelector: the SQL92 selector rows must match (text)
     selection = None                  # mode=commitlog: (topics, pattern, queue ids) of options topics /
                                       # subscribePattern / queueIds, applied to the rows (None: every record)
 
@@ -195,6 +197,14 @@ class Partition(_Base):
 
 
 # --- reading ------------------------------------------------------------------------------------------
+def selector_mask(selector: str, props: R.Props, n: int) -> np.ndarray:
+    """Which of n records an SQL92 selector delivers (RocketMQ's rules: rmqstore.filter), from the property
+    map column: each property it reads looked up once per batch, each distinct combination judged once."""
+    compiled = compile_sql92(selector)
+    cols = {name: pc.map_lookup(props.map, pa.scalar(name), "last").to_pylist() for name in compiled.properties}
+    return np.fromiter(compiled.matches_columns(cols, n), dtype=bool, count=n)
+
+
 def _header_mask(recs: R.Records, conds: list[Cond]) -> np.ndarray | None:
     m = None
     for c in conds:
@@ -354,6 +364,10 @@ def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
             topics = topics if topics is not None else recs.topics()
             km &= _string_mask(topics, Cond("topic", "in", tuple(part.key_topics)))
         smask = km if smask is None else (smask & km)
+    if part.selector is not None:       # before any row is built: the properties the selector reads, batched
+        props = props if props is not None else recs.properties()
+        sm = selector_mask(part.selector, props, len(recs))
+        smask = sm if smask is None else (smask & sm)
     if smask is not None:
         if not smask.any():
             return None

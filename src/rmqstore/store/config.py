@@ -80,6 +80,14 @@ class StoreConfig:
     timer_max_delay_sec: int = 3600 * 24 * 3
     timer_roll_window_slot: int = 3600 * 24 * 2
     mapped_file_size_timer_log: int = 100 * 1024 * 1024
+    # the consume queue extension and SQL92 filtering (store/consume_queue_ext.py, rmqstore.filter)
+    enable_consume_queue_ext: bool = False
+    mapped_file_size_consume_queue_ext: int = 48 * 1024 * 1024
+    bit_map_length_consume_queue_ext: int = 64      # bits; the broker sets it from its bloom filter, as RocketMQ
+    enable_property_filter: bool = False
+    enable_calc_filter_bit_map: bool = False
+    expect_consumer_num_use_filter: int = 32
+    max_error_rate_of_bloom_filter: int = 20
     # broker keys rmqstore uses
     broker_name: str = "broker-a"
     broker_cluster_name: str = "DefaultCluster"
@@ -205,6 +213,12 @@ class StoreConfig:
         need(self.timer_max_delay_sec > 0, "timer_max_delay_sec", "must be positive")
         need(self.mapped_file_size_timer_log >= 68, "mapped_file_size_timer_log",
              "must be at least 68 (a unit and a blank)")
+        need(self.mapped_file_size_consume_queue_ext >= 4096, "mapped_file_size_consume_queue_ext",
+             "must be at least 4096")
+        need(self.bit_map_length_consume_queue_ext >= 0, "bit_map_length_consume_queue_ext", "must not be negative")
+        need(1 <= self.max_error_rate_of_bloom_filter < 100, "max_error_rate_of_bloom_filter",
+             "must be 1..99 (percent)")
+        need(self.expect_consumer_num_use_filter >= 1, "expect_consumer_num_use_filter", "must be at least 1")
         try:
             self.delay_levels_ms()
         except ValueError as e:
@@ -252,8 +266,7 @@ class StoreConfig:
 _JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1", "broker_ip2": "brokerIP2"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
 _QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", "storeCheckpoint",
-               "abortFile", "enableConsumeQueueExt",
-               "mappedFileSizeConsumeQueueExt", "mapedFileSizeConsumeQueueExt", "useReentrantLockWhenPutMessage",
+               "abortFile", "useReentrantLockWhenPutMessage",
                "warmMapedFileEnable", "duplicationEnable", "diskFallRecorded", "osPageCacheBusyTimeOutMills",
                "fastFailIfNoBufferInStorePool", "enableDLegerCommitLog", "deleteWhen", "flushDelayOffsetInterval",
                "transferMsgByHeap", "debugLockEnable", "putMsgIndexHightWater",

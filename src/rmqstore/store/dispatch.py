@@ -79,6 +79,7 @@ class Dispatcher:
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         # told the reput offset after each step: everything below it is written to the queues and index
         self.on_dispatched: Callable[[int], None] | None = None
+        self.cq_ext = None      # consume_queue_ext.ConsumeQueueExtTable: units' tags codes become ext addresses
         self._listeners: list[ArrivalListener] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -334,6 +335,8 @@ class Dispatcher:
     def dispatch(self, batch: codec.DispatchBatch | list[codec.DispatchRequest]) -> None:
         """Feed parsed records to the consume queues (grouped per queue, in order: put_columns /
         put_requests) and the index, then tell listeners which queues grew."""
+        if self.cq_ext is not None:     # enableConsumeQueueExt: the units' tags codes become ext addresses
+            batch = self.cq_ext.decorate(batch, self.consume_queues)
         if isinstance(batch, list):
             if not batch:
                 return

@@ -37,6 +37,7 @@ from .recovery import RecoveryReport, recover_store
 from .ha import HAService, HAStatus, listen_port
 from .ha import role as ha_role
 from .ha.transfer import wants_of
+from .consume_queue_ext import ConsumeQueueExtService, ConsumeQueueExtTable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class MessageStore(StoreReadAPI):
         self.commit_log = CommitLog(self.path, self.config)
         self.consume_queues = ConsumeQueueTable(self.path, self.config.mapped_file_size_consume_queue)
         self.index_service = IndexService(self.path, self.config)
+        self.consume_queue_ext = ConsumeQueueExtTable(self.path, self.config, self.commit_log)
         # one failure channel every service reports to (failure.py): read by wait_dispatched, close, check
         self.failures = FailureChannel()
         self.dispatcher = Dispatcher(self.commit_log, self.consume_queues, self.index_service, self.config,
@@ -108,10 +110,21 @@ class MessageStore(StoreReadAPI):
         """Load every file and recover (recovery.recover_store); the report is kept in recovery_report.
         Then the store extensions (hooks.py) register their hooks and services, before any put."""
         self.recovery_report = recover_store(self)
+        self._open_consume_queue_ext()
         if self.config.is_slave:        # no delayed or timer deliveries on a slave: it takes no puts
             return
         for install in default_extensions():
             install(self)
+
+    def _open_consume_queue_ext(self) -> None:
+        """The consume queue extension (consume_queue_ext.py): read when its files exist, written at dispatch
+        with enableConsumeQueueExt."""
+        ext = self.consume_queue_ext
+        ext.load(self.consume_queues)
+        if self.config.enable_consume_queue_ext:
+            self.dispatcher.cq_ext = ext
+        if ext.table or self.config.enable_consume_queue_ext:
+            self.register_service("consume_queue_ext", ConsumeQueueExtService(ext, self.consume_queues))
 
     def _note_role(self) -> None:
         """A SLAVE's record (ha/role.py): written by a slave, ended by a store opened with brokerRole set to a
@@ -227,6 +240,7 @@ class MessageStore(StoreReadAPI):
     def _release_files(self) -> None:
         self.index_service.shutdown()
         self.consume_queues.shutdown()
+        self.consume_queue_ext.shutdown()
         self.commit_log.shutdown()
         if self.checkpoint is not None:
             self.checkpoint.shutdown()
@@ -251,6 +265,7 @@ class MessageStore(StoreReadAPI):
         try:
             cl.queue.flush()
             self.consume_queues.flush()
+            self.consume_queue_ext.flush()
             index_ts = self.index_service.flush()
         except OSError as e:
             if not self._closed:            # (close() keeps its abort file itself)

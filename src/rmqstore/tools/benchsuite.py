@@ -48,6 +48,7 @@ from pathlib import Path
 from .bench import machine_info
 from .suite.acl import AclWorkloads
 from .suite.appends import AppendWorkloads
+from .suite.filters import FilterWorkloads
 from .suite.common import REFERENCE_BUILD, ROCKETMQ, SCALES, Table, _fmt_rate, find_reference, run_reference
 from .suite.lifecycle import LifecycleWorkloads
 from .suite.reads import ReadWorkloads
@@ -57,7 +58,7 @@ __all__ = ["REFERENCE_BUILD", "SCALES", "Suite", "Table", "default_outputs", "fi
            "render_markdown", "run_reference", "server_table", "spark_table"]
 
 
-class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads, AclWorkloads):
+class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads, AclWorkloads, FilterWorkloads):
     """Every workload of the suite (one mixin per group, in suite/), run in order into tables."""
 
     def __init__(self, scale: str, work: Path, log=print):
@@ -79,7 +80,7 @@ class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloa
                  ("e2e", self.e2e), ("long_poll", self.long_poll), ("rocketmq", self.rocketmq)]
         if self.p["extras"]:
             steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc), ("acl", self.acl),
-                      ("ha", self.ha)]
+                      ("sql92", self.sql92), ("ha", self.ha)]
         try:
             for name, fn in steps:
                 if only and name not in only:
