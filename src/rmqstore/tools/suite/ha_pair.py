@@ -178,8 +178,12 @@ class Pair:
         return lines[-1] if lines else f"NO RESULT rc={r.returncode} {r.stderr[-300:]}"
 
     def max_offset(self, which: str) -> int | None:
-        m = re.search(r"commitLogMaxOffset=(\d+)", self.hatool("runtime", self.addr(which), timeout=60))
-        return int(m[1]) if m else None
+        """The broker's commitLogMaxOffset (GET_BROKER_RUNTIME_INFO; asked up to 3 times), or None."""
+        for _ in range(3):
+            m = re.search(r"commitLogMaxOffset=(\d+)", self.hatool("runtime", self.addr(which), timeout=60))
+            if m:
+                return int(m[1])
+        return None
 
     def wait_caught_up(self, timeout: float = 120.0) -> bool:
         deadline = time.monotonic() + timeout
