@@ -248,6 +248,10 @@ class BrokerServer:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        ha = getattr(self.store, "ha", None)
+        if ha is not None:          # SYNC_MASTER sends waiting for a slave are answered before connections close
+            ha.transfer.fail_all()
+            await asyncio.sleep(0.05)
         if self.broker is not None:
             try:
                 self.broker.release_all_held()

@@ -76,6 +76,9 @@ class Dispatcher:
         # a slave's log (store/ha) may end inside a record, whose rest the master has not sent yet: a partial
         # record at the log's end is waited for, not damage
         self.tail_grows = False
+        # a slave's (store/ha): told of a damaged record before it is skipped; True: not skipped, the dispatcher
+        # waits there (the slave cuts its log at it and takes the master's bytes again)
+        self.on_damage: Callable[[int, str], bool] | None = None
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         # told the reput offset after each step: everything below it is written to the queues and index
         self.on_dispatched: Callable[[int], None] | None = None
@@ -264,10 +267,17 @@ class Dispatcher:
         err = None
         next_offset = start + pos
         if outcome is Outcome.END_OF_FILE:
-            next_offset = self.commit_log.roll_next_file(start + pos)
-        elif outcome is Outcome.INVALID or (outcome is Outcome.END_OF_DATA
-                                             and (at_read_end or pos + 8 <= len(data))):
+            left = self.commit_log.file_size - next_offset % self.commit_log.file_size
+            if pos + 4 <= len(data) and codec._I.unpack_from(data, pos)[0] != left:
+                outcome, reason = Outcome.INVALID, (f"an END_OF_FILE blank of {codec._I.unpack_from(data, pos)[0]} "
+                                                    f"bytes where the file has {left} left")
+            else:
+                next_offset = self.commit_log.roll_next_file(start + pos)
+        if outcome is Outcome.INVALID or (outcome is Outcome.END_OF_DATA
+                                          and (at_read_end or pos + 8 <= len(data))):
             why = reason if outcome is Outcome.INVALID else "zero bytes inside the written part of the commitlog"
+            if self.on_damage is not None and self.on_damage(start + pos, why):
+                return len(batch), start + pos, None        # taken care of (a slave fetches it again): wait
             nxt = self._resync(start + pos, why)
             if nxt is None:
                 err = str(self.commit_log.corrupt(start + pos, why))

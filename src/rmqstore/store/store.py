@@ -10,6 +10,7 @@ what the queues and index lack, and starts the dispatcher and the flush services
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -45,6 +46,10 @@ class MessageStore(StoreReadAPI):
     def __init__(self, path: str | Path, config: StoreConfig | None = None):
         self.path = Path(path)
         self.config = config or StoreConfig()
+        if self.config.is_slave and self.config.transient_store_pool_enable:
+            # RocketMQ ignores the write buffer on a SLAVE too: replicated bytes go straight to the files
+            log.info("%s: transientStorePoolEnable is ignored on a SLAVE", self.path)
+            self.config = dataclasses.replace(self.config, transient_store_pool_enable=False)
         self._closed = True
         self.lock = StoreLock(self.path)
         self.abort_file = AbortFile(self.path)
@@ -70,12 +75,15 @@ class MessageStore(StoreReadAPI):
 
     # --- lifecycle ------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, config: StoreConfig | None = None, *, start_services: bool = True) -> "MessageStore":
+    def open(cls, path: str | Path, config: StoreConfig | None = None, *, start_services: bool = True,
+             replicate: bool = True) -> "MessageStore":
+        """replicate=False: no replication service whatever brokerRole says (offline tools that write:
+        their puts are this store's alone)."""
         store = cls(path, config)
-        store.start(start_services)
+        store.start(start_services, replicate=replicate)
         return store
 
-    def start(self, start_services: bool = True) -> None:
+    def start(self, start_services: bool = True, *, replicate: bool = True) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         try:
@@ -96,7 +104,10 @@ class MessageStore(StoreReadAPI):
                 self._services_running = True
                 for s in self.named_services.values():
                     s.start()
-                self._start_ha()
+                if replicate:
+                    self._start_ha()
+            if self.config.broker_role and not self.config.is_slave:
+                ha_role.promoted(self.path, self.config.broker_role)     # only once it started as a master
         except BaseException:
             if self.ha is not None:
                 self.ha.shutdown()
@@ -132,9 +143,7 @@ class MessageStore(StoreReadAPI):
         slave does (`rmqstore load` into a stopped slave's directory would make it diverge)."""
         if self.config.is_slave:
             ha_role.record_slave(self.path, self.config.ha_master_address)
-        elif self.config.broker_role:
-            ha_role.promoted(self.path, self.config.broker_role)
-        elif ha_role.was_slave(self.path) is not None:
+        elif not self.config.broker_role and ha_role.was_slave(self.path) is not None:
             self.running_flags.slave = True
 
     def _start_ha(self) -> None:

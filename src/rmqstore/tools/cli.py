@@ -39,7 +39,7 @@ def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
     flush threads (needed by long-running writers); short commands dispatch synchronously."""
     from ..store.store import MessageStore
 
-    return MessageStore.open(store, cfg, start_services=services)
+    return MessageStore.open(store, cfg, start_services=services, replicate=False)    # (the CLI's puts are local)
 
 
 def _open_reader(store: Path, cfg: StoreConfig):

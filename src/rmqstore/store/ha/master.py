@@ -3,10 +3,14 @@
 What it does beyond RocketMQ's HAConnection (the package docstring has the format):
 - a connection counts as a slave from its first valid report on, not from accept: a peer that connects and
   says nothing cannot make a SYNC_MASTER wait instead of answering SLAVE_NOT_AVAILABLE;
-- an acknowledgement counts only up to what the slave can hold: min(report, end of what this connection
-  sent, or of the log at its first report); a slave whose first report lies past this master's end is
-  ahead of (diverged from) this master: nothing is sent to it, ever, on that connection; it is reported
-  on the failure channel and told the master's end in heartbeats (an rmqstore slave stops and says so);
+- an acknowledgement counts only up to what this connection sent (min(report, end of what was sent)): a
+  peer reporting an offset it was never sent acknowledges nothing (an rmqstore slave asks again for the
+  last bytes it holds, which both checks its log against this one and acknowledges them);
+- a slave whose first report lies past this master's end is ahead of (diverged from) it, one below this
+  master's oldest file cannot be served: either gets nothing on that connection and does not count as a
+  slave; it is reported on the failure channel and in the HA status, and told in heartbeats (this master's
+  end, or its oldest offset) so that an rmqstore slave stops and says why;
+- a slave that reads nothing for haHousekeepingInterval is closed (its unsent bytes are not kept);
 - an empty slave (report 0) gets the whole log from the master's first file (RocketMQ sends only the last
   file, and its slave then never dispatches);
 - frames are at most haTransferBatchSize bytes (a RocketMQ slave reads them into a 4 MiB buffer), written
@@ -28,7 +32,8 @@ from .transfer import GroupTransfer
 
 log = logging.getLogger(__name__)
 
-WRITE_CHUNK = 1 << 20           # commitlog bytes read and written per round (many frames)
+WRITE_CHUNK = 256 << 10         # commitlog bytes read and written per round (many frames)
+MAX_CONNECTIONS = 64            # HA connections at once (a master has a few slaves; more are refused)
 READ_CHUNK = 64 << 10
 _II = struct.Struct(">iI")
 _PHYS = struct.Struct(">q")
@@ -66,8 +71,9 @@ class HAConnection:
         self.reported = -1              # the last report
         self.acked = 0                  # what counts for SYNC_MASTER (module docstring)
         self.sent_end = -1              # the end of what was sent on this connection
-        self.trusted = 0                # the end of the log at the first report (when not ahead)
-        self.diverged: str | None = None
+        self.diverged: str | None = None    # why this slave gets nothing (its log is ahead, or behind the oldest file)
+        self.signal_offset = 0          # what its heartbeats carry then
+        self.problems: dict[str, str] = {}  # the server's: host -> why its slave gets nothing
         self.wake = asyncio.Event()
         self.first = asyncio.Event()
         self.counted = False
@@ -126,30 +132,49 @@ class HAConnection:
         self.reported = value
         if self.request_offset < 0:
             self.request_offset = value
-            end = cl.get_max_offset()
+            end, lo = cl.get_max_offset(), max(cl.get_min_offset(), 0)
             if value > end:
-                self.diverged = (f"slave {self.addr} reports commitlog offset {value}, past this master's end "
-                                 f"{end}: its log is ahead of (diverged from) this master's; nothing is sent to "
-                                 f"it (see `rmqstore ha-truncate`)")
-                log.error("%s", self.diverged)
-                self.failures.raise_condition(self._key, FailureKind.REPLICA, self.diverged,
-                                              path=str(cl.queue.store_path), offset=value)
+                self._stop(f"slave {self.addr} reports commitlog offset {value}, past this master's end {end}: its "
+                           "log is ahead of (diverged from) this master's; nothing is sent to it (see `rmqstore "
+                           "ha-truncate`)", end)
+            elif 0 < value < lo:
+                self._stop(f"slave {self.addr} needs commitlog offset {value}, below this master's oldest file "
+                           f"({lo}): cleanup deleted what it lacks; it gets nothing (empty its store to copy the "
+                           "whole log again)", lo)
             else:
-                self.trusted = value
+                self.problems.pop(self.host, None)
                 self.failures.clear_condition(self._key)
                 if not is_boundary(cl, value):
-                    log.warning("slave %s resumes at %d, inside a record of this master's log (a slave cut "
-                                "mid-record, or a log that differs from this master's)", self.addr, value)
+                    log.info("slave %s resumes at %d, inside a record of this master's log", self.addr, value)
                 if not self.counted:
                     self.counted = True
                     self.transfer.slave_connected()
             self.first.set()
             log.info("HA connection from %s: slave at offset %d", self.addr, value)
+        elif self.diverged is None and value > cl.get_max_offset():      # (an rmqstore slave that found it so)
+            if self.counted:
+                self.counted = False
+                self.transfer.slave_disconnected()
+            self._stop(f"slave {self.addr} reports commitlog offset {value}, past this master's end "
+                       f"{cl.get_max_offset()}: its log is ahead of (diverged from) this master's", cl.get_max_offset())
         if self.diverged is None:
-            acked = min(value, max(self.sent_end, self.trusted))
+            acked = min(value, self.sent_end)   # what it holds of what this connection sent it
             if acked > self.acked:
                 self.acked = acked
                 self.transfer.acknowledge(acked)
+
+    def _stop(self, why: str, signal_offset: int) -> None:
+        """This slave gets no data: reported on the failure channel and in the HA status; its heartbeats
+        carry signal_offset (this master's end, or its oldest offset) for an rmqstore slave to say why."""
+        self.diverged, self.signal_offset = why, signal_offset
+        self.problems[self.host] = why
+        log.error("%s", why)
+        self.failures.raise_condition(self._key, FailureKind.REPLICA, why, path=str(self.cl.queue.store_path),
+                                      offset=self.request_offset)
+
+    @property
+    def host(self) -> str:
+        return self.addr.rpartition(":")[0]
 
     # --- the stream -----------------------------------------------------------------------------------
     async def _write_loop(self) -> None:
@@ -160,47 +185,42 @@ class HAConnection:
         if nxt == 0:
             nxt = max(cl.get_min_offset(), 0)
         last_write = 0.0
-        told_missing = False
         while True:
-            if self.diverged is None:
-                got = cl.get_data(nxt, WRITE_CHUNK) if nxt >= max(cl.get_min_offset(), 0) else None
-            else:
-                got = None
+            got = cl.get_data(nxt, WRITE_CHUNK) if self.diverged is None else None
             if got is not None and got[0]:
                 data = got[0]
                 w.writelines(protocol.encode_frames(nxt, data, self.batch))
-                await w.drain()
+                await self._drain()
                 nxt += len(data)
                 self.sent_end = nxt
                 last_write = time.monotonic()
                 continue
-            if not told_missing and self.diverged is None and 0 < nxt < cl.get_min_offset():
-                told_missing = True
-                why = (f"slave {self.addr} needs commitlog offset {nxt}, below this master's oldest file "
-                       f"({cl.get_min_offset()}): cleanup deleted what it lacks; it gets nothing more")
-                log.error("%s", why)
-                self.failures.report(FailureKind.REPLICA, why, path=str(cl.queue.store_path), offset=nxt)
             now = time.monotonic()
             if now - last_write >= self.heartbeat_s:
-                # an rmqstore slave ahead of this master learns this master's end from the heartbeat
-                at = cl.get_max_offset() if self.diverged is not None else nxt
-                w.write(protocol.encode_header(at, 0))
-                await w.drain()
+                w.write(protocol.encode_header(nxt if self.diverged is None else self.signal_offset, 0))
+                await self._drain()
                 last_write = now
             self.wake.clear()
             self.on_idle()
-            if self.diverged is None and nxt < cl.get_max_offset():
+            if self.diverged is None and nxt < cl.get_max_offset() and cl.get_data(nxt, 1):
                 continue            # appended after the read above, before on_idle: no wake-up for it
             try:
                 await asyncio.wait_for(self.wake.wait(), 0.1)
             except asyncio.TimeoutError:
                 pass
 
+    async def _drain(self) -> None:
+        """What was written leaves within haHousekeepingInterval, or the slave is not reading: closed."""
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.housekeeping_s)
+        except asyncio.TimeoutError:
+            raise ConnectionError(f"the slave read nothing for {self.housekeeping_s:.0f} s") from None
+
 
 class HAServer:
     """AcceptSocketService: the HA port; a task per connection (at most max_connections at once)."""
 
-    def __init__(self, host: str, port: int, make_connection, max_connections: int = 1000,
+    def __init__(self, host: str, port: int, make_connection, max_connections: int = MAX_CONNECTIONS,
                  accept: Callable[[str], bool] | None = None):
         self.host, self.port = host, port
         self.accept = accept            # which peers ("host:port") may connect (ACL's whitelist); None: all
@@ -211,6 +231,7 @@ class HAServer:
         self._tasks: set[asyncio.Task] = set()
         self.refused = 0
         self._refused_logged = -60.0
+        self.problems: dict[str, str] = {}      # host -> why its slave gets nothing (HAConnection._stop)
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
@@ -236,6 +257,7 @@ class HAServer:
         if sock is not None:
             _tune(sock)
         conn = self.make_connection(reader, writer)
+        conn.problems = self.problems
         self.connections.add(conn)
         task = asyncio.current_task()
         self._tasks.add(task)

@@ -46,24 +46,44 @@ def append(cl: CommitLog, offset: int, data: bytes) -> int:
                                    f"(mappedFileSizeCommitLog {size}: the same on master and slave?)")
         elif offset != end:
             raise ReplicaError(f"master sent offset {offset}, this slave's log ends at {end}")
-        pos = 0
-        while pos < len(data):
-            mf = q.get_last_mapped_file(offset + pos)
-            if mf is None:
-                raise OSError(f"{q.store_path}: {q.create_failure()}")
-            at = mf.wrote_position
-            if mf.file_from_offset + at != offset + pos:
-                raise ReplicaError(f"{mf.path}: the stream's offset {offset + pos} is not this file's end "
-                                   f"{mf.file_from_offset + at}")
-            take = min(len(data) - pos, mf.file_size - at)
-            try:
-                mf.write_at(at, data[pos:pos + take])
-            except OSError as e:
-                raise OSError(e.errno, f"{mf.path}: write of {take} replicated bytes at {at} failed: "
-                                       f"{e.strerror or e}") from e
-            mf.committed_position = mf.wrote_position
-            pos += take
+        if size - offset % size < len(data):       # a master's frames never cross its files' ends
+            raise ReplicaError(f"the master's frame of {len(data)} bytes at {offset} crosses this slave's file end "
+                               f"at {offset - offset % size + size}: is mappedFileSizeCommitLog ({size}) the "
+                               "master's?")
+        mf = q.get_last_mapped_file(offset)
+        if mf is None:
+            raise OSError(f"{q.store_path}: {q.create_failure()}")
+        at = mf.wrote_position
+        if mf.file_from_offset + at != offset:
+            raise ReplicaError(f"{mf.path}: the stream's offset {offset} is not this file's end "
+                               f"{mf.file_from_offset + at}")
+        try:
+            mf.write_at(at, data)
+            mf.commit()                 # (a slave has no write buffer: a no-op that keeps positions in step)
+        except OSError as e:
+            raise OSError(e.errno, f"{mf.path}: write of {len(data)} replicated bytes at {at} failed: "
+                                   f"{e.strerror or e}") from e
         return q.get_max_offset()
+
+
+def verify_from(cl: CommitLog, end: int, nbytes: int, floor: int = 0) -> int:
+    """Where a slave asks its master to stream from: up to nbytes below its log's end, not below the file
+    holding the log's last byte, nor below `floor` (the master's oldest offset), nor below this log's start;
+    `end` when the log is empty."""
+    if end <= 0:
+        return end
+    last_file = (end - 1) - (end - 1) % cl.file_size
+    return max(end - nbytes, last_file, floor, cl.get_min_offset(), 0)
+
+
+def first_difference(cl: CommitLog, offset: int, theirs: bytes) -> int | None:
+    """The first offset from `offset` where this log's bytes differ from `theirs` (None: all equal)."""
+    got = cl.get_data(offset, len(theirs))
+    mine = got[0] if got is not None and got[1] == offset else b""
+    n = min(len(mine), len(theirs))
+    if mine[:n] == theirs[:n]:
+        return None if n == len(theirs) else offset + n
+    return offset + next(i for i in range(n) if mine[i] != theirs[i])
 
 
 def last_boundary_step(cl: CommitLog, at: int) -> int | None:

@@ -2,10 +2,9 @@
 
 A slave's log must only ever grow by its master's bytes: a message appended to it by anything else (a `rmqstore
 load` or a Spark write into the stopped slave's directory, without its broker.conf) would make it diverge
-from its master for good. So a store opened as a SLAVE records it here; a store opened later without its
-services (the offline writers: `rmqstore load`, the Spark writer) whose record says SLAVE refuses puts as a
-slave does; a store started with its services as a master (`rmqstore serve`, MessageStore.open) is the
-operator's promotion: the record goes, with a warning. RocketMQ ignores the file.
+from its master for good. So a store opened as a SLAVE records it here; a store opened later with no
+brokerRole whose record says SLAVE refuses puts as a slave does; a store opened (and started) with brokerRole
+set to a master role is the operator's promotion: the record goes, with a warning. RocketMQ ignores the file.
 """
 from __future__ import annotations
 

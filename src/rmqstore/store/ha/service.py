@@ -33,7 +33,6 @@ class SlaveInfo:
     reported: int           # the slave's last report (its log's end)
     acked: int              # what counts for SYNC_MASTER
     behind: int             # bytes the master holds past the report
-    diverged: str | None
 
 
 @dataclass
@@ -48,6 +47,7 @@ class HAStatus:
     connected: bool = False                 # a slave's link is up
     reported: int = -1                      # a slave's last report
     diverged: str | None = None             # why a slave stopped replicating
+    slave_problems: dict[str, str] = field(default_factory=dict)    # a master's: host -> why it sends nothing
 
     def to_kv(self) -> dict[str, str]:
         kv = {"haRole": self.role, "haMaxOffset": str(self.max_offset)}
@@ -58,8 +58,9 @@ class HAStatus:
             kv["haSlaveAckOffset"] = str(self.acked)
             kv["haSlaveBehindBytes"] = str(max(0, self.max_offset - self.acked) if self.slaves else self.max_offset)
             for i, s in enumerate(self.slaves):
-                kv[f"haSlave{i}"] = (f"{s.addr} reported={s.reported} acked={s.acked} behind={s.behind}"
-                                     + (f" DIVERGED: {s.diverged}" if s.diverged else ""))
+                kv[f"haSlave{i}"] = f"{s.addr} reported={s.reported} acked={s.acked} behind={s.behind}"
+            if self.slave_problems:
+                kv["haSlaveDiverged"] = "; ".join(self.slave_problems.values())
         else:
             kv["haMasterAddress"] = self.master or ""
             kv["haConnected"] = str(self.connected).lower()
@@ -88,6 +89,8 @@ class HAService:
         self.server = HAServer(host, port, self._connection, accept=accept) if port else None
         self.batch = config.ha_transfer_batch_size
         self.client = HAClient(commit_log, dispatcher, config, failures, flush) if config.is_slave else None
+        if self.client is not None:
+            dispatcher.on_damage = self.client.refetch      # damage on a slave: its master has the bytes
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._idle = True               # a connection's writer may be waiting: notify() wakes it
@@ -223,8 +226,9 @@ class HAService:
                       cl.get_max_offset(), self.transfer.acked)
         if self.server is not None:
             for c in list(self.server.connections):
-                if c.request_offset >= 0:
-                    st.slaves.append(SlaveInfo(c.addr, c.reported, c.acked, c.behind, c.diverged))
+                if c.request_offset >= 0 and c.diverged is None:
+                    st.slaves.append(SlaveInfo(c.addr, c.reported, c.acked, c.behind))
+            st.slave_problems = dict(self.server.problems)
         if self.client is not None:
             st.master = self.client.master_address
             st.connected = self.client.connected

@@ -5,9 +5,10 @@ how much of the slave's log the master holds byte for byte, and cuts the slave b
 record within that, on a stopped store:
 
 1. `common_prefix`: over the master's HA port, as a slave would (report an offset, read the frames), fetch
-   the master's bytes from the start of the slave's last file up to the slave's end and compare them with
-   the slave's; where even the first byte differs, go back a file at a time. A master that has less sends
-   heartbeats only: its end bounds the prefix. Works with rmqstore's and RocketMQ's masters.
+   the master's copy of whole commitlog files and compare them with the slave's byte for byte: a binary
+   search over the files finds the first that differs, then the first differing byte in it. A master that
+   has less sends fewer bytes (then heartbeats): its end bounds the prefix. Works with rmqstore's and
+   RocketMQ's masters.
 2. `plan_cut`: the last record boundary at or below that prefix (record sizes walked from a file start).
 3. `cut`: copy the bytes past the cut into `quarantine/` (damage.quarantine_range; nothing is deleted
    that was not kept), truncate the commitlog there, and leave an abort file so that the next open runs a
@@ -94,16 +95,35 @@ def _first_difference(cl: CommitLog, start: int, theirs: bytes) -> int:
 
 
 def common_prefix(cl: CommitLog, master: str, timeout: float = 10.0) -> tuple[int, int | None]:
-    """(offset up to which the slave's log equals the master's, the master's end when it has less)."""
+    """(offset up to which the slave's log equals the master's, the master's end when it has less).
+
+    Logs that diverged share a prefix and differ after it: the first commitlog file that differs is found
+    by comparing whole files with the master's, a binary search over the slave's files; within it, the
+    first differing byte."""
     end = cl.get_max_offset()
     lo = max(cl.get_min_offset(), 0)
-    start = max(lo, end - end % cl.file_size if end % cl.file_size else end - cl.file_size)
-    while True:
-        theirs, master_end = asyncio.run(fetch_master(master, start, end, timeout))
-        at = _first_difference(cl, start, theirs)
-        if at > start or start <= lo:
-            return at, master_end
-        start = max(lo, start - cl.file_size)       # not even the first byte: look a file further back
+    starts = list(range(lo - lo % cl.file_size, end, cl.file_size))
+    found: dict[int, int | None] = {}
+    master_end: list = [None]
+
+    def differs_at(i: int) -> int | None:
+        if i not in found:
+            a = max(starts[i], lo)
+            b = min(starts[i] + cl.file_size, end)
+            theirs, said = asyncio.run(fetch_master(master, a, b, timeout))
+            if said is not None:
+                master_end[0] = said
+            d = _first_difference(cl, a, theirs)
+            found[i] = d if d < b else None
+        return found[i]
+    a, b = 0, len(starts)
+    while a < b:                # files[:a] equal the master's, files[b:] do not
+        mid = (a + b) // 2
+        if differs_at(mid) is None:
+            a = mid + 1
+        else:
+            b = mid
+    return (end if a == len(starts) else differs_at(a)), master_end[0]
 
 
 def plan_cut(cl: CommitLog, prefix: int, master_end: int | None = None) -> CutPlan:
