@@ -73,7 +73,8 @@ def verify_from(cl: CommitLog, end: int, nbytes: int, floor: int = 0) -> int:
     if end <= 0:
         return end
     last_file = (end - 1) - (end - 1) % cl.file_size
-    return max(end - nbytes, last_file, floor, cl.get_min_offset(), 0)
+    # never 0: a report of 0 means an empty slave, which a master streams to from wherever it chooses
+    return max(end - nbytes, last_file, floor, cl.get_min_offset(), 1)
 
 
 def first_difference(cl: CommitLog, offset: int, theirs: bytes) -> int | None:
@@ -144,6 +145,9 @@ def junction_problem(offset: int, data: bytes, file_size: int) -> str | None:
         return None
     if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2):
         return f"the master's bytes at {offset} do not start a record (magic {magic:#010x})"
+    if total > file_size - offset % file_size:
+        return (f"the master's record at {offset} ({total} bytes) crosses this slave's file end: is "
+                f"mappedFileSizeCommitLog ({file_size}) the master's?")
     if len(data) < JUNCTION_BYTES:
         return "too few bytes to check"
     (phys,) = _PHYS.unpack_from(data, POS_PHYSICALOFFSET)
