@@ -177,7 +177,6 @@ class HAClient:
                     at, chunk = at + n, chunk[n:]
                     if verified == end:
                         self._verify_floor = 0
-                        self._resolved()
                     if not chunk:
                         continue
                 if junction is not None:
@@ -194,6 +193,8 @@ class HAClient:
                     junction = None
                 replica_log.append(cl, at, chunk)
                 self.received_bytes += len(chunk)
+                if not appended and self.diverged is not None:
+                    self._resolved()
                 appended = True
             self._link_up()
             if appended:
