@@ -6,6 +6,7 @@ hostile peers on the HA port. The faults with real processes (SIGKILL, SIGSTOP) 
 """
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import os
@@ -30,7 +31,8 @@ FILE = 64 * 1024
 
 
 def master_cfg(port: int, role: str = "SYNC_MASTER", **kw) -> StoreConfig:
-    return StoreConfig(broker_role=role, ha_listen_port=port, mapped_file_size_commit_log=FILE,
+    return StoreConfig(broker_role=role, ha_listen_port=port,
+                       mapped_file_size_commit_log=kw.pop("mapped_file_size_commit_log", FILE),
                        sync_flush_timeout=kw.pop("sync_flush_timeout", 3000),
                        ha_send_heartbeat_interval=kw.pop("ha_send_heartbeat_interval", 1000), **kw)
 
@@ -256,9 +258,9 @@ def test_slave_ahead_of_its_master_stops_loudly_and_ha_truncate_ends_it(tmp_path
     same_commitlog(tmp_path / "m", tmp_path / "s")
 
 
-def test_slave_pointed_at_another_master_diverges_at_the_junction(tmp_path):
-    """Another master with a longer, different log: its bytes at the slave's end do not start a record
-    there. RocketMQ's slave would append them after its own; this one stops and says so."""
+def test_slave_pointed_at_another_master_stops_and_ha_truncate_ends_it(tmp_path):
+    """Another master with a longer, different log. RocketMQ's slave would append its bytes after its own;
+    this one compares its last bytes with the master's copy of them, stops and says so."""
     p1, p2 = free_port(), free_port()
     with MessageStore.open(tmp_path / "m1", master_cfg(p1, "ASYNC_MASTER")) as m1, \
             MessageStore.open(tmp_path / "s", slave_cfg(p1)) as s:
@@ -273,12 +275,144 @@ def test_slave_pointed_at_another_master_diverges_at_the_junction(tmp_path):
             assert s.commit_log.get_max_offset() == end
         out = run_cli("ha-truncate", "--to", "0", "--dry-run", str(tmp_path / "s"), "-c", str(_conf(tmp_path)))
         assert out.returncode == 0 and json.loads(out.stdout)["cutAt"] == 0
+        # the way out compares whole files: the other master's log differs from byte 0 on (its records' first
+        # bytes may well be equal), so everything is cut and kept aside, then the slave copies m2's log
+        out = run_cli("ha-truncate", "--master", f"127.0.0.1:{p2}", str(tmp_path / "s"), "-c", str(_conf(tmp_path)))
+        res = json.loads(out.stdout)
+        assert out.returncode == 0 and res["commonPrefix"] < 100 and res["cutAt"] == 0 and res["cutBytes"] == end
+        with MessageStore.open(tmp_path / "s", slave_cfg(p2)) as s:
+            wait_for(lambda: caught_up(m2, s))
+            assert s.failures.condition("ha.diverged") is None
+    same_commitlog(tmp_path / "m2", tmp_path / "s")
 
 
 def _conf(tmp_path: Path) -> Path:
     p = tmp_path / "slave.conf"
     p.write_text(f"mappedFileSizeCommitLog={FILE}\n")
     return p
+
+
+def test_same_sized_records_of_a_master_that_lost_its_tail_are_found(tmp_path):
+    """The master lost its last records (a power cut) and took new ones of the same size: the slave's end is
+    a record boundary in the master's new log too, where a record names its own offset. Only the bytes
+    themselves tell: the slave asks again for its last ones and compares."""
+    port = free_port()
+    mcfg = master_cfg(port, "ASYNC_MASTER")
+    with MessageStore.open(tmp_path / "m", mcfg) as m, MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
+        rs = m.put_messages([Message("Same", b"old%05d" % i) for i in range(50)])
+        wait_for(lambda: caught_up(m, s))
+    keep = rs[39].wrote_end
+    with open(tmp_path / "m" / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(keep)
+        f.write(b"\0" * (rs[-1].wrote_end - keep))
+    (tmp_path / "m" / "abort").write_bytes(b"")
+    with MessageStore.open(tmp_path / "m", mcfg) as m:
+        m.put_messages([Message("Same", b"new%05d" % i) for i in range(20)])     # same sizes as the lost ones
+        with MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
+            wait_for(lambda: s.failures.condition("ha.diverged") is not None, what="the divergence")
+            assert "differs from this slave's" in s.failures.condition("ha.diverged").reason
+            assert s.commit_log.get_max_offset() == rs[-1].wrote_end      # nothing appended
+
+
+def test_a_file_size_that_differs_from_the_masters_is_refused_loudly(tmp_path):
+    """mappedFileSizeCommitLog must be the master's: records would cross the slave's file ends. The slave
+    stops and names the key; what it holds stays whole."""
+    port = free_port()
+    with MessageStore.open(tmp_path / "m", master_cfg(port, "ASYNC_MASTER", mapped_file_size_commit_log=2 * FILE)) \
+            as m, MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
+        m.put_messages([Message("Fs", b"z" * 500) for _ in range(300)])        # ~170 KiB: past the slave's 64 KiB
+        wait_for(lambda: any("mappedFileSizeCommitLog" in f.reason for f in s.failures.failures()), 30,
+                 "the slave's complaint")
+        assert s.wait_dispatched(10)
+    report = MessageStore.open(tmp_path / "s", StoreConfig(broker_role="SLAVE", broker_id=1,
+                                                           mapped_file_size_commit_log=FILE), start_services=False)
+    try:
+        assert report.check().ok
+    finally:
+        report.close()
+
+
+def test_a_slave_with_a_write_buffer_writes_its_files(tmp_path):
+    """transientStorePoolEnable (copied with the master's broker.conf) is ignored on a slave, as RocketMQ
+    ignores it: the replicated bytes reach the files (they stayed in a buffer that was never committed)."""
+    port = free_port()
+    with MessageStore.open(tmp_path / "m", master_cfg(port, "SYNC_MASTER")) as m, \
+            MessageStore.open(tmp_path / "s", slave_cfg(port, transient_store_pool_enable=True)):
+        wait_slave(m)
+        assert {m.put_message(Message("Wb", b"w%d" % i)).status for i in range(50)} == {S.PUT_OK}
+    same_commitlog(tmp_path / "m", tmp_path / "s")
+
+
+def test_a_slave_behind_the_masters_oldest_file_is_told_and_reported(tmp_path):
+    """Cleanup deleted the files a stopped slave lacks: both sides say so; the master does not count it as
+    a slave (SLAVE_NOT_AVAILABLE at once, not a wait) and its loop goes on serving others."""
+    port = free_port()
+    mcfg = master_cfg(port, "SYNC_MASTER")
+    with MessageStore.open(tmp_path / "m", mcfg) as m, MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
+        wait_slave(m)
+        m.put_message(Message("Old", b"x"))
+    with MessageStore.open(tmp_path / "m", dataclasses.replace(mcfg, broker_role="ASYNC_MASTER")) as m:
+        m.put_messages([Message("Old", b"y" * 3000) for _ in range(60)])      # several files
+        first = m.commit_log.queue.files[0].path
+    first.unlink()                                                           # as cleanup deletes it
+    with MessageStore.open(tmp_path / "m", mcfg) as m, MessageStore.open(tmp_path / "s", slave_cfg(port)) as s:
+        wait_for(lambda: s.failures.condition("ha.diverged") is not None, what="the slave's report")
+        assert "oldest file" in s.failures.condition("ha.diverged").reason
+        wait_for(lambda: m.ha_status().slave_problems, what="the master's report")
+        assert "oldest file" in m.ha_status().to_kv()["haSlaveDiverged"]
+        t = time.monotonic()
+        assert m.put_message(Message("Old", b"z")).status is S.SLAVE_NOT_AVAILABLE and time.monotonic() - t < 1
+
+
+def test_bytes_damaged_on_the_way_are_fetched_again(tmp_path):
+    """A proxy between master and slave damages the first record it carries (its magic code), once: the
+    slave's dispatcher finds it, the slave cuts its log there and takes the master's bytes again; the logs
+    end equal and nothing was skipped."""
+    port, relay = free_port(), free_port()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", relay))
+    srv.listen(8)
+    damaged = threading.Event()
+
+    def pipe(a, b, flip: bool) -> None:
+        try:
+            while True:
+                data = a.recv(1 << 16)
+                if not data:
+                    break
+                if flip and not damaged.is_set() and len(data) > 40:
+                    data = bytearray(data)
+                    data[12 + 4 + 2] ^= 0x10                    # the first record's magic code, after the header
+                    damaged.set()
+                b.sendall(bytes(data))
+        except OSError:
+            pass
+        finally:
+            a.close()
+            b.close()
+
+    def relay_loop() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", port))
+            threading.Thread(target=pipe, args=(c, up, False), daemon=True).start()
+            threading.Thread(target=pipe, args=(up, c, True), daemon=True).start()
+    threading.Thread(target=relay_loop, daemon=True).start()
+    try:
+        with MessageStore.open(tmp_path / "m", master_cfg(port, "ASYNC_MASTER")) as m:
+            m.put_messages([Message("Way", b"v%03d" % i) for i in range(100)])
+            with MessageStore.open(tmp_path / "s", slave_cfg(relay)) as s:
+                wait_for(lambda: damaged.is_set() and caught_up(m, s), 30, "the slave to fetch again")
+                assert s.wait_dispatched(10)
+                assert not [f for f in s.failures.failures() if f.kind is FailureKind.CORRUPT_RECORD]
+                assert [x.body for x in read_all(s, "Way", 0)] == [b"v%03d" % i for i in range(100)]
+    finally:
+        srv.close()
+    same_commitlog(tmp_path / "m", tmp_path / "s")
 
 
 # --- the HA port against hostile peers ----------------------------------------------------------------
