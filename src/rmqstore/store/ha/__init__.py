@@ -28,18 +28,23 @@ integer big-endian; no handshake, no version, no checksum):
   slave closes when a frame's offset is not its log's end (an empty slave takes any file-aligned offset).
 
 What rmqstore adds within that format (RocketMQ 4.4.0 has none of it; notes/ha-replication.md §3, §6):
-- a slave cuts a partial record off its tail before reporting, and checks that the master's first bytes
-  start a record naming that offset; a master counts a connection as a slave from its first report on and
-  an acknowledgement only up to what it can hold (master.py);
-- divergence (a slave's log ahead of its master's, or different before the slave's end) stops the link
-  loudly on both sides (failure channel conditions `ha.diverged` / `ha.slave.<addr>`, the broker's runtime
-  info, `rmqstore admin brokerStatus`) instead of silently; `rmqstore ha-truncate` cuts the slave back to
-  the common prefix, checked byte for byte against the master, keeping the cut bytes aside (truncate.py);
-- a slave dispatches what it receives from whatever offset its log starts at.
+- a slave cuts a partial record off its tail, then reports an offset up to 64 KiB below its end: the master
+  sends those bytes again and the slave compares them with its own, then checks that the first new bytes
+  start a record naming their offset; frames that would cross the slave's file ends are refused;
+- a master counts a connection as a slave from its first report on and an acknowledgement only up to what it
+  sent on that connection; a slave ahead of it, or below its oldest file, gets nothing and is told so in
+  heartbeats (the master's end, or its oldest offset);
+- divergence stops the link loudly (failure channel conditions `ha.diverged` on the slave, `ha.slave.<host>`
+  on the master; the broker's runtime info; `rmqstore admin brokerStatus`) instead of silently;
+  `rmqstore ha-truncate` cuts the slave back to the common prefix, checked byte for byte against the master,
+  keeping the cut bytes aside (truncate.py);
+- a slave's dispatcher that finds a damaged record makes the slave cut its log there and fetch the master's
+  bytes again (slave.HAClient.refetch); a slave dispatches from whatever offset its log starts at.
 
 Modules: protocol (the format, pure), transfer (SYNC_MASTER's waits: GroupTransfer), replica_log (the
-slave's appends), master (HAServer, HAConnection), slave (HAClient), service (HAService: the thread and
-loop, start()/shutdown()), truncate (the operator's way out). They import the commitlog and the failure
+slave's appends and checks), master (HAServer, HAConnection), slave (HAClient), service (HAService: the
+thread and loop, start()/shutdown()), role (a slave's record, config/brokerRole.json), truncate (the
+operator's way out). They import the commitlog and the failure
 channel, never the facade, the broker or the messaging layer.
 """
 from .service import HAService, HAStatus, SlaveInfo, listen_port
