@@ -36,7 +36,12 @@ LINK = "ha.link"
 
 
 class Diverged(ReplicaError):
-    """The master's log does not continue this slave's (see the module docstring)."""
+    """The master's log does not continue this slave's (see the module docstring); `ahead`: this log holds
+    bytes past the master's end."""
+
+    def __init__(self, why: str, ahead: bool = False):
+        super().__init__(why)
+        self.ahead = ahead
 
 
 class HAClient:
@@ -100,11 +105,12 @@ class HAClient:
             except Diverged as e:
                 self._diverged(str(e))
                 pause = self.housekeeping_s
-                try:            # this log's end: a master it is ahead of says so too (master.py)
-                    writer.write(protocol.encode_report(self.cl.get_max_offset()))
-                    await asyncio.wait_for(writer.drain(), 1)
-                except (OSError, ConnectionError, asyncio.TimeoutError):
-                    pass
+                if e.ahead:     # this log's end, past the master's: it says so too (master.py)
+                    try:
+                        writer.write(protocol.encode_report(self.cl.get_max_offset()))
+                        await asyncio.wait_for(writer.drain(), 1)
+                    except (OSError, ConnectionError, asyncio.TimeoutError):
+                        pass
             except (ReplicaError, protocol.ProtocolError) as e:
                 self._note(f"master {addr}: {e}")
             except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
@@ -219,12 +225,12 @@ class HAClient:
             if expected < end:
                 if self._paused_at == offset:
                     raise Diverged(f"this slave's log ends at {end}, past master {addr}'s end {offset}: "
-                                   f"{end - offset} bytes this master does not have")
+                                   f"{end - offset} bytes this master does not have", ahead=True)
                 self._paused_at = offset
             return
         if offset < expected:
             raise Diverged(f"this slave's log ends at {end}, past master {addr}'s end {offset}: "
-                           f"{end - offset} bytes this master does not have")
+                           f"{end - offset} bytes this master does not have", ahead=True)
         if offset <= end:               # the master's oldest file starts inside the bytes asked again
             self._verify_floor = offset
             raise ReplicaError(f"master {addr}'s log starts at {offset}: asking again from there")
