@@ -36,7 +36,7 @@ def store(tmp_path_factory):
     with MessageStore.open(root, CFG) as st:
         for t in ("A", "B", "C"):
             qids = [q for (tt, q), n in SIZES.items() if tt == t for _ in range(n)]
-            st.put_messages(MessageBatch(t, [b"m%d" % i for i in range(len(qids))], queue_ids=qids))
+            st.put_messages(MessageBatch(t, [b"m%d" % i for i in range(len(qids))], queue_ids=qids, keys="k"))
         assert st.wait_dispatched()
     (root.parent / "store.conf").write_text(CFG.to_properties())
     return root
@@ -136,6 +136,8 @@ def test_subscribe_subscribe_pattern_and_assign_select_as_kafkas(spark, store):
     assert _queues(_read(spark, store, assign=assign, mode="commitlog")) == want       # a walk of every record
     view = _read(spark, store, assign=assign, view="queues").collect()
     assert {(r.topic, r.queueId): r.messages for r in view} == want
+    keyed = _read(spark, store, key="k", assign=json.dumps({"B": [1]})).collect()      # the index's hits too
+    assert {(r.topic, r.queueId) for r in keyed} == {("B", 1)} and len(keyed) == 10
 
 
 OPTION_ERRORS = [

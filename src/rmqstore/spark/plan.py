@@ -437,6 +437,6 @@ def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
     for p in parts:
         p.fail_on_data_loss, p.check_crc, p.loss_counter = ro.fail_on_data_loss, ro.check_crc, ro.loss_counter
         p.columns = ro.columns
-        if p.kind == "commitlog" and ro.key is None and selection != (None, None, None, None):
-            p.selection = selection     # a commitlog walk meets every topic: the options select rows
+        if p.kind != "queue" and selection != (None, None, None, None):
+            p.selection = selection     # a commitlog walk (or a key's index hits) meets every queue: the options select rows
     return parts

@@ -303,8 +303,8 @@ def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set
 
 def _in_place_and_selected(recs: R.Records, part: Partition) -> R.Records | None:
     """recs without those whose PHYSICALOFFSET field (not covered by BODYCRC) is not where they lie (damaged:
-    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog, those of topics
-    and queues the options do not select; None when none is left."""
+    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog and key reads,
+    those of topics and queues the options do not select; None when none is left."""
     real = recs.base + recs.pos
     moved = recs.phys != real
     if moved.any():

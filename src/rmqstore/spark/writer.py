@@ -124,7 +124,7 @@ def check_target(options: dict, overwrite: bool, known: tuple = ("path", "config
     if unknown:
         raise WriteError(f"unknown option {unknown[0]!r} of the rocketmq sink (known: {', '.join(known)})")
     path = _store_path(options)
-    why = not_a_store_to_write(path)      # a dead write's staging dir (handoff.PREFIX) is hidden: not counted
+    why = not_a_store_to_write(path, other_files=False)   # a dead write's staging dir (handoff.PREFIX) is hidden
     if why:
         raise WriteError(f"option 'path': {why}")
     if os.path.isdir(path) and SV.lock_held_elsewhere(path):

@@ -35,19 +35,27 @@ def not_a_store(path: str | os.PathLike) -> str | None:
     return f"not a store directory: {p}" + (_held(p) or " (no commitlog/, consumequeue/ or checkpoint)")
 
 
-def not_a_store_to_write(path: str | os.PathLike) -> str | None:
-    """Why path cannot be a store to write (created if missing), or None: it is a store, is missing, empty
-    or holds only store entries (config/, lock, ...). A file, or a directory that holds other things (a
-    `store/` folder, a project), is refused rather than filled with a new store."""
+def not_a_store_to_write(path: str | os.PathLike, *, other_files: bool = True) -> str | None:
+    """Why path cannot be a store to write (created if missing), or None. A file is refused, and so is a
+    directory that is not a store but holds one in `store/` (the store was meant). Any other directory
+    becomes a store as RocketMQ's broker makes one in its storePathRootDir, unless other_files is False:
+    then one that holds other files than a store's (config/, lock, ...; hidden names aside) is refused."""
     p = Path(path)
     if not os.path.lexists(p):
         return None
     if not p.is_dir():
         return f"not a store directory: {p} (a file)"
+    if is_store(p):
+        return None
+    held = _held(p)
+    if held:
+        return f"not a store directory: {p}{held}"
+    if other_files:
+        return None
     try:
         names = {n for n in os.listdir(p) if not n.startswith(".")}
     except OSError as e:
         return f"{p}: {e.strerror}"
     if not names or names & ENTRIES:
         return None
-    return f"not a store directory: {p}" + (_held(p) or " (it holds other files: give a new or empty directory)")
+    return f"not a store directory: {p} (it holds other files: give a new or empty directory)"
