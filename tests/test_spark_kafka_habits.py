@@ -188,3 +188,6 @@ def test_pushed_filters_are_in_the_formatted_explain(spark, store):
     pushed = next(line for line in formatted.splitlines() if line.startswith("PushedFilters:"))
     assert "EqualTo(topic,A)" in pushed and "EqualTo(queueId,1)" in pushed, formatted
     assert "PushedFilters" not in explain(df._jdf.queryExecution(), "simple")
+    from conftest import REPO
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert '`explain("formatted")` lists them under `PushedFilters` (the plain `explain()`' in readme

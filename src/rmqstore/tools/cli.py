@@ -51,10 +51,6 @@ def _open_reader(store: Path, cfg: StoreConfig):
     return StoreReader.open(store, cfg)
 
 
-def _open_for_write(store: Path, cfg: StoreConfig):
-    return _open_store(store, cfg, services=True)
-
-
 def _require_store(store: str | Path) -> Path:
     """The store directory of a command that must not create one (get, dump, query, stats, clean, rebuild,
     check): CliError "not a store directory: PATH" (exit 2) unless PATH is a directory holding commitlog/,
@@ -69,8 +65,9 @@ def _require_store(store: str | Path) -> Path:
 
 def _check_store_arg(command: "Command", args: argparse.Namespace, cfg: StoreConfig) -> None:
     """Before a command runs: its STORE is a store directory (Command.store "read"), or can become one
-    ("write": missing, empty, or a store) whose commitlog files are the configured size (a forgotten -c
-    broker.conf, before recovery says anything; a read command meets it as an error: _geometry_line)."""
+    ("write": not a file, nor a folder holding a store in store/) whose commitlog files are the configured
+    size (a forgotten -c broker.conf, said before recovery says anything; a read command meets it as an
+    error: _error_line)."""
     from ..store.store_dir import not_a_store_to_write
 
     if command.store == "read":
@@ -370,7 +367,7 @@ def cmd_load(args: argparse.Namespace, cfg: StoreConfig) -> int:
     out = _ResultOut()
     run = _LoadRun()
     with contextlib.closing(stream) if stream is not sys.stdin.buffer else contextlib.nullcontext():
-        with _StopSignals() as stop, _open_for_write(Path(args.store), cfg) as st:
+        with _StopSignals() as stop, _open_store(Path(args.store), cfg, services=True) as st:
             try:
                 _load_stream(st, stream, name, out, run, stop)
             except BrokenPipeError:
@@ -571,7 +568,7 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
 def _rebuild_args(p: argparse.ArgumentParser) -> None:
     _store_arg(p)
     p.add_argument("--engine", choices=("local", "spark"), default="local",
-                   help="local: this process; spark: parallel tasks on a Spark cluster (rmqstore[spark])")
+                   help="local: this process; spark: parallel tasks on a Spark cluster (the spark extra)")
     p.add_argument("--master", metavar="URL", default=None, help="Spark master (default local[*])")
     p.add_argument("--conf", metavar="KEY=VALUE", action="append", type=_spark_conf,
                    help="a Spark setting for --engine spark, e.g. spark.driver.memory=512m (repeatable)")
@@ -654,7 +651,7 @@ def cmd_stats(args: argparse.Namespace, cfg: StoreConfig) -> int:
 def _stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", metavar="STORE", help="store directory (read only: nothing is written)")
     p.add_argument("--engine", choices=("local", "spark"), default="local",
-                   help="local: this process; spark: a local Spark session (rmqstore[spark])")
+                   help="local: this process; spark: a local Spark session (the spark extra)")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="also draw messages per minute per topic")
 
 
