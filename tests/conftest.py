@@ -166,6 +166,7 @@ MODULE_SECONDS = {
     "test_schedule": 6, "test_lock": 6, "test_spark_source": 5, "test_pop": 5, "test_recovery_plan": 5,
     "test_rocketmq_issues": 5, "test_spark_records": 5, "test_cli_newcomer": 4, "test_demo": 4,
     "test_grpc_node": 4, "test_network_imports": 3, "test_commit_log": 3,
+    "test_spark_kafka_habits": 40, "test_package": 25, "test_cli_mistakes": 12,
 }
 
 

@@ -64,8 +64,8 @@ def _error(fn) -> str:
 # --- item 5: save modes ------------------------------------------------------------------------------
 def test_the_default_save_mode_appends_as_kafkas_sink(spark, tmp_path):
     df = spark.createDataFrame([("T", b"a"), ("T", b"b")], "topic string, body binary")
-    df.write.format("rocketmq").save(str(tmp_path / "s"))                      # no mode: Spark's ErrorIfExists
-    df.write.save(str(tmp_path / "s"), format="rocketmq", mode="errorifexists")
+    df.write.format("rocketmq").save(str(tmp_path / "s"))          # no mode: Spark's ErrorIfExists (other
+    # spellings of it: test_other_formats_keep_sparks_save_modes)
     for mode, meaning in (("overwrite", "it would delete every message of the store before writing"),
                           ("ignore", "it would write nothing when the store exists")):
         err = _error(lambda: df.write.format("rocketmq").mode(mode).save(str(tmp_path / "s")))
@@ -75,7 +75,7 @@ def test_the_default_save_mode_appends_as_kafkas_sink(spark, tmp_path):
     # sink's own refusal of Overwrite, with the same words
     err = _error(lambda: df._jdf.write().format("rocketmq").mode("overwrite").save(str(tmp_path / "s")))
     assert "save mode 'overwrite' is not allowed for the rocketmq sink: it would delete" in err
-    assert spark.read.format("rocketmq").load(str(tmp_path / "s")).count() == 4
+    assert spark.read.format("rocketmq").load(str(tmp_path / "s")).count() == 2
 
 
 def test_other_formats_keep_sparks_save_modes():
