@@ -169,6 +169,7 @@ MODULE_SECONDS = {
     "test_acl_server": 17, "test_acl_replay": 6, "test_acl": 5,
     "test_sql92_consumers": 30, "test_sql92_grpc": 25, "test_sql92_broker": 15, "test_sql92": 10,
     "test_consume_queue_ext": 5,
+    "test_spark_kafka_habits": 40, "test_package": 25, "test_cli_mistakes": 12,
 }
 
 

@@ -158,11 +158,20 @@ class StoreRef:
     cl_file_size: int
     data_end: int | None
     fs: store_fs.RemoteStore | None = None     # not a local store: read with ranged reads
+    clean: bool = True                         # no abort file
+    tail_base: int | None = None               # plan.data_tail: the last file holding data (a store read as it is)
 
     @classmethod
     def of(cls, view: SV.StoreView) -> "StoreRef":
         return cls(view.root, view.broker, [(f.base, f.path, f.size) for f in view.cl_files], view.cl_file_size,
-                   view.data_end, view.fs)
+                   view.data_end, view.fs, view.clean)
+
+    @property
+    def last_base(self) -> int:
+        """The base of the file where the commitlog's data ends: a walk may stop short there (not loss)."""
+        if self.tail_base is not None:
+            return self.tail_base
+        return self.cl_files[-1][0] if self.cl_files else -1
 
     def file_index(self, offsets: np.ndarray) -> np.ndarray:
         bases = np.array([b for b, _, _ in self.cl_files], dtype=np.int64)
@@ -177,7 +186,7 @@ class Partition(_Base):
     check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
     columns = None                    # option columns: the only columns built (None: all)
     selector = None                   # option messageSelector: the SQL92 selector rows must match (text)
-    selection = None                  # mode=commitlog: (topics, pattern, queue ids) of options topics /
+    selection = None                  # mode=commitlog: (topics, pattern, queue ids, assign) of options topics /
                                       # subscribePattern / queueIds, applied to the rows (None: every record)
 
     def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
@@ -279,15 +288,24 @@ def _key_bytes_mask(recs: R.Records, key: str) -> np.ndarray:
     return out
 
 
-def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set | None) -> np.ndarray:
-    """The records of the topics (a set, or those fully matching pattern) and queue ids selected."""
+def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set | None,
+                    assign: dict | None = None) -> np.ndarray:
+    """The records of the topics (a set, or those fully matching pattern) and queue ids selected, or of
+    the queues assign names ({topic: queue ids})."""
     m = np.ones(len(recs), dtype=bool)
     if topics is not None or pattern is not None:
         enc = pc.dictionary_encode(recs.topics())
         names = enc.dictionary.to_pylist()
+        codes = enc.indices.to_numpy(zero_copy_only=False)
+        if assign is not None:
+            ok = np.zeros(len(recs), dtype=bool)
+            for k, t in enumerate(names):
+                if t in assign:
+                    ok |= (codes == k) & np.isin(recs.queue_id, np.fromiter(assign[t], np.int64))
+            return m & ok
         keep = np.array([(t in topics) if topics is not None else pattern.fullmatch(t) is not None for t in names],
                         dtype=bool)
-        m &= keep[enc.indices.to_numpy(zero_copy_only=False)] if len(names) else False
+        m &= keep[codes] if len(names) else False
     if queue_ids is not None:
         m &= np.isin(recs.queue_id, np.fromiter(queue_ids, np.int64))
     return m
@@ -295,8 +313,8 @@ def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set
 
 def _in_place_and_selected(recs: R.Records, part: Partition) -> R.Records | None:
     """recs without those whose PHYSICALOFFSET field (not covered by BODYCRC) is not where they lie (damaged:
-    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog, those of topics
-    and queues the options do not select; None when none is left."""
+    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog and key reads,
+    those of topics and queues the options do not select; None when none is left."""
     real = recs.base + recs.pos
     moved = recs.phys != real
     if moved.any():
@@ -580,6 +598,10 @@ def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outco
             data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} holds no message from offset "
                       f"{base + stop} ({why.name}) to its end {base + store.cl_file_size}: truncated, zeroed or "
                       "damaged (later files are read)", 0, part.loss_counter)
+    elif why is Outcome.INVALID and store.data_end is None and not store.clean:
+        log.warning("%s: a torn tail: the commitlog's records end at offset %d with a record cut short (the store "
+                    "has an abort file: a copy of a running or crashed broker, read as it is); read up to there",
+                    store.root, base + stop)
     elif why is Outcome.INVALID:
         lvl = logging.DEBUG if store.data_end is None else logging.WARNING
         log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, base + stop)
@@ -607,7 +629,7 @@ def _check_piece_end(part: Partition, base: int, path: str, start: int, limit: i
 
 def _read_commitlog(part: Partition, cache: SV.FileCache):
     store = part.store
-    last_base = store.cl_files[-1][0] if store.cl_files else -1
+    last_base = store.last_base
     for base, path, start, limit, piece in part.items:
         if store.fs is not None:
             yield from _read_remote_range(part, cache, base, path, start, limit, last_base, piece)
