@@ -228,3 +228,35 @@ def test_a_5x_client_reads_from_the_slave_over_grpc(cluster):
             prod.send(msg)
     finally:
         prod.shutdown()
+
+
+def test_the_readme_pair_runs(tmp_path):
+    """The README's pair, its commands as written (the default ports swapped for free ones), in a shell: the
+    slave registers, takes the master's sends and holds them."""
+    import re
+    import subprocess
+    import sys
+    from rmqstore.broker.process import free_port, free_port_pair
+    from conftest import REPO
+    readme = (REPO / "README.md").read_text()
+    block = next(b for b in re.findall(r"^```sh\n(.*?)^```", readme, re.S | re.M) if "rmqstore namesrv" in b)
+    ns, mp, sp = free_port(), free_port_pair(), free_port_pair()
+    script = block.replace("127.0.0.1:9876", f"127.0.0.1:{ns}").replace("10911", str(mp)).replace("10921", str(sp))
+    script = script.replace("\\n' > master.conf", f"\\ngrpcListenPort=-1\\n' > master.conf").replace(
+        "\\n' > slave.conf", f"\\ngrpcListenPort=-1\\n' > slave.conf")        # (8081: another test's)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    sh = subprocess.Popen(["bash", "-c", script + "\nwait"], cwd=tmp_path, env=env, start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with Admin(f"127.0.0.1:{ns}") as admin:
+            wait_for(lambda: runtime(admin, f"127.0.0.1:{mp}").get("haSlaveCount") == "1", 60, "the pair")
+            with Producer("readme_pg", f"127.0.0.1:{ns}") as p:
+                assert {p.send(Message("ReadmeTopic", b"m%d" % i)).send_status for i in range(20)} == \
+                    {SendStatus.SEND_OK}
+            wait_for(lambda: runtime(admin, f"127.0.0.1:{sp}").get("commitLogMaxOffset") ==
+                     runtime(admin, f"127.0.0.1:{mp}").get("commitLogMaxOffset"), 30, "the slave")
+            assert runtime(admin, f"127.0.0.1:{mp}")["haRole"] == "SYNC_MASTER"
+            assert runtime(admin, f"127.0.0.1:{sp}")["haRole"] == "SLAVE"
+    finally:
+        os.killpg(sh.pid, signal.SIGTERM)
+        sh.wait(30)

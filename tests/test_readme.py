@@ -24,6 +24,8 @@ SESSIONS = [code for lang, code in BLOCKS if not lang and code.lstrip().startswi
 SH = [code for lang, code in BLOCKS if lang == "sh"]
 # ```sh blocks the suite cannot run as written, and why (any other sh block must run: test_sh_blocks_run)
 NOT_RUN = {"mqadmin ": "RocketMQ's own Java tool (checked live against the real RocketMQ, not in the suite)",
+           "rmqstore namesrv ": "the replication pair, run as written by test_ha_faults.test_the_readme_pair_runs",
+           "printf ": "the replication pair's broker.conf files (test_ha_faults.test_the_readme_pair_runs)",
            "pip install ": "would reinstall the checkout into the suite's own virtualenv; "
                            "test_package installs built wheels into fresh ones"}
 ACTIVATE = "source .venv/bin/activate"
