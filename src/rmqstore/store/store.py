@@ -143,8 +143,17 @@ class MessageStore(StoreReadAPI):
         self._closed = True
         self.group_commit = None
         self._services_running = False
-        for s in reversed(list(self.named_services.values())):
-            s.shutdown()
+        try:
+            self._close_files()
+        finally:
+            self.lock.release()         # whatever failed above: this process never keeps the store locked
+
+    def _close_files(self) -> None:
+        for name, s in reversed(list(self.named_services.items())):
+            try:            # a service that cannot persist its state (a config file it cannot write) is logged
+                s.shutdown()
+            except Exception as e:  # noqa: BLE001 - close goes on: the store's own files come first
+                log.error("%s: shutting down the %s service failed: %s", self.path, name, e)
         if self.config.transient_store_pool_enable:
             try:    # the write buffer into the file first: the dispatcher reads committed bytes only
                 self.commit_log.queue.commit(0)
@@ -177,7 +186,6 @@ class MessageStore(StoreReadAPI):
             self.abort_file.remove()
         else:
             self.abort_file.close()
-        self.lock.release()
 
     shutdown = close
 
