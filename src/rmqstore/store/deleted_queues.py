@@ -60,11 +60,13 @@ def load(root: str | os.PathLike) -> Deleted:
     return load_config_file(deleted_file(root), decode) or {}
 
 
-def record(root: str | os.PathLike, topic: str, queue_id: int, below: int) -> Deleted:
-    """Add one deletion (a later one of the same queue raises its offset); returns every deletion. Written
-    and synced before it returns: OSError when it cannot be, and then nothing may be deleted."""
+def record(root: str | os.PathLike, queues, below: int) -> Deleted:
+    """Add deletions of queues ((topic, queue id) pairs) below one commitlog offset (a later deletion of a
+    queue raises its offset); returns every deletion. Written and synced before it returns: OSError (or
+    CorruptStoreError, the file unusable) when it cannot be, and then nothing may be deleted."""
     from .config_file import string_to_file
     have = load(root)
-    have[(topic, queue_id)] = max(below, have.get((topic, queue_id), 0))
+    for k in queues:
+        have[k] = max(below, have.get(k, 0))
     string_to_file(encode(have), deleted_file(root), decode)
     return have

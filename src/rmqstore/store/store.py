@@ -320,6 +320,16 @@ class MessageStore(StoreReadAPI):
         self.dispatcher.wakeup()
         return results
 
+    def delete_topic(self, topic: str) -> list[tuple[str, int]]:
+        """Delete a topic's queues (RocketMQ's deleteTopic, in the store): every queue of it, dispatched or
+        not yet, is removed with its consume queue files and its queue offsets; the messages stay in the
+        commitlog (until cleanup) and are never served, dispatched or rebuilt again (config/deletedQueues.json).
+        A put to the topic afterwards starts its queues over at offset 0. Returns the removed (topic, queue
+        id) pairs; OSError when the deletion cannot be recorded (nothing is removed then)."""
+        from .queue_clean import delete_topic
+        self._check_open()
+        return delete_topic(self.parts(), topic)
+
     def record_write_failure(self, e: OSError) -> None:
         """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""
         self.parts().record_write_failure(e)
