@@ -530,6 +530,11 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
         from ..spark import rebuild_spark
 
         out = rebuild_spark(args.store, cfg, master=args.master, conf=dict(args.conf or []))
+        if out.get("missing_units"):        # the rebuilt queues are not what an open would make of the store
+            print(_dumps(out))
+            print(f"rmqstore rebuild: {out['missing_units']} units are still missing after the spark rebuild "
+                  f"of {args.store}: rebuild it with --engine local", file=sys.stderr)
+            return 1
     else:
         from ..store.rebuild import rebuild_store
         from .progress import ProgressBar
