@@ -99,3 +99,58 @@ def test_delete_topic_of_undispatched_messages_then_sigkill(tmp_path):
             assert [s.get_max_offset_in_queue("TA", q) for q in range(8)] == [0] * 8
             assert s.get_max_offset_in_queue("Keep", 0) == 5
     assert not (root / "consumequeue" / "TA").exists()
+
+
+# --- item: a torn deletedQueues.json with no backup ------------------------------------------------------
+@pytest.mark.parametrize("rewrite", [True, False], ids=["written-again", "deleted-only"])
+def test_check_repair_never_turns_a_torn_deletion_record_into_nothing_deleted(tmp_path, rewrite):
+    """deleteTopic once (its record has no .bak then), maybe the topic written again, the record torn: the
+    open refuses it; check --repair moved it aside and rebuilt, and offsets 0..4 answered the deleted
+    messages. Now the deletion is derived where the queue starts over at 0; a deleted queue that was not
+    written again leaves no trace, and the repair refuses, naming the file and the queue (exit 2, nothing
+    done)."""
+    from conftest import run_cli
+    from rmqstore.errors import CorruptStoreError
+    root = tmp_path / "store"
+    with MessageStore.open(root, small_config()) as s:
+        for i in range(30):
+            assert s.put_message(Message("TopicA", b"old-%d" % i, queue_id=0)).ok
+            assert s.put_message(Message("TopicB", b"b-%d" % i, queue_id=1)).ok
+        assert s.wait_dispatched()
+        s.delete_topic("TopicA")
+        for i in range(5 if rewrite else 0):
+            assert s.put_message(Message("TopicA", b"new-%d" % i, queue_id=0)).ok
+    f = root / "config" / "deletedQueues.json"
+    assert not f.with_name(f.name + ".bak").exists()
+    f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])          # torn
+    with pytest.raises(CorruptStoreError, match="deletedQueues.json"):
+        MessageStore.open(root, small_config())
+    conf = tmp_path / "store.conf"
+    conf.write_text(small_config().to_properties())
+    r = run_cli("check", "--repair", "-c", conf, root)
+    if not rewrite:
+        assert r.returncode == 2, r.stdout.decode() + r.stderr.decode()
+        err = r.stderr.decode().strip().splitlines()
+        assert len(err) == 1 and str(f) in err[0] and "TopicA/0 (30 messages)" in err[0], err
+        assert f.read_bytes().startswith(b"{") and len(list(f.parent.glob("*.corrupt-*"))) == 0   # untouched
+        return
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    assert "written again from where queues start over" in r.stdout.decode()
+    with MessageStore.open(root, small_config()) as s:
+        got = s.get_message("G", "TopicA", 0, 0, 32)
+        assert [m.body for m in got.messages] == [b"new-%d" % i for i in range(5)]
+        assert s.get_max_offset_in_queue("TopicB", 1) == 30
+        r = s.put_message(Message("TopicA", b"next", queue_id=0))
+        assert r.ok and r.append_result.logics_offset == 5
+    assert run_cli("check", "-c", conf, root).returncode == 0
+
+
+def test_deletions_derived_from_restarts_are_pure():
+    from rmqstore.store.deleted_queues import derive_from_restarts
+    q = {("A", 0): ([0, 10, 20, 30, 40], [0, 1, 2, 0, 1]),          # restarts at 30
+         ("A", 1): ([0, 10, 20, 30], [0, 1, 0, 1]),                  # ... at 20
+         ("B", 0): ([0, 10, 20], [0, 1, 2]),                         # never
+         ("C", 0): ([0, 10, 20, 30], [5, 6, 0, 8]),                  # a damaged QUEUEOFFSET, no restart
+         ("D", 0): ([0, 10, 20], [0, 1, 0]),                         # one new message at the end
+         ("E", 0): ([0, 10, 20, 30, 40], [0, 0, 1, 0, 1])}           # two deletions: the last counts
+    assert derive_from_restarts(q) == {("A", 0): 30, ("A", 1): 20, ("D", 0): 20, ("E", 0): 30}
