@@ -73,3 +73,16 @@ def test_spark_rebuild_leaves_accepted_damage_out_as_the_local_engine_does(spark
             bodies += [m.body for m in r.messages]
             at = r.next_begin_offset
         assert bodies == [b"m%d" % i for i in range(40) if i != 10]     # offset 10 reads as removed
+
+
+def test_spark_key_and_commitlog_reads_leave_a_deleted_generation_out(spark, tmp_path):
+    """The `key` option answered two rows for one queue offset (the deleted record and the live one), and
+    mode=commitlog returned the deleted records."""
+    root = tmp_path / "store"
+    _deleted_then_written_again(root)
+    rows = load_store(spark, root, key="k0").select("topic", "queueOffset", "body").collect()
+    assert [(r.topic, r.queueOffset, bytes(r.body)) for r in rows] == [("TopicA", 0, b"new-0")]
+    assert load_store(spark, root, key="k7").count() == 0
+    got = load_store(spark, root, mode="commitlog", topics="TopicA").select("body").collect()
+    assert sorted(bytes(r.body) for r in got) == [b"new-%d" % i for i in range(5)]
+    assert load_store(spark, root, mode="commitlog").count() == 35

@@ -287,6 +287,7 @@ class StoreView:
     notes: list[str] = field(default_factory=list)
     plan: RecoveryPlan | None = None       # the recovery this view applied (None: live)
     fs: RemoteStore | None = None          # the store's filesystem when it is not local (store_fs)
+    deleted: dict = field(default_factory=dict)    # deleted queues (deleted_queues.py): their old records are no rows
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -346,6 +347,8 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     file_size = _cl_file_size(config, sizes)
     cl_min = files[0].base if files else 0
     view = StoreView(root, broker_name(root), config, live, clean, files, file_size, cl_min, None, {})
+    from .deleted_queues import load as load_deleted
+    view.deleted = load_deleted(root)         # CorruptStoreError naming it when unusable, as at open
     cq_size = config.mapped_file_size_consume_queue
     if live or cdir != os.path.join(root, "commitlog"):
         seen = previous.queues if previous is not None and previous.live else {}
