@@ -2,7 +2,9 @@
 
 Attributes are snake_case; files and dicts use RocketMQ's camelCase names (`mappedFileSizeCommitLog`),
 and RocketMQ 4.x's misspelling `maped...` is accepted too. A broker.conf-style properties file loads
-with `StoreConfig.load(path)`; unknown keys log a warning, bad values raise ConfigError naming the key.
+with `StoreConfig.load(path)`. Every key is checked against the registry in config_keys.py: honoured, tuning
+(accepted, named in one warning: no effect here), accepted only at its default (a feature rmqstore does not
+have: aclEnable=true is refused), or unknown (refused); bad values raise ConfigError naming the key.
 """
 from __future__ import annotations
 
@@ -85,7 +87,8 @@ class StoreConfig:
     short_polling_time_mills: int = 1000
     broker_role: str = "ASYNC_MASTER"
     store_path_root_dir: str = ""
-    # broker.conf keys seen in the wild that this store accepts silently
+    # the other broker.conf keys the registry accepts (config_keys.py), by their RocketMQ name; the broker reads
+    # its own from here (grpcListenPort, transactionTimeOut, ...)
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
     # --- names -----------------------------------------------------------------------------------
@@ -116,15 +119,26 @@ class StoreConfig:
         return cfg
 
     def update(self, values: dict, source: str | None = None) -> "StoreConfig":
+        """Set keys (RocketMQ names, their `maped` spelling, or attribute names): each is checked against the
+        registry (config_keys.check_key: ConfigError for a key that is unknown, or not honoured and not at
+        its default); the tuning keys set are named in one warning."""
+        from .config_keys import Support, canonical, check_key, warn_tuning
+        tuning = []
         for key, raw in values.items():
             attr = self.attr_name(key)
-            if attr is None or attr == "extra":
-                if key not in _QUIET_KEYS:
-                    log.warning("unknown config key %r%s ignored", key, f" in {source}" if source else "")
-                self.extra[key] = raw
+            if attr == "extra":
+                attr = None
+            name = canonical(self.java_name(attr) if attr is not None else str(key).strip())
+            if check_key(name, raw, source).support is Support.TUNING:
+                tuning.append(name)
+            if attr is None:
+                if name in _EXTRA_INTS or name in _EXTRA_BOOLS:
+                    _coerce("int" if name in _EXTRA_INTS else "bool", name, raw, source)
+                self.extra[name] = raw
                 continue
             setattr(self, attr, _coerce(_FIELDS[attr], key, raw, source))
         self.validate(source)
+        warn_tuning(tuning, source)
         return self
 
     @classmethod
@@ -204,19 +218,11 @@ class StoreConfig:
 
 _JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
-_QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", "storeCheckpoint",
-               "abortFile", "haListenPort", "haMasterAddress", "enableConsumeQueueExt",
-               "mappedFileSizeConsumeQueueExt", "mapedFileSizeConsumeQueueExt", "useReentrantLockWhenPutMessage",
-               "warmMapedFileEnable", "duplicationEnable", "diskFallRecorded", "osPageCacheBusyTimeOutMills",
-               "fastFailIfNoBufferInStorePool", "enableDLegerCommitLog", "deleteWhen", "flushDelayOffsetInterval",
-               "transferMsgByHeap", "offsetCheckInSlave", "debugLockEnable", "putMsgIndexHightWater",
-               "flushLeastPagesWhenWarmMapedFile", "syncFlushTimeout", "sendMessageThreadPoolNums",
-               "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable",
-               # broker keys read from `extra` by the messaging layer (local_broker, transaction)
-               "flushConsumerOffsetInterval", "transactionTimeOut", "transactionCheckMax",
-               "transactionCheckInterval",
-               # read from `extra` by the gRPC endpoint (rmqstore.proxy)
-               "grpcListenPort"}
+# honoured keys StoreConfig keeps in `extra` whose readers want an integer: refused at load when they are not
+_EXTRA_INTS = {"serverChannelMaxIdleTimeSeconds", "flushConsumerOffsetInterval", "transactionTimeOut",
+               "transactionCheckMax", "transactionCheckInterval", "grpcListenPort", "serverFrameMemoryMax",
+               "serverFrameTimeoutSeconds"}
+_EXTRA_BOOLS = {"autoCreateSubscriptionGroup"}
 
 
 def _coerce(typ, key: str, raw, source: str | None):

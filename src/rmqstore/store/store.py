@@ -68,6 +68,8 @@ class MessageStore(StoreReadAPI):
         return store
 
     def start(self, start_services: bool = True) -> None:
+        from .config_keys import check_store_paths
+        check_store_paths(self.config, self.path)       # storePathRootDir & co. name this store, or ConfigError
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         try:
