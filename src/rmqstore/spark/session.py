@@ -57,7 +57,7 @@ def _parallelism(spark) -> int | None:
 def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):
     """The active SparkSession, or a new one (master default local[*]) set up for rmqstore: executors run
     this Python (PYSPARK_PYTHON, for a local master only: a cluster's executors run their own Python, which
-    needs rmqstore installed), Python filter pushdown on, UI off, few shuffle partitions. The data source is
+    needs rmqstore installed), UI off, few shuffle partitions. The data source is
     registered."""
     from pyspark.sql import SparkSession
     if (master or "local[*]").startswith("local"):
@@ -68,13 +68,11 @@ def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: d
         register(active)
         return active
     b = (SparkSession.builder.appName(app_name).master(master or "local[*]")
-         .config("spark.sql.python.filterPushdown.enabled", "true")
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "4")
          .config("spark.sql.session.timeZone", "UTC"))
     for k, v in (conf or {}).items():
         b = b.config(k, v)
     spark = b.getOrCreate()
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     register(spark)
     return spark
