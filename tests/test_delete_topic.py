@@ -181,3 +181,44 @@ def test_key_and_id_lookups_never_answer_a_deleted_generation(tmp_path, caplog):
     r = run_cli("query", "-c", conf, tmp_path, "TopicA", "k0")
     assert r.returncode == 0 and r.stdout.count(b'"queueOffset"') == 1 and b"new-0".hex().encode() in r.stdout, \
         r.stdout
+
+
+def test_a_deleted_queues_files_go_before_its_next_generation_is_written(tmp_path):
+    """Found by deleteTopic under load with SIGKILLs: the old consume queue's files were deleted after the
+    locks were released, so the topic written again at once could have its new queue's first file (the same
+    name) deleted by the old queue's destroy: acknowledged messages unreadable, 'its head is lost'. The
+    old queue's destroy is held here until the new message is dispatched (or 2 s)."""
+    from rmqstore.store.consume_queue import ConsumeQueue
+    from store_checks import wait_until
+    new_unit = threading.Event()
+    orig = ConsumeQueue.destroy
+
+    def slow_destroy(self):
+        if self.topic == "A":
+            new_unit.wait(2)
+        return orig(self)
+    with MessageStore.open(tmp_path, small_config()) as s:
+        for i in range(10):
+            assert s.put_message(Message("A", b"old-%d" % i, queue_id=0)).ok
+        assert s.wait_dispatched()
+        ConsumeQueue.destroy = slow_destroy
+        try:
+            t = threading.Thread(target=s.delete_topic, args=("A",))
+            t.start()
+            assert wait_until(lambda: ("A", 0) in s.dispatcher.deleted, 10)
+            for i in range(35):             # more than a consume queue file (30 units) holds
+                assert s.put_message(Message("A", b"new-%d" % i, queue_id=0)).ok
+            wait_until(lambda: s.get_max_offset_in_queue("A", 0) == 35, 1)
+            new_unit.set()
+            t.join(10)
+        finally:
+            ConsumeQueue.destroy = orig
+        assert s.wait_dispatched()
+    with MessageStore.open(tmp_path, small_config()) as s:
+        bodies, at = [], 0
+        while at < 35:
+            r = s.get_message("G", "A", 0, at, 16)
+            bodies += [m.body for m in r.messages]
+            assert r.next_begin_offset > at, r.status
+            at = r.next_begin_offset
+        assert bodies == [b"new-%d" % i for i in range(35)]

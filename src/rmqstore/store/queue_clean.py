@@ -38,8 +38,10 @@ def remove_queues(parts, pick) -> list[tuple[str, int]]:
     """Remove every queue (built or not) for which pick(topic, queue id) is true, the delay topic aside.
     Under the put lock (no put takes an offset meanwhile) and the dispatcher's units lock (no unit is
     written meanwhile): the deletion is recorded (OSError, and nothing is removed, when it cannot be), the
-    dispatcher told, the offset table entries and the queues dropped; then the files are deleted
-    (ConsumeQueue.destroy, CommitLog.removeQueueFromTopicQueueTable). Returns the removed (topic, queue id)."""
+    dispatcher told, the offset table entries and the queues dropped, and their files deleted
+    (ConsumeQueue.destroy, CommitLog.removeQueueFromTopicQueueTable): a new generation's consume queue
+    (the topic written again) is created only after, and never loses a file of the same name to the old
+    one's deletion. Returns the removed (topic, queue id)."""
     table, dispatcher = parts.consume_queues, parts.dispatcher
     with parts.commit_log.put_lock, dispatcher.units_lock:
         built = {(cq.topic, cq.queue_id): cq for cq in table.sorted_queues()}
@@ -52,13 +54,11 @@ def remove_queues(parts, pick) -> list[tuple[str, int]]:
         for topic, qid in keys:
             dispatcher.deleted[(topic, qid)] = max(below, dispatcher.deleted.get((topic, qid), 0))
             parts.commit_log.topic_queue_table.pop(f"{topic}-{qid}", None)
-            if (topic, qid) in built:
-                table.remove(built[(topic, qid)])
-    for k in keys:
-        cq = built.get(k)
-        if cq is not None:
-            with cq.lock:
-                cq.destroy()
+            cq = built.get((topic, qid))
+            if cq is not None:
+                table.remove(cq)
+                with cq.lock:
+                    cq.destroy()
     for topic in {t for t, _ in keys}:
         try:
             (table.root / topic).rmdir()          # only when its last queue directory went
