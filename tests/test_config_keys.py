@@ -109,3 +109,12 @@ def test_readme_lists_every_key_as_the_registry_says():
         names = set(re.findall(r"`([A-Za-z0-9]+)`", listed.group(1)))
         want = {k for k, r in K.KEYS.items() if r.support is support}
         assert names == want, (support, sorted(want - names), sorted(names - want))
+
+
+def test_a_configuration_written_by_to_properties_loads_without_a_warning(tmp_path, caplog):
+    """StoreConfig.to_properties() writes every field, tuning ones at their defaults: they ask for nothing."""
+    conf = tmp_path / "b.conf"
+    conf.write_text(StoreConfig().to_properties())
+    with caplog.at_level("WARNING"):
+        StoreConfig.load(conf)
+    assert not caplog.records, caplog.text

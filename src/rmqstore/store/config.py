@@ -129,14 +129,18 @@ class StoreConfig:
             if attr == "extra":
                 attr = None
             name = canonical(self.java_name(attr) if attr is not None else str(key).strip())
-            if check_key(name, raw, source).support is Support.TUNING:
-                tuning.append(name)
+            is_tuning = check_key(name, raw, source).support is Support.TUNING
             if attr is None:
                 if name in _EXTRA_INTS or name in _EXTRA_BOOLS:
                     _coerce("int" if name in _EXTRA_INTS else "bool", name, raw, source)
                 self.extra[name] = raw
+                if is_tuning:
+                    tuning.append(name)
                 continue
-            setattr(self, attr, _coerce(_FIELDS[attr], key, raw, source))
+            value = _coerce(_FIELDS[attr], key, raw, source)
+            if is_tuning and value != _DEFAULTS[attr]:      # a default value asks for nothing: no warning
+                tuning.append(name)
+            setattr(self, attr, value)
         self.validate(source)
         warn_tuning(tuning, source)
         return self
@@ -218,6 +222,7 @@ class StoreConfig:
 
 _JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name != "extra"}
 # honoured keys StoreConfig keeps in `extra` whose readers want an integer: refused at load when they are not
 _EXTRA_INTS = {"serverChannelMaxIdleTimeSeconds", "flushConsumerOffsetInterval", "transactionTimeOut",
                "transactionCheckMax", "transactionCheckInterval", "grpcListenPort", "serverFrameMemoryMax",
