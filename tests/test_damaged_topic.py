@@ -6,14 +6,12 @@ no put could write is damage, reported with file and offset and confined like an
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from conftest import run_cli
 from rmqstore import MessageStore
-from store_checks import small_config
+from store_checks import run_until_sigkilled, small_config
 
 _WRITE_AND_DIE = """
 import os, signal, sys
@@ -26,13 +24,6 @@ for i in range(200):
 assert s.wait_dispatched()
 os.kill(os.getpid(), signal.SIGKILL)
 """
-
-
-def _crashed_store(root) -> None:
-    proc = subprocess.run([sys.executable, "-c", _WRITE_AND_DIE.format(tests=os.path.dirname(__file__),
-                                                                       root=str(root))],
-                          capture_output=True, timeout=120)
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
 
 
 def _damage_topic_of_record(root, n: int, byte: int) -> int:
@@ -52,7 +43,7 @@ def _damage_topic_of_record(root, n: int, byte: int) -> int:
 @pytest.mark.parametrize("queues", ["kept", "removed"])
 def test_a_damaged_topic_byte_is_confined_damage(tmp_path, byte, queues):
     root = tmp_path / "store"
-    _crashed_store(root)
+    run_until_sigkilled(_WRITE_AND_DIE, root)
     at = _damage_topic_of_record(root, 100, byte)
     if queues == "removed":                 # every record is dispatched again at the open
         import shutil

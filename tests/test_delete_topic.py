@@ -4,23 +4,12 @@ lookups and commitlog reads never bring a deleted generation back."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from rmqstore import Message, MessageBatch, MessageStore
-from store_checks import small_config
-
-TESTS = os.path.dirname(__file__)
-
-
-def _child(code: str, root) -> None:
-    """Run code in a child Python (tests on its path, the store at `root`) that ends by SIGKILLing itself."""
-    proc = subprocess.run([sys.executable, "-c", code.format(tests=TESTS, root=str(root))], capture_output=True,
-                          timeout=180)
-    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
+from store_checks import run_until_sigkilled, small_config
 
 
 # --- item: queues the dispatcher has not built ---------------------------------------------------------
@@ -88,10 +77,7 @@ def test_delete_topic_of_undispatched_messages_then_sigkill(tmp_path):
     SIGKILL: the reopen's re-dispatch crosses the whole batch, and no queue of the topic holds a message
     (before: nothing was removed and all 8 queues came back whole)."""
     root = tmp_path / "store"
-    proc = subprocess.run([sys.executable, "-c", _BATCH_DELETE_KILL.format(tests=TESTS, root=str(root))],
-                          capture_output=True, timeout=300)
-    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
-    behind, removed = map(int, proc.stdout.split())
+    behind, removed = map(int, run_until_sigkilled(_BATCH_DELETE_KILL, root).stdout.split())
     assert behind > 3_000_000 and removed == 8
     for _ in range(2):
         with MessageStore.open(root, small_config()) as s:

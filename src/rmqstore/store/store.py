@@ -16,7 +16,9 @@ from typing import Iterable, Sequence
 
 from .checkpoint import StoreCheckpoint
 from .commit_log import AppendFailed, CommitLog, log_refused
+from . import queue_clean
 from .config import StoreConfig
+from .config_keys import check_store_paths
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from ..errors import StoreClosedError
@@ -68,7 +70,6 @@ class MessageStore(StoreReadAPI):
         return store
 
     def start(self, start_services: bool = True) -> None:
-        from .config_keys import check_store_paths
         check_store_paths(self.config, self.path)       # storePathRootDir & co. name this store, or ConfigError
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
@@ -328,9 +329,8 @@ class MessageStore(StoreReadAPI):
         commitlog (until cleanup) and are never served, dispatched or rebuilt again (config/deletedQueues.json).
         A put to the topic afterwards starts its queues over at offset 0. Returns the removed (topic, queue
         id) pairs; OSError when the deletion cannot be recorded (nothing is removed then)."""
-        from .queue_clean import delete_topic
         self._check_open()
-        return delete_topic(self.parts(), topic)
+        return queue_clean.delete_topic(self.parts(), topic)
 
     def record_write_failure(self, e: OSError) -> None:
         """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""
