@@ -208,3 +208,28 @@ def test_a_deleted_queues_files_go_before_its_next_generation_is_written(tmp_pat
             assert r.next_begin_offset > at, r.status
             at = r.next_begin_offset
         assert bodies == [b"new-%d" % i for i in range(35)]
+
+
+def test_a_remote_copy_knows_its_deleted_queues(tmp_path):
+    """A store read by URI (here fsspec's memory://) carries its deletedQueues.json to the reads as a local one
+    does; an unusable one with no backup is refused naming it."""
+    fsspec = pytest.importorskip("fsspec")
+    import pyarrow.fs as pafs
+    from rmqstore.errors import CorruptStoreError
+    from rmqstore.store import view as V
+    root = tmp_path / "store"
+    with MessageStore.open(root, small_config()) as s:
+        for i in range(5):
+            assert s.put_message(Message("A", b"old-%d" % i, queue_id=1)).ok
+        s.delete_topic("A")
+        assert s.put_message(Message("A", b"new", queue_id=1)).ok
+    mem = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("memory")))
+    pafs.copy_files(str(root), "/w36-del/b/store", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=mem)
+    try:
+        from rmqstore.store import deleted_queues
+        assert V.load_view("memory://w36-del/b/store").deleted == deleted_queues.load(root) != {}
+        fsspec.filesystem("memory").pipe("/w36-del/b/store/config/deletedQueues.json", b'{"queues": [')
+        with pytest.raises(CorruptStoreError, match="deletedQueues.json"):
+            V.load_view("memory://w36-del/b/store")
+    finally:
+        fsspec.filesystem("memory").rm("/w36-del", recursive=True)
