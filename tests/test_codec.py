@@ -40,7 +40,9 @@ def java_hash_reference(s: str) -> int:
 
 @st.composite
 def records(draw):
-    return dict(queue_id=draw(INT32), flag=draw(INT32), queue_offset=draw(INT64), physical_offset=draw(INT64),
+    # queue ids a put could write (the record rule refuses others)
+    return dict(queue_id=draw(st.integers(0, 65535)), flag=draw(INT32), queue_offset=draw(INT64),
+                physical_offset=draw(INT64),
                 sys_flag=draw(INT32), born_timestamp=draw(INT64), born_host=draw(hosts),
                 store_timestamp=draw(INT64), store_host=draw(hosts), reconsume_times=draw(INT32),
                 prepared_transaction_offset=draw(INT64), body=draw(st.binary(max_size=300)),

@@ -310,3 +310,24 @@ def test_a_record_whose_topic_no_put_could_write_is_invalid_in_every_back_end(sm
         scanner.walk_records(data, 0, len(data))
     cols = scanner.record_columns(np.frombuffer(data, np.uint8), 0, [0, len(recs[0]), at, at + len(recs[2])])
     assert cols.valid.tolist() == [True, True, False, True]
+
+
+@pytest.mark.parametrize("qid", [-1, 65536, 1 << 24])
+def test_a_record_whose_queue_id_no_put_could_write_is_invalid_in_every_back_end(small_batches, qid):
+    """The QUEUEID field is not covered by BODYCRC either, and names a consume queue directory: a queue id
+    outside 0..65535 (a damaged byte) is a damaged record for every reader."""
+    recs = [codec.encode_record(queue_id=q, flag=0, queue_offset=0, physical_offset=0, sys_flag=0,
+                                born_timestamp=1, born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5",
+                                reconsume_times=0, prepared_transaction_offset=0, body=b"x", topic="T", properties={})
+            for q in (0, 1)]
+    bad = bytearray(recs[1])
+    struct.pack_into(">i", bad, codec.POS_QUEUEID, qid)
+    data = recs[0] + bytes(bad) + recs[0]
+    at = len(recs[0])
+    for parse in (scanner.parse_dispatch, scanner.parse_dispatch_scalar):
+        batch, pos, outcome, reason = parse(data, 0, True)
+        assert (pos, outcome) == (at, Outcome.INVALID) and "damaged QUEUEID field" in reason
+    with pytest.raises(RecordError, match="damaged QUEUEID field"):
+        scanner.walk_records(data, 0, len(data))
+    cols = scanner.record_columns(np.frombuffer(data, np.uint8), 0, [0, at, 2 * at])
+    assert cols.valid.tolist() == [True, False, True]

@@ -25,9 +25,9 @@ The validity rule (check_record; every back-end applies exactly this, the tests 
 a message has a known magic code; TOTALSIZE is at least the v4 header plus 3 bytes and fits the bytes left
 in the file; the header for its host kinds fits TOTALSIZE; BODYLENGTH >= 0 and the body, TOPICLENGTH
 (<= 127 under v1), the topic, PROPERTIESLENGTH (0..32767) and the properties add up to exactly
-TOTALSIZE; the topic passes the store's own rule for a put (validation.topic_problem: UTF-8, no control
-characters, '/' or '\\', not empty, '.' or '..'; the TOPIC field is not covered by BODYCRC, and consume queue
-directories are named after it); optionally crc32(body) & 0x7fffffff equals BODYCRC. A blank is at least 8
+TOTALSIZE; the topic and the queue id pass the store's own rules for a put (validation.topic_problem: UTF-8,
+no control characters, '/' or '\\', not empty, '.' or '..'; a queue id in 0..MAX_QUEUE_ID: neither field is
+covered by BODYCRC, and consume queue directories are named after them); optionally crc32(body) & 0x7fffffff equals BODYCRC. A blank is at least 8
 bytes and fits the file.
 
 Back-ends: the scalar one (check_record, iter_records, the scalar dispatch parse) and the numpy one
@@ -45,8 +45,9 @@ import struct
 from typing import Iterator
 
 from . import codec
+from .validation import MAX_QUEUE_ID
 from .codec import (BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, HEADER_V4, MAX_PROPERTIES_LENGTH,
-                    MAX_TOPIC_LENGTH, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, POS_BODYCRC, POS_SYSFLAG,
+                    MAX_TOPIC_LENGTH, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, POS_BODYCRC, POS_QUEUEID, POS_SYSFLAG,
                     SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK,
                     DispatchBatch, DispatchRequest, RecordError, crc32, delivery_time_for_schedule, header_struct)
 
@@ -205,6 +206,9 @@ def check_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[Ou
     hs = header_struct(_I.unpack_from(buf, pos + POS_SYSFLAG)[0])
     if hs.size + 3 > total:
         raise RecordError(pos, f"total size {total} too small for the header")
+    qid = _I.unpack_from(buf, pos + POS_QUEUEID)[0]
+    if not 0 <= qid <= MAX_QUEUE_ID:
+        raise RecordError(pos, f"damaged QUEUEID field {qid}: a queue id is 0..{MAX_QUEUE_ID}")
     body_len = _I.unpack_from(buf, pos + hs.size - 4)[0]
     p = pos + hs.size + body_len
     end = pos + total
@@ -290,7 +294,7 @@ def _v4_columns(raw, P, limit: int):
     body_len = hdr["body_len"].astype(np.int64)
     tpos = P + hsize + body_len
     ok = (inb & (hdr["magic"] == MESSAGE_MAGIC_CODE) & ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0)
-          & (tpos + 3 <= P + total))
+          & (tpos + 3 <= P + total) & (hdr["queue_id"] >= 0) & (hdr["queue_id"] <= MAX_QUEUE_ID))
     last = limit - 1
     tl = raw[np.clip(tpos, 0, last)].astype(np.int64)
     ppos = tpos + 1 + tl
@@ -503,6 +507,7 @@ class RecordColumns:
         self.limit = limit
         self._fixed_fields(p)
         ok &= (self.magic == MESSAGE_MAGIC_CODE) | (self.magic == MESSAGE_MAGIC_CODE_V2)
+        ok &= (self.queue_id >= 0) & (self.queue_id <= MAX_QUEUE_ID)
         if unit_size is not None:
             ok &= self.total <= unit_size
         self.valid = self._layout(p, ok)
@@ -720,7 +725,7 @@ def parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool, delay_levels
             f = header_struct(sys_flag).unpack_from(buf, pos) if hsize + 3 <= total else (-1,)
         body_len = f[-1]
         p = pos + hsize + body_len
-        if body_len < 0 or p + 3 > end:
+        if body_len < 0 or p + 3 > end or not 0 <= f[3] <= MAX_QUEUE_ID:
             return out, pos, _INVALID, _reason(buf, pos, length)
         if magic == MESSAGE_MAGIC_CODE:
             tl = buf[p]
