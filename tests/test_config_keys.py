@@ -118,3 +118,26 @@ def test_a_configuration_written_by_to_properties_loads_without_a_warning(tmp_pa
     with caplog.at_level("WARNING"):
         StoreConfig.load(conf)
     assert not caplog.records, caplog.text
+
+
+def test_a_read_only_command_or_spark_read_only_names_what_serving_would_refuse(tmp_path, caplog):
+    """A real slave's broker.conf (brokerRole=SLAVE, brokerId=1, aclEnable=true, its own storePathRootDir) given
+    to a command that only reads (dump, get, check, rebuild, Spark's option config) is read for the store's
+    geometry; what serving would refuse is named in one warning; `rmqstore serve` and `load` refuse it."""
+    from conftest import run_cli
+    from rmqstore import Message
+    store = tmp_path / "copy"
+    with MessageStore.open(store, StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20})) as s:
+        assert s.put_message(Message("T", b"x", queue_id=0)).ok
+    conf = tmp_path / "broker-a-s.properties"
+    conf.write_text("brokerName=broker-a\nbrokerId=1\nbrokerRole=SLAVE\naclEnable=true\n"
+                    "storePathRootDir=/root/store\nmappedFileSizeCommitLog=1048576\n")
+    with caplog.at_level("WARNING"):
+        cfg = StoreConfig.load(conf, reading=True)
+    assert cfg.broker_role == "ASYNC_MASTER" and cfg.store_path_root_dir == ""
+    assert "aclEnable, brokerId, brokerRole: not honoured by rmqstore, ignored for this read" in caplog.text
+    r = run_cli("get", "-c", conf, store, "T", "0", "0")
+    assert r.returncode == 0 and b"aclEnable" in r.stderr, r.stderr
+    assert run_cli("rebuild", "-c", conf, store).returncode == 0
+    r = run_cli("load", "-c", conf, store, input=b"")
+    assert r.returncode == 2 and (b"aclEnable" in r.stderr or b"brokerId" in r.stderr), r.stderr

@@ -211,7 +211,7 @@ def _parse_stores(opts: dict) -> ReadOptions:
                           "is the store directory's name, or its parent's when it is called store)")
     config_path = opts.get("config")
     try:
-        config = StoreConfig.load(config_path) if config_path else None
+        config = StoreConfig.load(config_path, reading=True) if config_path else None    # a read: geometry
     except (ConfigError, OSError) as e:
         raise OptionError(f"option 'config': {e}") from None
     return ReadOptions(paths, brokers, config, config_path=config_path, raw=opts)

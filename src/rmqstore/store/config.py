@@ -113,23 +113,34 @@ class StoreConfig:
 
     # --- loading ---------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: dict, source: str | None = None) -> "StoreConfig":
+    def from_dict(cls, values: dict, source: str | None = None, *, reading: bool = False) -> "StoreConfig":
         cfg = cls()
-        cfg.update(values, source)
+        cfg.update(values, source, reading=reading)
         return cfg
 
-    def update(self, values: dict, source: str | None = None) -> "StoreConfig":
+    def update(self, values: dict, source: str | None = None, *, reading: bool = False) -> "StoreConfig":
         """Set keys (RocketMQ names, their `maped` spelling, or attribute names): each is checked against the
         registry (config_keys.check_key: ConfigError for a key that is unknown, or not honoured and not at
-        its default); the tuning keys set are named in one warning."""
-        from .config_keys import Support, canonical, check_key, warn_tuning
-        tuning = []
+        its default); the tuning keys set are named in one warning. reading: the configuration is only read
+        from (a read-only command, a Spark read of a store: its geometry), which serves nothing and enforces
+        nothing: keys it would refuse (a slave's brokerRole, aclEnable=true) are left out, named in a warning."""
+        from .config_keys import Support, canonical, check_key, warn_ignored, warn_tuning
+        tuning, ignored = [], []
         for key, raw in values.items():
             attr = self.attr_name(key)
             if attr == "extra":
                 attr = None
             name = canonical(self.java_name(attr) if attr is not None else str(key).strip())
-            is_tuning = check_key(name, raw, source).support is Support.TUNING
+            try:
+                support = check_key(name, raw, source).support
+            except ConfigError:
+                if not reading:
+                    raise
+                ignored.append(name)
+                continue
+            if reading and support is Support.STORE_PATH:
+                continue        # where the broker keeps its store: a read is of the directory it is given
+            is_tuning = support is Support.TUNING
             if attr is None:
                 if name in _EXTRA_INTS or name in _EXTRA_BOOLS:
                     _coerce("int" if name in _EXTRA_INTS else "bool", name, raw, source)
@@ -143,11 +154,13 @@ class StoreConfig:
             setattr(self, attr, value)
         self.validate(source)
         warn_tuning(tuning, source)
+        warn_ignored(ignored, source)
         return self
 
     @classmethod
-    def load(cls, path: str | Path | None, overrides: dict | None = None) -> "StoreConfig":
-        """Read a broker.conf-style properties file (key=value, # comments); None gives defaults."""
+    def load(cls, path: str | Path | None, overrides: dict | None = None, *, reading: bool = False) -> "StoreConfig":
+        """Read a broker.conf-style properties file (key=value, # comments); None gives defaults. reading: see
+        update."""
         values: dict[str, str] = {}
         if path is not None:
             p = Path(path)
@@ -163,9 +176,9 @@ class StoreConfig:
                 if not m:
                     raise ConfigError(f"line {lineno}", s, "not a key=value line", str(p))
                 values[m.group(1)] = m.group(2).strip()
-        cfg = cls.from_dict(values, str(path) if path else None)
+        cfg = cls.from_dict(values, str(path) if path else None, reading=reading)
         if overrides:
-            cfg.update(overrides)
+            cfg.update(overrides, reading=reading)
         return cfg
 
     def validate(self, source: str | None = None) -> None:

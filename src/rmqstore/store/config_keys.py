@@ -213,6 +213,14 @@ def warn_tuning(keys: list[str], source: str | None) -> None:
                     ", ".join(sorted(keys)), "; ".join(whys), "it" if len(keys) == 1 else "them")
 
 
+def warn_ignored(keys: list[str], source: str | None) -> None:
+    """One warning naming the keys a configuration that is only read from left out (StoreConfig.update's
+    reading): a serving rmqstore would refuse them."""
+    if keys:
+        log.warning("%s%s: not honoured by rmqstore, ignored for this read (`rmqstore serve` refuses %s)",
+                    f"{source}: " if source else "", ", ".join(sorted(keys)), "it" if len(keys) == 1 else "them")
+
+
 def check_store_paths(config, root: str | os.PathLike) -> None:
     """STORE_PATH keys must name the layout of the store at root (rmqstore keeps every file under the store's
     directory, RocketMQ 4.4.0's default layout): ConfigError naming the first that does not."""

@@ -858,7 +858,9 @@ def main(argv: list[str] | None = None) -> int:
                         level=logging.WARNING - 10 * min(args.verbose, 2))
     try:
         overrides = command.config_overrides(args) if command.config_overrides else None
-        cfg = StoreConfig.load(args.config, overrides)
+        # only serving and putting honour the broker's features: the other commands read a broker.conf for the
+        # store's geometry, and a key they would refuse (a slave's brokerRole, aclEnable=true) is only named
+        cfg = StoreConfig.load(args.config, overrides, reading=command.name not in ("serve", "load", "bench"))
         return command.run(args, cfg)
     except ModuleNotFoundError as e:
         extra = OPTIONAL_PACKAGES.get((e.name or "").split(".")[0])
