@@ -10,7 +10,8 @@ const [endpoints, topic, group, n] = [process.argv[2], process.argv[3], process.
   await producer.startup();
   const sent = [];
   for (let i = 0; i < n; i++) {
-    const r = await producer.send({ topic, tag: 'N', keys: ['nk' + i], body: Buffer.from('node ' + i) });
+    const r = await producer.send({ topic, tag: 'N', keys: ['nk' + i], body: Buffer.from('node ' + i),
+                                    properties: new Map([['idx', String(i)]]) });
     sent.push(r.messageId);
   }
   const consumer = new SimpleConsumer({ endpoints, consumerGroup: group, requestTimeout: 10000,

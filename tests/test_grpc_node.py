@@ -36,3 +36,4 @@ def test_node_producer_and_simple_consumer(tmp_path):
         assert [v for v in views.values() if v["corrupted"]] == []
         for i, mid in enumerate(out["sent"]):
             assert views[mid]["tag"] == "N" and views[mid]["keys"] == [f"nk{i}"], views[mid]
+            assert views[mid]["properties"].get("idx") == str(i), views[mid]

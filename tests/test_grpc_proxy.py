@@ -108,7 +108,9 @@ def test_send_receive_ack_exactly_once(clients):
     p = clients.producer(["T_ONCE"])
     sent = {}
     for i in range(500):
-        r = p.send(message("T_ONCE", f"body {i}".encode(), tag="A" if i % 2 else "B", key=f"k{i}"))
+        m = message("T_ONCE", f"body {i}".encode(), tag="A" if i % 2 else "B", key=f"k{i}")
+        m.add_property("idx", str(i))
+        r = p.send(m)
         sent[r.message_id] = i
     c = clients.consumer("G_ONCE", "T_ONCE")
     got = receive_all(c, 500)
@@ -120,6 +122,7 @@ def test_send_receive_ack_exactly_once(clients):
         assert m.body == f"body {i}".encode()
         assert m.tag == ("A" if i % 2 else "B")
         assert f"k{i}" in m.keys
+        assert m.properties.get("idx") == str(i), m.properties     # what the client reports of it
     assert c.receive(32, 30) == []          # all acked: nothing more (after one long poll)
 
 
