@@ -137,7 +137,7 @@ class AdminBrokerProcessor:
         topic = Header(req.ext_fields).str("topic")
         self.ctx.topics.delete_topic(topic)
         store = self.ctx.store
-        return self.ctx.in_executor(lambda: queue_clean.remove_topic_queues(store, topic),
+        return self.ctx.in_executor(lambda: store.delete_topic(topic),
                                     lambda removed: req.make_response(ResponseCode.SUCCESS))
 
     def get_all_topic_config(self, ch: Channel, req: RemotingCommand):

@@ -20,7 +20,7 @@ from ..store.config import StoreConfig
 from .admin import load_persisted_config
 from .core import Broker
 from .namesrv import NameServer
-from .net import RemotingServer
+from .net import FrameLimits, RemotingServer
 from .outer import BrokerOuterAPI, split_addr
 from .slave_sync import SlaveSynchronize
 from .state import SubscriptionGroupManager
@@ -101,22 +101,23 @@ class BrokerServer:
         broker.loop = self.loop
         local.topics.add_listener(self._on_topic_changed)
         host = cfg.broker_ip1 or "127.0.0.1"
+        limits = FrameLimits.of(cfg)        # serverFrameMemoryMax: one budget for every listener
         if self.embedded_namesrv:
             self.namesrv = NameServer()
             nhost, nport = parse_addr(self.namesrv_addr)
             ns_handler = self.namesrv.handle if self.acl is None else self.acl.namesrv(self.namesrv.handle)
             ns = RemotingServer(nhost, nport, ns_handler, name="namesrv", idle_timeout=self.idle_timeout,
-                                on_close=self.namesrv.on_close)
+                                on_close=self.namesrv.on_close, limits=limits)
             await ns.start()
             self.servers.append(ns)
         handler = broker.handle if self.acl is None else self.acl.remoting(broker.handle)
         main = RemotingServer(host, cfg.listen_port, handler, name="broker", idle_timeout=self.idle_timeout,
-                              on_close=broker.on_close)
+                              on_close=broker.on_close, limits=limits)
         await main.start()
         self.servers.append(main)
         if cfg.listen_port >= 2:
             vip = RemotingServer(host, cfg.listen_port - 2, handler, name="broker-vip",
-                                 idle_timeout=self.idle_timeout, on_close=broker.on_close)
+                                 idle_timeout=self.idle_timeout, on_close=broker.on_close, limits=limits)
             await vip.start()
             self.servers.append(vip)
         self.store.dispatcher.add_listener(broker.on_message_arriving)

@@ -56,13 +56,14 @@ class GrpcProxyServer:
 
     async def start(self) -> None:
         cfg = self.cfg
-        extra = cfg.extra or {}
         self.pop.start()
-        settings = ServerSettings(max_body_size=int(extra.get("maxMessageSize", 4 * 1024 * 1024)))
+        # broker.conf's maxMessageSize; an auto-created topic gets min(4, defaultTopicQueueNums) queues, what a
+        # 4.x client's send gets (its defaultTopicQueueNums, 4, bounded by the broker's TBW102)
+        settings = ServerSettings(max_body_size=cfg.max_message_size)
         self.service = svc = MessagingService(
             self.store, self.local, broker_name=cfg.broker_name, endpoint=(self.host, self.port), pop=self.pop,
             settings=settings, auto_create_topic=cfg.auto_create_topic_enable,
-            default_queue_nums=int(extra.get("defaultTopicQueueNums", 4)))
+            default_queue_nums=min(4, cfg.default_topic_queue_nums))
         svc.loop = svc.arrivals.loop = asyncio.get_running_loop()
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
                                           ("grpc.so_reuseport", 0)],

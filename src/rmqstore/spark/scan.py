@@ -160,11 +160,13 @@ class StoreRef:
     fs: store_fs.RemoteStore | None = None     # not a local store: read with ranged reads
     clean: bool = True                         # no abort file
     tail_base: int | None = None               # plan.data_tail: the last file holding data (a store read as it is)
+    deleted: tuple = ()         # (topic, queue id, below): a deleted queue's records below are no rows
 
     @classmethod
     def of(cls, view: SV.StoreView) -> "StoreRef":
         return cls(view.root, view.broker, [(f.base, f.path, f.size) for f in view.cl_files], view.cl_file_size,
-                   view.data_end, view.fs, view.clean)
+                   view.data_end, view.fs, view.clean,
+                   deleted=tuple((t, q, b) for (t, q), b in sorted(view.deleted.items())))
 
     @property
     def last_base(self) -> int:
@@ -288,6 +290,23 @@ def _key_bytes_mask(recs: R.Records, key: str) -> np.ndarray:
     return out
 
 
+def _deleted_mask(recs: R.Records, deleted: tuple) -> np.ndarray | None:
+    """The records of deleted queues' old generations (deleteTopic: below the recorded commitlog offset),
+    or None when there are none among recs."""
+    qids = np.fromiter({q for _, q, _ in deleted}, np.int64)
+    maybe = np.isin(recs.queue_id, qids) & (recs.phys < max(b for _, _, b in deleted))
+    if not maybe.any():
+        return None
+    enc = pc.dictionary_encode(recs.topics())
+    tid = {t: i for i, t in enumerate(enc.dictionary.to_pylist())}
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    m = np.zeros(len(recs), dtype=bool)
+    for t, q, below in deleted:
+        if t in tid:
+            m |= maybe & (codes == tid[t]) & (recs.queue_id == q) & (recs.phys < below)
+    return m if m.any() else None
+
+
 def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set | None,
                     assign: dict | None = None) -> np.ndarray:
     """The records of the topics (a set, or those fully matching pattern) and queue ids selected, or of
@@ -325,6 +344,12 @@ def _in_place_and_selected(recs: R.Records, part: Partition) -> R.Records | None
         if moved.all():
             return None
         recs = recs.select(~moved)
+    if part.store.deleted and part.kind != "queue":      # consume queues never hold a deleted generation
+        old = _deleted_mask(recs, part.store.deleted)
+        if old is not None:
+            if old.all():
+                return None
+            recs = recs.select(~old)
     if part.selection is not None:
         sel = _selection_mask(recs, *part.selection)
         if not sel.any():

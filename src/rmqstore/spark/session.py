@@ -64,8 +64,8 @@ HIDE_TRACEBACK = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"   # pla
 def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):
     """The active SparkSession, or a new one (master default local[*]) set up for rmqstore: executors run
     this Python (PYSPARK_PYTHON, for a local master only: a cluster's executors run their own Python, which
-    needs rmqstore installed), Python filter pushdown on, UI off, few shuffle partitions, Python workers'
-    errors without their traceback (an option error is then its one line). The data source is registered."""
+    needs rmqstore installed), UI off, few shuffle partitions, Python workers' errors without their
+    traceback (an option error is then its one line). The data source is registered."""
     from pyspark.sql import SparkSession
     if (master or "local[*]").startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -75,7 +75,6 @@ def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: d
         register(active)
         return active
     b = (SparkSession.builder.appName(app_name).master(master or "local[*]")
-         .config("spark.sql.python.filterPushdown.enabled", "true")
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "4")
          .config("spark.sql.session.timeZone", "UTC")
@@ -83,6 +82,5 @@ def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: d
     for k, v in (conf or {}).items():
         b = b.config(k, v)
     spark = b.getOrCreate()
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     register(spark)
     return spark

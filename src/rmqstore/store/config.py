@@ -2,7 +2,9 @@
 
 Attributes are snake_case; files and dicts use RocketMQ's camelCase names (`mappedFileSizeCommitLog`),
 and RocketMQ 4.x's misspelling `maped...` is accepted too. A broker.conf-style properties file loads
-with `StoreConfig.load(path)`; unknown keys log a warning, bad values raise ConfigError naming the key.
+with `StoreConfig.load(path)`. Every key is checked against the registry in config_keys.py: honoured, tuning
+(accepted, named in one warning: no effect here), accepted only at its default (a feature rmqstore does not
+have: useTLS=true is refused), or unknown (refused); bad values raise ConfigError naming the key.
 """
 from __future__ import annotations
 
@@ -112,7 +114,8 @@ class StoreConfig:
     slave_read_enable: bool = False
     offset_check_in_slave: bool = False
     store_path_root_dir: str = ""
-    # broker.conf keys seen in the wild that this store accepts silently
+    # the other broker.conf keys the registry accepts (config_keys.py), by their RocketMQ name; the broker reads
+    # its own from here (grpcListenPort, transactionTimeOut, ...)
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
     # --- names -----------------------------------------------------------------------------------
@@ -137,26 +140,54 @@ class StoreConfig:
 
     # --- loading ---------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: dict, source: str | None = None) -> "StoreConfig":
+    def from_dict(cls, values: dict, source: str | None = None, *, reading: bool = False) -> "StoreConfig":
         cfg = cls()
-        cfg.update(values, source)
+        cfg.update(values, source, reading=reading)
         return cfg
 
-    def update(self, values: dict, source: str | None = None) -> "StoreConfig":
+    def update(self, values: dict, source: str | None = None, *, reading: bool = False) -> "StoreConfig":
+        """Set keys (RocketMQ names, their `maped` spelling, or attribute names): each is checked against the
+        registry (config_keys.check_key: ConfigError for a key that is unknown, or not honoured and not at
+        its default); the tuning keys set are named in one warning. reading: the configuration is only read
+        from (a read-only command, a Spark read of a store: its geometry), which serves nothing and enforces
+        nothing: keys it would refuse (useTLS=true, duplicationEnable=true) are left out, named in a warning."""
+        from .config_keys import Support, canonical, check_key, warn_ignored, warn_tuning
+        tuning, ignored = [], []
         for key, raw in values.items():
             attr = self.attr_name(key)
-            if attr is None or attr == "extra":
-                if key not in _QUIET_KEYS:
-                    log.warning("unknown config key %r%s ignored", key, f" in {source}" if source else "")
-                self.extra[key] = raw
+            if attr == "extra":
+                attr = None
+            name = canonical(self.java_name(attr) if attr is not None else str(key).strip())
+            try:
+                support = check_key(name, raw, source).support
+            except ConfigError:
+                if not reading:
+                    raise
+                ignored.append(name)
                 continue
-            setattr(self, attr, _coerce(_FIELDS[attr], key, raw, source))
+            if reading and support is Support.STORE_PATH:
+                continue        # where the broker keeps its store: a read is of the directory it is given
+            is_tuning = support is Support.TUNING
+            if attr is None:
+                if name in _EXTRA_INTS or name in _EXTRA_BOOLS:
+                    _coerce("int" if name in _EXTRA_INTS else "bool", name, raw, source)
+                self.extra[name] = raw
+                if is_tuning:
+                    tuning.append(name)
+                continue
+            value = _coerce(_FIELDS[attr], key, raw, source)
+            if is_tuning and value != _DEFAULTS[attr]:      # a default value asks for nothing: no warning
+                tuning.append(name)
+            setattr(self, attr, value)
         self.validate(source)
+        warn_tuning(tuning, source)
+        warn_ignored(ignored, source)
         return self
 
     @classmethod
-    def load(cls, path: str | Path | None, overrides: dict | None = None) -> "StoreConfig":
-        """Read a broker.conf-style properties file (key=value, # comments); None gives defaults."""
+    def load(cls, path: str | Path | None, overrides: dict | None = None, *, reading: bool = False) -> "StoreConfig":
+        """Read a broker.conf-style properties file (key=value, # comments); None gives defaults. reading: see
+        update."""
         values: dict[str, str] = {}
         if path is not None:
             p = Path(path)
@@ -172,9 +203,9 @@ class StoreConfig:
                 if not m:
                     raise ConfigError(f"line {lineno}", s, "not a key=value line", str(p))
                 values[m.group(1)] = m.group(2).strip()
-        cfg = cls.from_dict(values, str(path) if path else None)
+        cfg = cls.from_dict(values, str(path) if path else None, reading=reading)
         if overrides:
-            cfg.update(overrides)
+            cfg.update(overrides, reading=reading)
         return cfg
 
     def validate(self, source: str | None = None) -> None:
@@ -265,20 +296,12 @@ class StoreConfig:
 
 _JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1", "broker_ip2": "brokerIP2"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
-_QUIET_KEYS = {"storePathCommitLog", "storePathConsumeQueue", "storePathIndex", "storeCheckpoint",
-               "abortFile", "useReentrantLockWhenPutMessage",
-               "warmMapedFileEnable", "duplicationEnable", "diskFallRecorded", "osPageCacheBusyTimeOutMills",
-               "fastFailIfNoBufferInStorePool", "enableDLegerCommitLog", "deleteWhen", "flushDelayOffsetInterval",
-               "transferMsgByHeap", "debugLockEnable", "putMsgIndexHightWater",
-               "flushLeastPagesWhenWarmMapedFile", "syncFlushTimeout", "sendMessageThreadPoolNums",
-               "pullMessageThreadPoolNums", "brokerPermission", "aclEnable", "traceTopicEnable",
-               # broker keys read from `extra` by the messaging layer (local_broker, transaction)
-               "flushConsumerOffsetInterval", "transactionTimeOut", "transactionCheckMax",
-               "transactionCheckInterval",
-               # read from `extra` by the gRPC endpoint (rmqstore.proxy)
-               "grpcListenPort",
-               # read from `extra` by rmqstore.acl (with aclEnable): where plain_acl.yml is; the broker's own keys
-               "rocketmqHome", "innerClientAuthenticationCredentials"}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name != "extra"}
+# honoured keys StoreConfig keeps in `extra` whose readers want an integer: refused at load when they are not
+_EXTRA_INTS = {"serverChannelMaxIdleTimeSeconds", "flushConsumerOffsetInterval", "transactionTimeOut",
+               "transactionCheckMax", "transactionCheckInterval", "grpcListenPort", "serverFrameMemoryMax",
+               "serverFrameTimeoutSeconds"}
+_EXTRA_BOOLS = {"autoCreateSubscriptionGroup"}
 
 
 def _coerce(typ, key: str, raw, source: str | None):

@@ -63,6 +63,9 @@ class Dispatcher:
         self.skipped: list[Failure] = []       # every range this dispatcher skipped (gaps, damage)
         # deleted queues (deleted_queues.py): (topic, queue id) -> their records below it are never dispatched
         self.deleted: dict[tuple[str, int], int] = {}
+        # held while a batch's units are written, and by deleteTopic (queue_clean) while it removes queues:
+        # no unit of a queue is written after the queue is deleted (taken after the put lock, never before)
+        self.units_lock = threading.Lock()
         self.consume_queues = consume_queues
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
@@ -351,7 +354,8 @@ class Dispatcher:
             if not batch:
                 return
             if len(batch) < 64:         # a few records: without numpy's fixed costs
-                grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+                with self.units_lock:
+                    grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -360,7 +364,8 @@ class Dispatcher:
         n = len(batch)
         if not n:
             return
-        grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+        with self.units_lock:
+            grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)

@@ -216,6 +216,8 @@ class StoreReadAPI:
         if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(commit_log_offset):
             return None     # in a damaged range recovery skipped
         msg = self.commit_log.look_message_by_offset(commit_log_offset, size)
+        if msg is not None and commit_log_offset < self.dispatcher.deleted.get((msg.topic, msg.queue_id), -1):
+            return None     # its queue was deleted (deleteTopic): the message is gone, as from its queue
         if msg is None or commit_log_offset >= self.dispatcher.reput_from_offset:
             return msg      # not dispatched yet: no unit to agree with
         if not scanner.is_dispatched(msg.sys_flag):

@@ -17,7 +17,9 @@ from typing import Iterable, Sequence
 
 from .checkpoint import StoreCheckpoint
 from .commit_log import AppendFailed, CommitLog, log_refused
+from . import queue_clean
 from .config import StoreConfig
+from .config_keys import check_store_paths
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from ..errors import StoreClosedError
@@ -84,6 +86,7 @@ class MessageStore(StoreReadAPI):
         return store
 
     def start(self, start_services: bool = True, *, replicate: bool = True) -> None:
+        check_store_paths(self.config, self.path)       # storePathRootDir & co. name this store, or ConfigError
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         try:
@@ -208,8 +211,17 @@ class MessageStore(StoreReadAPI):
             self.ha.shutdown()
             self.ha = None
         self._services_running = False
-        for s in reversed(list(self.named_services.values())):
-            s.shutdown()
+        try:
+            self._close_files()
+        finally:
+            self.lock.release()         # whatever failed above: this process never keeps the store locked
+
+    def _close_files(self) -> None:
+        for name, s in reversed(list(self.named_services.items())):
+            try:            # a service that cannot persist its state (a config file it cannot write) is logged
+                s.shutdown()
+            except Exception as e:  # noqa: BLE001 - close goes on: the store's own files come first
+                log.error("%s: shutting down the %s service failed: %s", self.path, name, e)
         if self.config.transient_store_pool_enable:
             try:    # the write buffer into the file first: the dispatcher reads committed bytes only
                 self.commit_log.queue.commit(0)
@@ -242,7 +254,6 @@ class MessageStore(StoreReadAPI):
             self.abort_file.remove()
         else:
             self.abort_file.close()
-        self.lock.release()
 
     shutdown = close
 
@@ -401,6 +412,15 @@ class MessageStore(StoreReadAPI):
     def _replicated(self, results, msgs):
         """A SYNC_MASTER's answer: results once a slave holds them (store/ha: await_slave)."""
         return self.ha.await_slave(results, wants_of(msgs))
+
+    def delete_topic(self, topic: str) -> list[tuple[str, int]]:
+        """Delete a topic's queues (RocketMQ's deleteTopic, in the store): every queue of it, dispatched or
+        not yet, is removed with its consume queue files and its queue offsets; the messages stay in the
+        commitlog (until cleanup) and are never served, dispatched or rebuilt again (config/deletedQueues.json).
+        A put to the topic afterwards starts its queues over at offset 0. Returns the removed (topic, queue
+        id) pairs; OSError when the deletion cannot be recorded (nothing is removed then)."""
+        self._check_open()
+        return queue_clean.delete_topic(self.parts(), topic)
 
     def record_write_failure(self, e: OSError) -> None:
         """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""

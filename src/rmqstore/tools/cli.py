@@ -548,6 +548,11 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
         from ..spark import rebuild_spark
 
         out = rebuild_spark(args.store, cfg, master=args.master, conf=dict(args.conf or []))
+        if out.get("missing_units"):        # the rebuilt queues are not what an open would make of the store
+            print(_dumps(out))
+            print(f"rmqstore rebuild: {out['missing_units']} units are still missing after the spark rebuild "
+                  f"of {args.store}: rebuild it with --engine local", file=sys.stderr)
+            return 1
     else:
         from ..store.rebuild import rebuild_store
         from .progress import ProgressBar
@@ -895,7 +900,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = None
     try:
         overrides = command.config_overrides(args) if command.config_overrides else None
-        cfg = StoreConfig.load(args.config, overrides)
+        # only serving and putting honour the broker's features: the other commands read a broker.conf for the
+        # store's geometry, and a key they would refuse (useTLS=true, duplicationEnable=true) is only named
+        cfg = StoreConfig.load(args.config, overrides, reading=command.name not in ("serve", "load", "bench"))
         _check_store_arg(command, args, cfg)
         return command.run(args, cfg)
     except ModuleNotFoundError as e:
