@@ -166,6 +166,12 @@ MODULE_SECONDS = {
     "test_schedule": 6, "test_lock": 6, "test_spark_source": 5, "test_pop": 5, "test_recovery_plan": 5,
     "test_rocketmq_issues": 5, "test_spark_records": 5, "test_cli_newcomer": 4, "test_demo": 4,
     "test_grpc_node": 4, "test_network_imports": 3, "test_commit_log": 3,
+    "test_acl_server": 17, "test_acl_replay": 6, "test_acl": 5,
+    "test_sql92_consumers": 30, "test_sql92_grpc": 25, "test_sql92_broker": 15, "test_sql92": 10,
+    "test_consume_queue_ext": 5,
+    "test_spark_kafka_habits": 40, "test_package": 25, "test_cli_mistakes": 12,
+    "test_spark_deleted": 15, "test_frame_limits": 10, "test_spark_pushdown": 8, "test_delete_topic": 8,
+    "test_damaged_topic": 8, "test_config_keys": 3,
 }
 
 

@@ -551,3 +551,12 @@ def raw_request(admin, addr: str, code: int, fields: dict | None = None, timeout
     """One request of `code` (header fields) sent to addr through an rmqstore.client Admin; its answer."""
     m = admin._m()
     return m.invoke(addr, m.request(code, fields), timeout)
+
+
+def run_until_sigkilled(code: str, root, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run `code` (a format string given {tests} and {root}: this directory, the store) in a child Python that
+    ends by SIGKILLing itself; asserts it did. Returns the finished process (its stdout)."""
+    proc = subprocess.run([sys.executable, "-c", code.format(tests=os.path.dirname(os.path.abspath(__file__)),
+                                                             root=str(root))], capture_output=True, timeout=timeout)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-3000:]
+    return proc

@@ -337,13 +337,12 @@ _DELETE_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from rmqstore import Message, MessageStore
-from rmqstore.store import queue_clean
 from store_checks import small_config
 st = MessageStore.open({root!r}, small_config())
 for i in range(3000):
     assert st.put_message(Message("T%d" % (i % 2), b"old" * 30, queue_id=0)).ok
 st.wait_dispatched()
-queue_clean.remove_topic_queues(st, "T1")
+st.delete_topic("T1")
 for i in range(50):
     assert st.put_message(Message("T%d" % (i % 2), b"new" * 30, queue_id=0)).ok
 st.wait_dispatched()
@@ -402,14 +401,14 @@ _DELETE_UNDISPATCHED = """
 import os, signal, sys, threading, time
 sys.path.insert(0, {tests!r})
 from rmqstore import Message, MessageStore
-from rmqstore.store import consume_queue, queue_clean
+from rmqstore.store import consume_queue
 from store_checks import small_config
 st = MessageStore.open({root!r}, small_config())
 for i in range(30):
     assert st.put_message(Message("TA", b"old-%d" % i, queue_id=0)).ok
     assert st.put_message(Message("TB", b"b-%d" % i, queue_id=0)).ok
 st.wait_dispatched()
-queue_clean.remove_topic_queues(st, "TA")
+st.delete_topic("TA")
 if {rewrite!r}:
     gate = threading.Event()
     for name in ("put_arrays", "put_units"):        # the process dies before TA's new units are written
@@ -476,8 +475,8 @@ def test_deleted_queues_file_is_validated(tmp_path):
                       ({"queues": [{"topic": "T", "queueId": 0, "below": True}]}, "queueId and below")):
         with pytest.raises(ValueError, match=re.escape(what)):
             D.decode(bad)
-    D.record(tmp_path, "T", 0, 10)
-    assert D.record(tmp_path, "T", 0, 5) == {("T", 0): 10}        # a later deletion never lowers it
+    D.record(tmp_path, [("T", 0)], 10)
+    assert D.record(tmp_path, [("T", 0)], 5) == {("T", 0): 10}    # a later deletion never lowers it
     assert D.load(tmp_path) == {("T", 0): 10}
     from rmqstore.store.check_files import _config_decoders
     assert D.FILE_NAME in _config_decoders()
@@ -487,14 +486,13 @@ def test_check_sees_no_damage_in_a_deleted_then_rewritten_queue(tmp_path):
     """A queue deleted and written again with one message: its old generation's offsets end where the new
     one starts over at 0; check once called the new record 'QUEUEOFFSET 0 out of the sequence: a damaged
     header', and check --repair quarantined it (an outside tester)."""
-    from rmqstore.store import queue_clean
     from rmqstore.store.check import check_store
     from store_checks import small_config
     with MessageStore.open(tmp_path, small_config()) as s:
         for i in range(20):
             assert s.put_message(StoreMessage("TA", b"old-%d" % i, queue_id=0)).ok
         assert s.wait_dispatched()
-        queue_clean.remove_topic_queues(s, "TA")
+        s.delete_topic("TA")
         assert s.put_message(StoreMessage("TA", b"new-0", queue_id=0, properties={"KEYS": "k0"})).ok
         assert s.wait_dispatched()
     rep = check_store(tmp_path, small_config(), live=False)

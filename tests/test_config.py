@@ -33,14 +33,6 @@ def test_every_field_round_trips_through_its_rocketmq_name():
             assert StoreConfig.attr_name(StoreConfig.java_name(f.name)) == f.name
 
 
-def test_unknown_key_warns(tmp_path, caplog):
-    conf = tmp_path / "b.conf"
-    conf.write_text("noSuchKey=1\n")
-    with caplog.at_level("WARNING"):
-        c = StoreConfig.load(conf)
-    assert "noSuchKey" in caplog.text and c.extra["noSuchKey"] == "1"
-
-
 @pytest.mark.parametrize("line,key", [("mapedFileSizeCommitLog=big", "mapedFileSizeCommitLog"),
                                       ("flushDiskType=SOMETIMES", "flushDiskType"),
                                       ("messageIndexEnable=maybe", "messageIndexEnable"),

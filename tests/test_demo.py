@@ -70,3 +70,18 @@ def test_demo_commands_show_their_real_output(tmp_path, monkeypatch):
         assert len(shown) + more == len(real), (cmdline, len(shown), more, len(real))
     records = _real(f"rmqstore cat -c {STORE}/store.conf {STORE}", demo_dir)
     assert len(records) == 24
+
+
+def test_demo_ends_by_saying_where_the_command_is(tmp_path, monkeypatch):
+    """Issue 40 item 1: after `make demo`, `rmqstore --help` was "command not found": the demo now ends by
+    naming the script beside its interpreter (.venv/bin when make runs it) and how to activate it."""
+    from rmqstore.tools.demo import next_steps
+    monkeypatch.chdir(Path(sys.executable).parent.parent.parent)     # the checkout, for .venv/bin/python
+    printed: list[str] = []
+    next_steps(out=printed.append)
+    words = printed[-1].split("`")
+    run, activate = words[1], words[3]
+    assert run.endswith("/rmqstore --help") and Path(run.split()[0]).is_file(), printed
+    assert activate.startswith("source ") and Path(activate.split()[1]).is_file(), printed
+    r = subprocess.run(["bash", "-c", f"{activate} && rmqstore --version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("rmqstore "), r.stderr

@@ -30,3 +30,10 @@ def test_node_producer_and_simple_consumer(tmp_path):
         assert len(out["sent"]) == 20
         assert sorted(out["received"]) == sorted(out["sent"])        # each exactly once
         assert sorted(out["bodies"]) == sorted(f"node {i}" for i in range(20))
+        # what the client itself reports: it found every body whole (its digest check; with a CRC32 digest in
+        # upper-case hex it flagged every message corrupted, and its FIFO consumer discards those)
+        views = {v["id"]: v for v in out["views"]}
+        assert [v for v in views.values() if v["corrupted"]] == []
+        for i, mid in enumerate(out["sent"]):
+            assert views[mid]["tag"] == "N" and views[mid]["keys"] == [f"nk{i}"], views[mid]
+            assert views[mid]["properties"].get("idx") == str(i), views[mid]

@@ -86,10 +86,12 @@ def clients(server):
 
 
 def receive_all(consumer, n: int, invisible_s: int = 30, deadline_s: float = 60, ack: bool = True):
+    """Receive n messages; the client itself must find each whole (its body digest check: `corrupted`)."""
     got = []
     end = time.monotonic() + deadline_s
     while len(got) < n and time.monotonic() < end:
         for m in consumer.receive(32, invisible_s):
+            assert not m.corrupted, (m.message_id, m.body)
             got.append(m)
             if ack:
                 consumer.ack(m)
@@ -106,7 +108,9 @@ def test_send_receive_ack_exactly_once(clients):
     p = clients.producer(["T_ONCE"])
     sent = {}
     for i in range(500):
-        r = p.send(message("T_ONCE", f"body {i}".encode(), tag="A" if i % 2 else "B", key=f"k{i}"))
+        m = message("T_ONCE", f"body {i}".encode(), tag="A" if i % 2 else "B", key=f"k{i}")
+        m.add_property("idx", str(i))
+        r = p.send(m)
         sent[r.message_id] = i
     c = clients.consumer("G_ONCE", "T_ONCE")
     got = receive_all(c, 500)
@@ -118,6 +122,7 @@ def test_send_receive_ack_exactly_once(clients):
         assert m.body == f"body {i}".encode()
         assert m.tag == ("A" if i % 2 else "B")
         assert f"k{i}" in m.keys
+        assert m.properties.get("idx") == str(i), m.properties     # what the client reports of it
     assert c.receive(32, 30) == []          # all acked: nothing more (after one long poll)
 
 
@@ -129,7 +134,7 @@ def test_push_consumer(clients):
 
     class Listener(MessageListener):
         def consume(self, m):
-            got.append(m.body)
+            got.append(m.body if not m.corrupted else b"corrupted")
             if len(got) >= 20:
                 done.set()
             return ConsumeResult.SUCCESS
@@ -270,12 +275,19 @@ def test_bad_input_gets_protocol_codes(server):
         m.system_properties.message_id = "01" + "0" * 32
         r = s.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=10)
         assert r.status.code == Code.MESSAGE_BODY_TOO_LARGE
-        # wrong digest
-        m = pb.Message(topic=topic, body=b"abc")
-        m.system_properties.body_digest.type = pb.DigestType.CRC32
-        m.system_properties.body_digest.checksum = "00000000"
-        r = s.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=10)
-        assert r.status.code == Code.MESSAGE_CORRUPTED
+        # wrong digests; right ones as each client spells them (CRC32 of b"abc" is 0x352441C2)
+        for kind, checksum, code in ((pb.DigestType.CRC32, "00000000", Code.MESSAGE_CORRUPTED),
+                                     (pb.DigestType.MD5, "0" * 32, Code.MESSAGE_CORRUPTED),
+                                     (pb.DigestType.CRC32, "352441c2", Code.OK),
+                                     (pb.DigestType.CRC32, str(0x352441C2), Code.OK),
+                                     (pb.DigestType.MD5, "900150983cd24fb0d6963f7d28e17f72", Code.OK),
+                                     (pb.DigestType.SHA1, "A9993E364706816ABA3E25717850C26C9CD0D89D", Code.OK)):
+            m = pb.Message(topic=topic, body=b"abc")
+            m.system_properties.message_id = "01" + "0" * 32
+            m.system_properties.body_digest.type = kind
+            m.system_properties.body_digest.checksum = checksum
+            r = s.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=10)
+            assert r.status.code == code, (kind, checksum, r.status)
         # a system topic cannot be auto-created
         r = s.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name="rmq_sys_nope")), timeout=10)
         assert r.status.code == Code.TOPIC_NOT_FOUND
@@ -337,7 +349,9 @@ def test_expired_handle_and_dead_letter_forward(server):
             assert s.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=10).status.code == Code.OK
         group = pb.Resource(name="G_DLQ")
         first = raw_receive(s, "G_DLQ", "T_DLQ", 1000)[0]
-        assert first.system_properties.body_digest.checksum == format(__import__("zlib").crc32(first.body), "08X")
+        import hashlib                      # RocketMQ 5's proxy sends an MD5 digest, upper-case hex
+        assert first.system_properties.body_digest.type == pb.DigestType.MD5
+        assert first.system_properties.body_digest.checksum == hashlib.md5(first.body).hexdigest().upper()
         time.sleep(1.2)
         r = s.AckMessage(spb.AckMessageRequest(group=group, topic=topic, entries=[spb.AckMessageEntry(
             message_id=first.system_properties.message_id, receipt_handle=first.system_properties.receipt_handle)]),

@@ -287,13 +287,47 @@ def test_v1_topic_length_over_127_is_invalid_in_every_backend():
     assert not scanner.record_columns(np.frombuffer(bytes(raw), np.uint8), 0, [0]).valid[0]
 
 
-def test_topic_ending_with_nul_bytes_keeps_its_name_in_the_numpy_parse(small_batches):
-    """Found by the back-end test: the numpy parse grouped topics through a NUL-stripping bytes view, so
-    a topic "a\\x00" (the store refuses it now, older files may hold it) came out as "a"."""
+@pytest.mark.parametrize("bad", ["a\x00", "\x00", "T/picA", "T\\p", "..", ".", "T\x7f"])
+def test_a_record_whose_topic_no_put_could_write_is_invalid_in_every_back_end(small_batches, bad):
+    """The TOPIC field is not covered by BODYCRC and consume queue directories are named after it: a topic
+    the validation boundary refuses on a put (a NUL, '/', '\\', '.', '..', control characters) is a damaged
+    record for every reader (an outside audit: one zeroed topic byte killed MessageStore.open with
+    'embedded null byte'; '/' made the dispatcher create consumequeue/T/picA/0). Older files holding such
+    topics read as damage now, named with their offset."""
     recs = [codec.encode_record(queue_id=0, flag=0, queue_offset=i, physical_offset=0, sys_flag=0,
                                 born_timestamp=1, born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5",
                                 reconsume_times=0, prepared_transaction_offset=0, body=b"x", topic=t, properties={})
-            for i, t in enumerate(["a\x00", "a", "\x00", "b"])]
-    batch, _, outcome, _ = scanner.parse_dispatch(b"".join(recs), 0, True)
-    assert not isinstance(batch, list) and outcome is Outcome.END_OF_DATA or outcome is Outcome.MORE
-    assert batch.topics == ["a\x00", "a", "\x00", "b"]
+            for i, t in enumerate(["a", "b", bad, "c"])]
+    data = b"".join(recs)
+    at = len(recs[0]) + len(recs[1])
+    for parse in (scanner.parse_dispatch, scanner.parse_dispatch_scalar):
+        batch, pos, outcome, reason = parse(data, 0, True)
+        assert (pos, outcome) == (at, Outcome.INVALID) and "damaged TOPIC field" in reason
+        assert len(batch) == 2
+    with pytest.raises(RecordError, match="damaged TOPIC field"):
+        scanner.check_record(data, at, len(data))
+    with pytest.raises(RecordError, match="damaged TOPIC field"):
+        scanner.walk_records(data, 0, len(data))
+    cols = scanner.record_columns(np.frombuffer(data, np.uint8), 0, [0, len(recs[0]), at, at + len(recs[2])])
+    assert cols.valid.tolist() == [True, True, False, True]
+
+
+@pytest.mark.parametrize("qid", [-1, 65536, 1 << 24])
+def test_a_record_whose_queue_id_no_put_could_write_is_invalid_in_every_back_end(small_batches, qid):
+    """The QUEUEID field is not covered by BODYCRC either, and names a consume queue directory: a queue id
+    outside 0..65535 (a damaged byte) is a damaged record for every reader."""
+    recs = [codec.encode_record(queue_id=q, flag=0, queue_offset=0, physical_offset=0, sys_flag=0,
+                                born_timestamp=1, born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5",
+                                reconsume_times=0, prepared_transaction_offset=0, body=b"x", topic="T", properties={})
+            for q in (0, 1)]
+    bad = bytearray(recs[1])
+    struct.pack_into(">i", bad, codec.POS_QUEUEID, qid)
+    data = recs[0] + bytes(bad) + recs[0]
+    at = len(recs[0])
+    for parse in (scanner.parse_dispatch, scanner.parse_dispatch_scalar):
+        batch, pos, outcome, reason = parse(data, 0, True)
+        assert (pos, outcome) == (at, Outcome.INVALID) and "damaged QUEUEID field" in reason
+    with pytest.raises(RecordError, match="damaged QUEUEID field"):
+        scanner.walk_records(data, 0, len(data))
+    cols = scanner.record_columns(np.frombuffer(data, np.uint8), 0, [0, at, 2 * at])
+    assert cols.valid.tolist() == [True, False, True]

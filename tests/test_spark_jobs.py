@@ -244,3 +244,32 @@ def test_demo_pipeline(spark, golden, capsys):
     assert got["streamed"] == 2480 and got["micro_batches"] == 5
     assert sum(t["messages"] for t in got["topics"]) == 2480
     assert "messages per topic" in capsys.readouterr().out
+
+
+def test_read_a_live_slave_off_the_masters_disk(spark, tmp_path):
+    """A Spark job reads a running slave's store (replicated from its master, store/ha) and gets every
+    message the master holds, without touching the master's disk."""
+    from rmqstore.broker.process import free_port
+    port = free_port()
+    cfg = dict(mapped_file_size_commit_log=256 << 10)
+    with MessageStore.open(tmp_path / "m", StoreConfig(broker_role="ASYNC_MASTER", ha_listen_port=port, **cfg)) as m, \
+            MessageStore.open(tmp_path / "s", StoreConfig(broker_role="SLAVE", broker_id=1,
+                                                          ha_master_address=f"127.0.0.1:{port}", **cfg)) as s:
+        for a in range(0, 3000, 500):
+            m.put_messages([Message(("A", "B")[i % 2], f"b{i}".encode(), queue_id=i % 3,
+                                    properties={"KEYS": f"k{i}"}) for i in range(a, a + 500)])
+        deadline = time.monotonic() + 30
+        while s.commit_log.get_max_offset() < m.commit_log.get_max_offset() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.wait_dispatched(30)
+        conf = tmp_path / "store.conf"
+        conf.write_text("mappedFileSizeCommitLog=262144\n")
+        rows = spark.read.format("rocketmq").option("config", str(conf)).load(str(tmp_path / "s")) \
+            .select("topic", "queueId", "queueOffset", "body").collect()
+    expected, nxt = set(), {}
+    for i in range(3000):
+        q = (("A", "B")[i % 2], i % 3)
+        expected.add((*q, nxt.get(q, 0), f"b{i}".encode()))
+        nxt[q] = nxt.get(q, 0) + 1
+    assert len(rows) == 3000
+    assert {(r.topic, r.queueId, r.queueOffset, bytes(r.body)) for r in rows} == expected

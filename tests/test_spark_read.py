@@ -90,46 +90,33 @@ def test_several_stores_one_dataframe(spark, golden):
     assert got == {"rmq440-clean": 156 - 150, "rmq440-crash": 455}
 
 
-def test_pushed_filters_give_the_same_rows(spark, golden):
+def test_filters_give_the_same_rows(spark, golden):
+    """Spark applies every filter itself (the source claims none; option pushFilters is refused)."""
     from pyspark.sql import functions as F
     name = "rmq440-clean"
     root = str(golden_store(golden, name))
 
     def load(**opts):
-        return reader(spark, name, golden, **{"pushFilters": "true", **opts}).load(root)
+        return reader(spark, name, golden, **opts).load(root)
     every = rows_json(load())
     ts = sorted(r["storeTimestamp"] for r in every)
     lo, hi = ts[len(ts) // 4], ts[3 * len(ts) // 4]
     import datetime as dt
     lo_t = dt.datetime.fromtimestamp(lo / 1000, dt.timezone.utc)
     hi_t = dt.datetime.fromtimestamp(hi / 1000, dt.timezone.utc)
-    q = (load().filter(F.col("topic").isin("TopicA", "订单Topic")).filter(F.col("queueId") != 2)
+    df = load()
+    q = (df.filter(F.col("topic").isin("TopicA", "订单Topic")).filter(F.col("queueId") != 2)
          .filter((F.col("storeTimestamp") >= F.lit(lo_t)) & (F.col("storeTimestamp") < F.lit(hi_t)))
          .filter(F.col("queueOffset") <= 120).filter(F.col("tags").isNotNull()))
-    plan = spark._jvm.PythonSQLUtils.explainString(q._jdf.queryExecution(), "formatted")
-    pushed = next(line for line in plan.splitlines() if line.startswith("PushedFilters:"))
-    for what in ("In(topic", "Not(EqualTo(queueId", "GreaterThanOrEqual(storeTimestamp", "LessThan(storeTimestamp",
-                 "LessThanOrEqual(queueOffset"):
-        assert what in pushed, (what, pushed)
-    assert "isnotnull(tags" in plan.split("Filter")[-1]      # tags can be null: Spark keeps that filter
-    by_key = load().filter(F.array_contains("keys", "k1"))      # Spark hands no source array_contains: use option key
-    plan = spark._jvm.PythonSQLUtils.explainString(by_key._jdf.queryExecution(), "formatted")
-    assert "k1" not in next(line for line in plan.splitlines() if line.startswith("PushedFilters:"))
-    assert "array_contains(keys" in plan.split("Filter")[-1]   # only IsNotNull(keys) reaches the source
     got = rows_json(q)
     exp = [r for r in every if r["topic"] in ("TopicA", "订单Topic") and r["queueId"] != 2
            and lo <= r["storeTimestamp"] < hi and r["queueOffset"] <= 120 and "TAGS\x01" in r["properties"]]
     assert got == exp and 100 < len(got) < 1500
-    df = load()
     assert rows_json(df.filter(F.col("topic") == "TopicB").filter(F.col("queueId") == 2)) == \
         [r for r in every if r["topic"] == "TopicB" and r["queueId"] == 2]
     assert df.filter(F.col("sysFlag") == 8).count() == sum(1 for r in every if r["sysFlag"] == 8)
     assert df.filter(F.col("tags") == "*").count() == sum(1 for r in every if "TAGS\x01*\x02" in r["properties"])
-    # a query with no filter on a DataFrame used with pushed filters: Spark reuses the read it planned
-    # then (the caveat in rmqstore.spark's docstring); with pushFilters=false (the default) it can be reused
-    df = load(pushFilters="false")
-    assert df.filter(F.col("tags") == "*").count() == sum(1 for r in every if "TAGS\x01*\x02" in r["properties"])
-    assert df.count() == 2480
+    assert df.count() == 2480                   # the DataFrame reused after filtered queries
 
 
 def test_offsets_and_timestamps_options(spark, golden):

@@ -6,6 +6,7 @@ line. Then the same reads without Spark: ranged reads split into spans and chunk
 executors, globs over the bucket."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import random
@@ -151,6 +152,52 @@ def test_damaged_s3_copy_is_data_loss(spark, stores, s3):
     before = skipped_data(spark)["messages"]
     assert _load(spark, uri, failOnDataLoss="false").count() == len(TOPICS) * PER_TOPIC - 1
     assert skipped_data(spark)["messages"] == before + 1
+
+
+def _running_copies(local: str, s3: str, golden) -> tuple[int, int]:
+    """Under running/: broker-a (the module's store) and broker-c, a copy of a running RocketMQ 4.4.0 broker
+    (the golden crash set: an abort file, and the commitlog file after the one being written allocated
+    ahead, all zeros) taken while it wrote its last record (torn: its second half zeros). Returns (where
+    broker-c's records end: the torn record's offset, its record count up to there)."""
+    from conftest import golden_store
+    crash = golden_store(golden, "rmq440-crash")
+    fs = _bucket(s3)
+    for src, name in ((local, "broker-a"), (str(crash), "broker-c")):
+        pafs.copy_files(src, f"bkt/running/{name}/store", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
+    files = sorted(os.listdir(crash / "commitlog"))
+    assert (crash / "abort").exists() and not np.fromfile(crash / "commitlog" / files[-1], np.uint8).any()
+    buf = np.fromfile(crash / "commitlog" / files[-2], dtype=np.uint8).copy()
+    positions, _, _ = scan.scanner.walk_positions(buf, 0, len(buf))
+    last = int(positions[-1])
+    size = int.from_bytes(buf[last:last + 4].tobytes(), "big")
+    buf[last + size // 2:last + size] = 0
+    with fs.open_output_stream(f"bkt/running/broker-c/store/commitlog/{files[-2]}") as out:
+        out.write(buf.tobytes())
+    n = sum(len(scan.scanner.walk_positions(np.fromfile(crash / "commitlog" / f, np.uint8), 0, 1 << 20)[0])
+            for f in files[:-2])
+    return int(files[-2]) + last, n + len(positions) - 1
+
+
+def test_a_torn_copy_of_a_running_broker_reads_up_to_its_tear(spark, stores, s3, golden, caplog):
+    """Issue 40 item 8: over a glob of stores, one of them a copy of a running broker, option key failed the
+    whole read with DataLossError on that copy's zeroed tail (a commitlog file that is not the last one,
+    zeros after its data: the file after it is only allocated ahead) while plain reads worked. A copy's torn
+    tail is not data loss: what is valid is read, as a plain read does, and a warning names the torn copy."""
+    local, _ = stores
+    torn_at, records = _running_copies(local, s3, golden)
+    glob, copy = _uri(s3, "running/*/store"), _uri(s3, "running/broker-c/store")
+    rows = _load(spark, copy, mode="commitlog", columns="commitLogOffset,keys").collect()
+    assert len(rows) == records and max(r.commitLogOffset for r in rows) < torn_at
+    off, keys = max((r.commitLogOffset, r["keys"]) for r in rows if r["keys"])
+    got = _load(spark, glob, key=keys[0]).select("broker", "commitLogOffset").collect()
+    assert ("broker-c", off) in {(r.broker, r.commitLogOffset) for r in got}, got
+    assert _load(spark, glob, key="TopicC-k77").select("broker").collect()[0].broker == "broker-a"
+    with caplog.at_level(logging.WARNING, logger="rmqstore.spark.scan"):
+        tab, _ = _read_all(copy, mode="commitlog")
+    assert tab.num_rows == records
+    assert any(f"s3://bkt/running/broker-c/store: a torn tail: the commitlog's records end at offset {torn_at}"
+               in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def test_bad_uris_fail_in_one_line(spark, s3):

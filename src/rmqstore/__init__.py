@@ -33,6 +33,8 @@ _EXPORTS = {
     "CONSUME_SUCCESS": ".messaging.consumer",
     "RECONSUME_LATER": ".messaging.consumer",
     "LocalBroker": ".messaging.local_broker",
+    "MessageSelector": ".filter",
+    "SelectorError": ".filter",
     "TransactionProducer": ".messaging.transaction",
     "CorruptStoreError": ".errors",
     "ConfigError": ".errors",

@@ -36,3 +36,10 @@ class StoreLockedError(RmqStoreError):
 
 class StoreClosedError(RmqStoreError):
     """An operation on a store that was shut down."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install one of the package's extras (pyproject.toml): rmqstore is installed from its checkout
+    or from a wheel built there (`python -m build`), not from PyPI."""
+    return (f"pip install '.[{extra}]' in rmqstore's checkout (or, from a wheel, "
+            f"pip install 'rmqstore-VERSION-py3-none-any.whl[{extra}]')")

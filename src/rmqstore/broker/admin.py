@@ -9,6 +9,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..acl import INNER_CREDENTIALS_KEY
 from ..errors import ConfigError
 from ..remoting import fastjson
 from ..remoting.codes import RequestCode, ResponseCode
@@ -136,7 +137,7 @@ class AdminBrokerProcessor:
         topic = Header(req.ext_fields).str("topic")
         self.ctx.topics.delete_topic(topic)
         store = self.ctx.store
-        return self.ctx.in_executor(lambda: queue_clean.remove_topic_queues(store, topic),
+        return self.ctx.in_executor(lambda: store.delete_topic(topic),
                                     lambda removed: req.make_response(ResponseCode.SUCCESS))
 
     def get_all_topic_config(self, ch: Channel, req: RemotingCommand):
@@ -174,7 +175,8 @@ class AdminBrokerProcessor:
         if not props.get("storePathRootDir"):
             props["storePathRootDir"] = str(getattr(self.ctx.store, "path", ""))
         for k, v in (self.ctx.cfg.extra or {}).items():
-            props.setdefault(k, str(v))
+            if k != INNER_CREDENTIALS_KEY:       # a secret: never answered nor persisted
+                props.setdefault(k, str(v))
         return props
 
     def get_broker_config(self, ch: Channel, req: RemotingCommand):
@@ -275,7 +277,17 @@ class AdminBrokerProcessor:
         return req.make_response(ResponseCode.SUCCESS, None, {"offset": str(self.ctx.store.get_max_phy_offset())})
 
     def get_all_consumer_offset(self, ch: Channel, req: RemotingCommand):
-        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(self.ctx.offsets.encode()))
+        """ConsumerOffsetManager.encode as fastjson writes it: queue ids as unquoted integer keys."""
+        table = self.ctx.offsets.encode()["offsetTable"]
+        body = {"offsetTable": {k: {int(q): o for q, o in m.items()} for k, m in table.items()}}
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(body))
+
+    def get_all_delay_offset(self, ch: Channel, req: RemotingCommand):
+        """GET_ALL_DELAY_OFFSET (45), what a slave's SlaveSynchronize asks: ScheduleMessageService.encode."""
+        sched = getattr(self.ctx.store, "schedule_service", None)
+        if sched is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "No delay offset in this broker")
+        return req.make_response(ResponseCode.SUCCESS, body=fastjson.dumps_bytes(sched.encode()))
 
     # --- connections --------------------------------------------------------------------------------
     def get_consumer_connection_list(self, ch: Channel, req: RemotingCommand):

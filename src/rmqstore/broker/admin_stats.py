@@ -62,6 +62,9 @@ class AdminStatsProcessor:
         info["startAcceptSendRequestTimeStamp"] = "0"
         info["remainTransientStoreBufferNumbs"] = str(2 ** 31 - 1)
         info["remainHowManyDataToFlush"] = human_bytes(self._unflushed())
+        ha = store.ha_status() if hasattr(store, "ha_status") else None
+        if ha is not None:                  # replication (store/ha): role, slaves, acknowledged offset, lag
+            info.update(ha.to_kv())
         return info
 
     def _disk_info(self) -> dict[str, str]:

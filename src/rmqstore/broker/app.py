@@ -15,11 +15,14 @@ import logging
 import time
 from pathlib import Path
 
+from ..acl import AclGate, inner_client_signer
 from ..store.config import StoreConfig
 from .admin import load_persisted_config
 from .core import Broker
 from .namesrv import NameServer
-from .net import RemotingServer
+from .net import FrameLimits, RemotingServer
+from .outer import BrokerOuterAPI, split_addr
+from .slave_sync import SlaveSynchronize
 from .state import SubscriptionGroupManager
 
 log = logging.getLogger(__name__)
@@ -30,11 +33,8 @@ SCAN_INTERVAL = 10.0
 
 
 def parse_addr(addr: str, default_port: int = 9876) -> tuple[str, int]:
-    first = addr.split(";")[0].strip()
-    host, _, port = first.rpartition(":")
-    if not host:
-        return first or "127.0.0.1", default_port
-    return host, int(port)
+    """The first address of a name server list ("a:9876;b:9876")."""
+    return split_addr(addr.split(";")[0], default_port)
 
 
 class BrokerServer:
@@ -54,10 +54,13 @@ class BrokerServer:
         self.servers: list[RemotingServer] = []
         self._tasks: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.acl: AclGate | None = None          # aclEnable=true: every port's requests pass this gate
+        self.signer = None                       # innerClientAuthenticationCredentials: signs our own requests
         self.started = False
         self._registering = False
         self._register_again = False
-        self._ns_conns: dict[str, tuple] = {}
+        self.outer = BrokerOuterAPI()                   # requests to the name servers and the master
+        self.slave_sync: SlaveSynchronize | None = None
 
     # --- life ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -65,9 +68,20 @@ class BrokerServer:
         cfg = self.cfg
         # updateBrokerConfig's persisted keys over broker.conf's (RocketMQ rewrites its -c file instead)
         load_persisted_config(self.store_path, cfg)
+        if cfg.ha_listen_port not in (0, cfg.listen_port + 1):
+            log.warning("haListenPort=%d ignored: the HA port is listenPort + 1 = %d, as RocketMQ's broker",
+                        cfg.ha_listen_port, cfg.listen_port + 1)
+        cfg.ha_listen_port = cfg.listen_port + 1
+        self.signer = inner_client_signer(cfg)
+        self.outer.signer = self.signer          # registrations and a slave's sync requests are signed
+        self.acl = AclGate.from_config(cfg)      # before the store: a bad plain_acl.yml stops the start
         if self.store is None:
             from ..store.store import MessageStore
-            self.store = await self.loop.run_in_executor(None, MessageStore.open, self.store_path, cfg)
+            store = MessageStore(self.store_path, cfg)
+            if self.acl is not None:     # the HA port admits only peers of globalWhiteRemoteAddresses
+                store.ha_accept = self.acl.trusted_peer
+            await self.loop.run_in_executor(None, store.start)
+            self.store = store
         try:
             await self._start_services()
         except BaseException:
@@ -87,23 +101,28 @@ class BrokerServer:
         broker.loop = self.loop
         local.topics.add_listener(self._on_topic_changed)
         host = cfg.broker_ip1 or "127.0.0.1"
+        limits = FrameLimits.of(cfg)        # serverFrameMemoryMax: one budget for every listener
         if self.embedded_namesrv:
             self.namesrv = NameServer()
             nhost, nport = parse_addr(self.namesrv_addr)
-            ns = RemotingServer(nhost, nport, self.namesrv.handle, name="namesrv", idle_timeout=self.idle_timeout,
-                                on_close=self.namesrv.on_close)
+            ns_handler = self.namesrv.handle if self.acl is None else self.acl.namesrv(self.namesrv.handle)
+            ns = RemotingServer(nhost, nport, ns_handler, name="namesrv", idle_timeout=self.idle_timeout,
+                                on_close=self.namesrv.on_close, limits=limits)
             await ns.start()
             self.servers.append(ns)
-        main = RemotingServer(host, cfg.listen_port, broker.handle, name="broker", idle_timeout=self.idle_timeout,
-                              on_close=broker.on_close)
+        handler = broker.handle if self.acl is None else self.acl.remoting(broker.handle)
+        main = RemotingServer(host, cfg.listen_port, handler, name="broker", idle_timeout=self.idle_timeout,
+                              on_close=broker.on_close, limits=limits)
         await main.start()
         self.servers.append(main)
         if cfg.listen_port >= 2:
-            vip = RemotingServer(host, cfg.listen_port - 2, broker.handle, name="broker-vip",
-                                 idle_timeout=self.idle_timeout, on_close=broker.on_close)
+            vip = RemotingServer(host, cfg.listen_port - 2, handler, name="broker-vip",
+                                 idle_timeout=self.idle_timeout, on_close=broker.on_close, limits=limits)
             await vip.start()
             self.servers.append(vip)
         self.store.dispatcher.add_listener(broker.on_message_arriving)
+        if cfg.is_slave:
+            self.slave_sync = SlaveSynchronize(broker.ctx, self.outer, self.store_path)
         self._register_broker()
         self._tasks.append(asyncio.ensure_future(self._periodic()))
         log.info("broker %s (%s) serving store %s at %s; name server %s", cfg.broker_name, cfg.broker_cluster_name,
@@ -124,14 +143,17 @@ class BrokerServer:
 
     def _register_broker(self) -> None:
         """registerBrokerAll: publish the topic configs to the embedded name server (in process), or with
-        REGISTER_BROKER (103) to every name server of namesrvAddr when there is no embedded one."""
+        REGISTER_BROKER (103) to every name server of namesrvAddr when there is no embedded one. A slave takes
+        its master's addresses from the answer (RocketMQ's doRegisterBrokerAll)."""
         if self.broker is None:
             return
         cfg = self.cfg
         wrapper = self.broker.topics.encode()
         if self.namesrv is not None:
-            self.namesrv.route.register_broker(cfg.broker_cluster_name, self.broker.broker_addr, cfg.broker_name,
-                                               cfg.broker_id, f"{cfg.broker_ip1}:{cfg.listen_port + 1}", wrapper, None)
+            route = self.namesrv.route
+            route.register_broker(cfg.broker_cluster_name, self.broker.broker_addr, cfg.broker_name,
+                                  cfg.broker_id, cfg.ha_server_addr, wrapper, None)
+            self._on_registered(route.master_of(cfg.broker_name, cfg.broker_id))
             return
         if self._registering:
             self._register_again = True
@@ -147,49 +169,49 @@ class BrokerServer:
         import zlib
         from ..remoting import fastjson
         from ..remoting.codes import RequestCode
-        from ..remoting.command import FrameDecoder, RemotingCommand
+        from ..remoting.command import RemotingCommand
         cfg = self.cfg
         try:
             body = fastjson.dumps_bytes({"filterServerList": [], "topicConfigSerializeWrapper": wrapper})
             fields = {"brokerAddr": self.broker.broker_addr, "brokerId": str(cfg.broker_id),
                       "brokerName": cfg.broker_name, "clusterName": cfg.broker_cluster_name,
-                      "haServerAddr": f"{cfg.broker_ip1}:{cfg.listen_port + 1}", "compressed": "false",
+                      "haServerAddr": cfg.ha_server_addr, "compressed": "false",
                       "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF)}
+            first = None
             for addr in [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]:
-                conn = self._ns_conns.get(addr)
-                if conn is None:
-                    host, port = parse_addr(addr)
-                    try:
-                        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 3)
-                    except (OSError, asyncio.TimeoutError) as e:
-                        log.warning("register to name server %s failed: %s", addr, e)
-                        continue
-                    # the connection stays open: a name server drops a broker whose connection closes
-                    conn = self._ns_conns[addr] = (r, w, FrameDecoder())
-                r, w, dec = conn
                 try:
                     cmd = RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=fields, body=body)
-                    w.write(cmd.encode())
-
-                    async def answer():
-                        while True:
-                            data = await r.read(65536)
-                            if not data:
-                                raise ConnectionError("closed by the name server")
-                            for c in dec.feed(data):
-                                if c.is_response and c.opaque == cmd.opaque:
-                                    return c
-                    resp = await asyncio.wait_for(answer(), 3)
-                    if resp.code != 0:
-                        log.warning("register to name server %s: %s", addr, resp)
-                except (OSError, asyncio.TimeoutError, Exception) as e:
-                    log.warning("register to name server %s failed: %s", addr, e)
-                    self._ns_conns.pop(addr, None)
-                    w.close()
+                    resp = await self.outer.request(addr, cmd, 3)
+                except (OSError, asyncio.TimeoutError, ConnectionError, ValueError) as e:
+                    log.warning("register to name server %s failed: %s", addr, e or type(e).__name__)
+                    self.outer.forget(addr)
+                    continue
+                if resp.code != 0:
+                    log.warning("register to name server %s: %s", addr, resp)
+                elif first is None:
+                    first = resp.ext_fields or {}
+            if first is not None:
+                self._on_registered(first)
         finally:
             self._registering = False
             if self._register_again and self.broker is not None and self.loop is not None:
                 self.loop.call_soon(self._register_broker)
+
+    def _on_registered(self, answer: dict) -> None:
+        """A slave's master, as the (first) name server answered: the HA link's address (unless haMasterAddress
+        is configured) and SlaveSynchronize's master (None while no master is registered)."""
+        if self.slave_sync is None:
+            return
+        ha = self.store.ha if self.store is not None else None
+        if ha is not None and answer.get("haServerAddr"):
+            ha.update_master_address(answer["haServerAddr"])
+        if self.slave_sync.set_master_addr(answer.get("masterAddr") or None) and answer.get("masterAddr"):
+            self._start_task(self.slave_sync.sync_all())
+
+    def _start_task(self, coro) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.append(t)
+        t.add_done_callback(lambda _t: self._tasks.remove(_t) if _t in self._tasks else None)
 
     async def _periodic(self) -> None:
         last_reg = last_scan = time.monotonic()
@@ -211,6 +233,8 @@ class BrokerServer:
                 if now - last_reg >= REGISTER_INTERVAL:
                     last_reg = now
                     self._register_broker()
+                if self.slave_sync is not None and self.slave_sync.due(now):
+                    self._start_task(self.slave_sync.sync_all())
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -225,6 +249,10 @@ class BrokerServer:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        ha = getattr(self.store, "ha", None)
+        if ha is not None:          # SYNC_MASTER sends waiting for a slave are answered before connections close
+            ha.transfer.fail_all()
+            await asyncio.sleep(0.05)
         if self.broker is not None:
             try:
                 self.broker.release_all_held()
@@ -234,9 +262,7 @@ class BrokerServer:
         for s in self.servers:
             await s.stop()
         self.servers.clear()
-        for _r, w, _d in self._ns_conns.values():
-            w.close()
-        self._ns_conns.clear()
+        await self.outer.close()
         if self.store is not None and self.broker is not None:
             self.store.dispatcher.remove_listener(self.broker.on_message_arriving)
             self.broker.topics.remove_listener(self._on_topic_changed)
@@ -251,6 +277,9 @@ class BrokerServer:
         if self.store is not None and self._own_store:
             await self.loop.run_in_executor(None, self.store.close)
             self.store = None
+        if self.acl is not None:
+            self.acl.shutdown()
+            self.acl = None
         self.started = False
 
     # --- addresses ------------------------------------------------------------------------------------

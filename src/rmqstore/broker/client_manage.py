@@ -8,6 +8,7 @@ from ..remoting.codes import PERM_READ, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, Re
 from ..remoting.command import RemotingCommand
 from .clients import ClientChannelInfo, SubscriptionData
 from .context import BrokerContext
+from .filter import check_client_config, register_group as register_filters
 from .header import Header
 from .net import Channel
 
@@ -51,6 +52,7 @@ class ClientManageProcessor:
             sys_flag = 2 if cd.get("unitMode") else 0
             ctx.topics.create_topic_in_send_message_back_method(RETRY_GROUP_TOPIC_PREFIX + group,
                                                                 sgc.retry_queue_nums, PERM_WRITE | PERM_READ, sys_flag)
+        register_filters(ctx, group, subs)
         changed = ctx.clients.register_consumer(group, ClientChannelInfo(ch, client_id, req.language, req.version),
                                                 str(cd.get("consumeType", "CONSUME_PASSIVELY")),
                                                 str(cd.get("messageModel", "CLUSTERING")),
@@ -78,7 +80,7 @@ class ClientManageProcessor:
             sd = (body or {}).get("subscriptionData") or {}
         except ValueError as e:
             return req.make_response(ResponseCode.SYSTEM_ERROR, f"bad body: {e}")
-        et = sd.get("expressionType") or "TAG"
-        if et != "TAG":
-            return req.make_response(ResponseCode.SYSTEM_ERROR, f"The broker does not support consumer to filter message by {et}")
-        return req.make_response(ResponseCode.SUCCESS)
+        if not isinstance(sd, dict):
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "bad body: subscriptionData is not an object")
+        code, remark = check_client_config(ctx=self.ctx, sd=sd)
+        return req.make_response(code, remark)

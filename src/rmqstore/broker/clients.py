@@ -91,6 +91,7 @@ class ClientManager:
     """ConsumerManager + ProducerManager of one broker."""
 
     def __init__(self):
+        self.on_group_gone = None       # called with a consumer group's name when its last client left
         self.consumers: dict[str, ConsumerGroupInfo] = {}
         self.producers: dict[str, dict[Channel, ClientChannelInfo]] = {}
 
@@ -114,6 +115,8 @@ class ClientManager:
         if g.channels.pop(channel, None) is not None:
             if not g.channels:
                 del self.consumers[group]
+                if self.on_group_gone is not None:
+                    self.on_group_gone(group)
             elif notify:
                 self.notify_ids_changed(group)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..remoting.codes import PROPERTY_MSG_REGION, PROPERTY_TRACE_SWITCH
 from .clients import ClientManager
+from .filter import install as filter_install
 from .stats import BrokerStatsManager
 
 _enc = json.encoder.encode_basestring
@@ -38,6 +39,7 @@ class BrokerContext:
                             PROPERTY_TRACE_SWITCH: "true" if self.trace_on else "false"}
         if self.stats is None:
             self.stats = BrokerStatsManager(self.cfg.broker_cluster_name)
+        self.filters = filter_install(self)       # SQL92 subscriptions (filter.py)
 
     def ok_header_template(self) -> str:
         """The header of a SEND_MESSAGE_V2 answer as RemotingCommand.encode_header writes it, with %-slots for

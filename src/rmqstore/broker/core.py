@@ -88,6 +88,7 @@ class Broker:
             R.SEARCH_OFFSET_BY_TIMESTAMP: a.search_offset_by_timestamp, R.GET_MAX_OFFSET: a.get_max_offset,
             R.GET_MIN_OFFSET: a.get_min_offset, R.GET_EARLIEST_MSG_STORETIME: a.get_earliest_msg_storetime,
             R.QUERY_BROKER_OFFSET: a.query_broker_offset, R.GET_ALL_CONSUMER_OFFSET: a.get_all_consumer_offset,
+            R.GET_ALL_DELAY_OFFSET: a.get_all_delay_offset,
             R.GET_CONSUMER_CONNECTION_LIST: a.get_consumer_connection_list,
             R.GET_PRODUCER_CONNECTION_LIST: a.get_producer_connection_list,
             R.QUERY_TOPIC_CONSUME_BY_WHO: a.query_topic_consume_by_who,

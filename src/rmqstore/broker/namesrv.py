@@ -98,6 +98,16 @@ class RouteInfoManager:
                         del self.topic_queue_table[topic]
         self.broker_live_table[broker_addr] = BrokerLiveInfo(time.monotonic(), dv, channel, ha_server_addr)
 
+    def master_of(self, broker_name: str, broker_id: int) -> dict[str, str]:
+        """What REGISTER_BROKER answers a slave (brokerId != 0) while its master is registered: masterAddr and
+        the master's haServerAddr; nothing otherwise (RouteInfoManager.registerBroker's result)."""
+        bd = self.broker_addr_table.get(broker_name)
+        master = bd.broker_addrs.get(0) if bd is not None else None
+        if broker_id == 0 or not master:
+            return {}
+        live = self.broker_live_table.get(master)
+        return {"masterAddr": master, "haServerAddr": live.ha_server_addr if live is not None else None}
+
     def unregister_broker(self, cluster: str, broker_addr: str, broker_name: str, broker_id: int) -> None:
         self.broker_live_table.pop(broker_addr, None)
         bd = self.broker_addr_table.get(broker_name)
@@ -248,12 +258,7 @@ class NameServer:
             if isinstance(body, dict):
                 wrapper = body.get("topicConfigSerializeWrapper")
         self.route.register_broker(cluster, addr, name, broker_id, f.get("haServerAddr", ""), wrapper, ch)
-        master = self.route.broker_addr_table[name].broker_addrs.get(0)
-        out = {}
-        if broker_id != 0 and master:
-            out = {"masterAddr": master, "haServerAddr": self.route.broker_live_table.get(master).ha_server_addr
-                   if master in self.route.broker_live_table else None}
-        return req.make_response(ResponseCode.SUCCESS, None, out)
+        return req.make_response(ResponseCode.SUCCESS, None, self.route.master_of(name, broker_id))
 
 
 def not_supported(req: RemotingCommand) -> RemotingCommand:

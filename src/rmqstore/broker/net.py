@@ -9,6 +9,12 @@
   (a client that does not read its answers cannot make the server buffer without bound).
 - Responses to requests the server sends (e.g. CHECK_TRANSACTION_STATE) resolve `invoke()` futures.
 - Idle connections (no frame for `idle_timeout` seconds) are closed by the server's sweep.
+- Unfinished frames (FrameLimits, shared by the listeners of one process): the bytes every connection holds
+  of a frame not yet whole count against broker.conf `serverFrameMemoryMax` (256 MiB); a connection whose
+  next bytes would take the total beyond it is closed, so 40 peers holding 15 MiB each cannot take the
+  server to 600 MiB (at most one read, 256 KiB, over per connection). A connection that holds an unfinished
+  frame and completes none for `serverFrameTimeoutSeconds` (30) is closed: a peer sending a byte now and
+  then is not idle, but makes no progress.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import asyncio
 import inspect
 import logging
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from ..remoting.codes import ResponseCode
@@ -27,6 +34,20 @@ Handler = Callable[["Channel", RemotingCommand], "RemotingCommand | None | Await
 
 WRITE_HIGH_WATER = 8 << 20
 WRITE_LOW_WATER = 1 << 20
+
+
+@dataclass
+class FrameLimits:
+    """What unfinished frames may hold across the connections of every listener given this object."""
+    memory_max: int = 256 << 20        # serverFrameMemoryMax: bytes
+    timeout: float = 30.0              # serverFrameTimeoutSeconds: without a frame completed while one is held
+    held: int = 0                      # bytes held now
+
+    @classmethod
+    def of(cls, cfg) -> "FrameLimits":
+        extra = getattr(cfg, "extra", None) or {}
+        return cls(int(extra.get("serverFrameMemoryMax", cls.memory_max)),
+                   float(extra.get("serverFrameTimeoutSeconds", cls.timeout)))
 
 
 class Channel(asyncio.Protocol):
@@ -48,6 +69,9 @@ class Channel(asyncio.Protocol):
         self._pending: dict[int, asyncio.Future] = {}
         self.attrs: dict = {}          # per-connection state for the handler (client id, groups)
         self.tasks: set[asyncio.Task] = set()
+        self._held = 0                 # bytes of an unfinished frame counted in server.limits
+        self._progress = 0.0           # when a frame last completed (or the held one began)
+        self._frame_timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -61,6 +85,11 @@ class Channel(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.server.channels.discard(self)
+        self.server.limits.held -= self._held
+        self._held = 0
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionError(f"connection to {self.remote} closed"))
@@ -95,10 +124,45 @@ class Channel(asyncio.Protocol):
             log.warning("closing %s: %s", self.remote, e)
             self.close()
             return
+        if (cmds or self._held or self.decoder.buffered) and not self._count_unfinished(bool(cmds)):
+            return
         if self._paused or self._backlog:
             self._backlog.extend(cmds)
             return
         self._serve(cmds)
+
+    # --- unfinished frames (FrameLimits) ---------------------------------------------------------------
+    def _count_unfinished(self, completed: bool) -> bool:
+        """Count what the decoder holds of an unfinished frame against the limits; False (and the channel
+        closed) when that would go over serverFrameMemoryMax."""
+        limits = self.server.limits
+        held = self.decoder.buffered
+        grow = held - self._held
+        if grow > 0 and limits.held + grow > limits.memory_max:
+            log.warning("closing %s: its unfinished frame (%d bytes so far) would take the unfinished frames of "
+                        "all connections to %d bytes, over serverFrameMemoryMax %d", self.remote, held,
+                        limits.held + grow, limits.memory_max)
+            self.close()
+            return False
+        limits.held += grow
+        if completed or not self._held:
+            self._progress = time.monotonic()
+        self._held = held
+        if held and self._frame_timer is None and limits.timeout > 0:
+            self._frame_timer = self.loop.call_later(limits.timeout, self._frame_deadline)
+        return True
+
+    def _frame_deadline(self) -> None:
+        self._frame_timer = None
+        if self.closed or not self._held:
+            return
+        late = time.monotonic() - self._progress - self.server.limits.timeout
+        if late < 0:        # a frame completed since: look again when the held one is due
+            self._frame_timer = self.loop.call_later(-late, self._frame_deadline)
+            return
+        log.warning("closing %s: it holds an unfinished frame (%d bytes) and completed none for %.0f s "
+                    "(serverFrameTimeoutSeconds)", self.remote, self._held, self.server.limits.timeout)
+        self.close()
 
     def _serve(self, cmds: list[RemotingCommand]) -> None:
         handler = self.handler
@@ -230,7 +294,10 @@ class RemotingServer:
 
     def __init__(self, host: str, port: int, handler: Handler, *, name: str = "server",
                  max_frame: int = MAX_FRAME_LENGTH, idle_timeout: float = 120.0,
-                 on_close: Callable[[Channel], None] | None = None):
+                 on_close: Callable[[Channel], None] | None = None, limits: FrameLimits | None = None):
+        """limits: shared by every listener of a process (serverFrameMemoryMax is one budget); a listener
+        given none has its own, at the defaults."""
+        self.limits = limits if limits is not None else FrameLimits()
         self.host = host
         self.port = port
         self.handler = handler

@@ -39,12 +39,52 @@ def _pick_port(host: str, below: tuple[int, ...], tries: int = 200) -> int:
 
 
 def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port p with p and p-2 both free (the broker's listenPort and its VIP port)."""
-    return _pick_port(host, (0, 2))
+    """A port p with p, p-2 and p+1 free (the broker's listenPort, its VIP port and its HA port)."""
+    return _pick_port(host, (0, 2, -1))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     return _pick_port(host, (0,))
+
+
+class NamesrvProcess:
+    """`rmqstore namesrv` in a child process on a free loopback port (what a master/slave pair registers
+    with, so that routes outlive either broker). start() waits for its ready line."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.proc = None
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "NamesrvProcess":
+        import subprocess
+        self.proc = subprocess.Popen([sys.executable, "-m", "rmqstore", "namesrv", "--listen", self.addr],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.stop()
+            raise RuntimeError(f"name server on {self.addr} did not start")
+        return self
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is not None:
+            p.terminate()
+            try:
+                p.wait(10)
+            except Exception:
+                p.kill()
+                p.wait(5)
+            p.stdout.close()
+
+    def __enter__(self) -> "NamesrvProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 class ServerProcess:

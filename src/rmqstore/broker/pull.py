@@ -11,7 +11,9 @@ from ..remoting.codes import (MASTER_ID, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBS
 from ..remoting.command import RemotingCommand
 from ..store.message import GetMessageStatus
 from .clients import SubscriptionData, TagFilter
+from ..filter import is_tag_type
 from .context import BrokerContext
+from .filter import pull_filter
 from .header import FAQ, Header
 from .long_polling import KEEP_HELD, HeldPull, PullRequestHoldService
 from .net import Channel
@@ -70,7 +72,7 @@ class PullMessageProcessor:
         return self._pull(ch, req, False, held)
 
     def _subscription(self, ch: Channel, req: RemotingCommand, p: PullRequest):
-        """(SubscriptionData, None) or (None, error response)."""
+        """(the store's MessageFilter for the subscription, None) or (None, error response)."""
         ctx = self.ctx
         sgc = ctx.groups.find(p.group)
         if sgc is None:
@@ -103,23 +105,44 @@ class PullMessageProcessor:
             if sd.sub_version < p.sub_version:
                 return None, req.make_response(ResponseCode.SUBSCRIPTION_NOT_LATEST,
                                                "the consumer's subscription not latest", {})
-        if sd.expression_type != "TAG":
-            return None, req.make_response(ResponseCode.SYSTEM_ERROR,
-                                           f"The broker does not support consumer to filter message by {sd.expression_type}", {})
-        return sd, None
+        if is_tag_type(sd.expression_type):
+            return TagFilter(sd), None
+        mf, refused = pull_filter(ctx, p.group, p.topic, sd, bool(p.sys_flag & PULL_FLAG_SUBSCRIPTION), p.sub_version)
+        return (mf, None) if refused is None else (None, req.make_response(*refused, {}))
+
+    def _suggest(self, group: str, from_slave: bool) -> int:
+        """suggestWhichBrokerId: with slaveReadEnable, the group's whichBrokerWhenConsumeSlowly when the pulled
+        messages lie further behind the log's head than accessMessageInMemoryMaxRatio % of memory, else its
+        brokerId; without it, the master."""
+        if not self.ctx.cfg.slave_read_enable:
+            return MASTER_ID
+        sgc = self.ctx.groups.find(group)
+        if sgc is None:
+            return MASTER_ID
+        return sgc.which_broker_when_consume_slowly if from_slave else sgc.broker_id
 
     def _pull(self, ch: Channel, req: RemotingCommand, allow_suspend: bool, held: HeldPull | None):
         ctx = self.ctx
         p = PullRequest.of(req)
-        sd, err = self._subscription(ch, req, p)
+        message_filter, err = self._subscription(ch, req, p)
         if err is not None:
             return err
         t0 = time.monotonic()
-        res = ctx.store.get_message(p.group, p.topic, p.queue_id, p.offset, p.max_nums, TagFilter(sd))
+        cfg = ctx.cfg
+        if cfg.is_slave and not cfg.slave_read_enable and ctx.store.ha is not None and ctx.store.ha.master_online:
+            # slaveReadEnable=false: consumers read from the master while it is there (RocketMQ 4.4.0 means
+            # this and serves anyway); a slave whose master is gone serves them (failover)
+            return req.make_response(ResponseCode.PULL_RETRY_IMMEDIATELY, "slave read disabled: pull from the master",
+                                     {"suggestWhichBrokerId": str(MASTER_ID), "nextBeginOffset": str(p.offset),
+                                      "maxOffset": "0", "minOffset": "0"})
+        res = ctx.store.get_message(p.group, p.topic, p.queue_id, p.offset, p.max_nums, message_filter)
         st = res.status
         code = (ResponseCode.PULL_OFFSET_MOVED if p.offset != 0 else ResponseCode.PULL_NOT_FOUND) \
             if st in _EMPTY_QUEUE else _PULL_CODES.get(st, ResponseCode.PULL_OFFSET_MOVED)
-        if allow_suspend and p.sys_flag & PULL_FLAG_COMMIT_OFFSET:
+        next_begin = res.next_begin_offset
+        if cfg.is_slave and code == ResponseCode.PULL_OFFSET_MOVED and not cfg.offset_check_in_slave:
+            code, next_begin = ResponseCode.PULL_RETRY_IMMEDIATELY, p.offset    # the master corrects offsets
+        if allow_suspend and p.sys_flag & PULL_FLAG_COMMIT_OFFSET and not cfg.is_slave:
             ctx.offsets.commit_offset(p.group, p.topic, p.queue_id, p.commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and p.sys_flag & PULL_FLAG_SUSPEND:
             if held is not None and time.monotonic() < held.deadline:
@@ -131,12 +154,12 @@ class PullMessageProcessor:
                 return None
         if code == ResponseCode.PULL_OFFSET_MOVED:
             log.warning("PULL_OFFSET_MOVED: topic=%s group=%s requestOffset=%d newOffset=%d", p.topic, p.group,
-                        p.offset, res.next_begin_offset)
+                        p.offset, next_begin)
         body = None
         if code == ResponseCode.SUCCESS:
             body = raw_messages(ctx.store, res.messages)
         ctx.stats.on_get(p.group, p.topic, p.queue_id, len(res.messages) if body else 0, len(body or b""),
                          int((time.monotonic() - t0) * 1000))
-        fields = {"suggestWhichBrokerId": str(MASTER_ID), "nextBeginOffset": str(res.next_begin_offset),
-                  "maxOffset": str(res.max_offset), "minOffset": str(res.min_offset)}
+        fields = {"suggestWhichBrokerId": str(self._suggest(p.group, res.suggest_pulling_from_slave)),
+                  "nextBeginOffset": str(next_begin), "maxOffset": str(res.max_offset), "minOffset": str(res.min_offset)}
         return req.make_response(code, st.name, fields, body)

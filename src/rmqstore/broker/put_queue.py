@@ -20,6 +20,7 @@ from ..remoting.codes import PROPERTY_TRANSACTION_PREPARED, ResponseCode
 from ..remoting.command import RemotingCommand
 from ..store import codec
 from ..store.message import Message, PutMessageResult, PutMessageResults, PutMessageStatus
+from ..store.ha.transfer import wants_of
 from ..store.message_batch import COLUMNAR_MIN, MessageBatch
 from .context import BrokerContext
 from .net import Channel
@@ -151,14 +152,25 @@ class PutQueue:
         n = len(payload)
         if self.ctx.sync_flush:
             fut = self.ctx.loop.run_in_executor(None, self._put_all, payload)
-            fut.add_done_callback(lambda f: self._deliver(puts, f.result() if not f.exception() else
-                                                          self._failed(n, f.exception()), qids))
+            fut.add_done_callback(lambda f: self._answer(puts, f.result() if not f.exception() else
+                                                         self._failed(n, f.exception()), qids, payload))
         else:
             try:
                 results = self._put_all(payload)
             except Exception as e:
                 results = self._failed(n, e)
+            self._answer(puts, results, qids, payload)
+
+    def _answer(self, puts: list, results, qids: list | None, payload) -> None:
+        """Deliver the answers now, or, on a SYNC_MASTER, once a slave holds the messages (store/ha): the
+        loop goes on with other producers' sends meanwhile (RocketMQ's send thread waits instead)."""
+        ha = self.ctx.store.ha
+        if ha is None or not ha.sync_master:
             self._deliver(puts, results, qids)
+            return
+        loop = self.ctx.loop
+        ha.when_replicated(results, lambda r: loop.call_soon_threadsafe(self._deliver, puts, r, qids),
+                           wants_of(payload))
 
     def flush_all(self) -> None:
         """Put what is queued now (at shutdown): flush until nothing is left (a flush may queue again what it
@@ -217,7 +229,7 @@ class PutQueue:
 
     def _put_all(self, msgs) -> list[PutMessageResult]:
         t0 = time.monotonic()
-        results = self.ctx.store.put_messages(msgs)
+        results = self.ctx.store.put_messages(msgs, wait_slave=False)     # (_answer waits for a slave)
         self._count(msgs, results, int((time.monotonic() - t0) * 1000))
         return results
 

@@ -12,6 +12,9 @@ updateBrokerConfig changed (persisted in STORE/config/broker.properties) win ove
 
 grpcListenPort (8081; -1 off): the RocketMQ 5 gRPC endpoint (rmqstore.proxy, needs the `grpc` extra).
 
+aclEnable (false), rocketmqHome (else $ROCKETMQ_HOME), innerClientAuthenticationCredentials: plain ACL on
+every port (rmqstore.acl; the rules in HOME/conf/plain_acl.yml).
+
 On start it prints one JSON line to stdout, `{"event": "ready", "namesrv": ..., "broker": ..., "vip": ...,
 "grpc": host:port or null}`.
 SIGTERM / SIGINT stop it cleanly: connections closed, consumer offsets and topics persisted, store closed.
@@ -84,7 +87,8 @@ async def _start_grpc(server: BrokerServer):
     except ImportError as e:
         log.warning("no gRPC endpoint (RocketMQ 5 clients): %s", e)
         return None
-    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups)
+    proxy = GrpcProxyServer(server.store, server.broker.local, server.cfg, groups=server.broker.groups,
+                            acl=server.acl)
     try:
         await proxy.start()
     except OSError as e:
@@ -94,6 +98,57 @@ async def _start_grpc(server: BrokerServer):
         log.warning("no gRPC endpoint (RocketMQ 5 clients): %s; set grpcListenPort in broker.conf", e)
         return None
     return proxy
+
+
+async def run_namesrv(addr: str, *, ready=None, stop_event: asyncio.Event | None = None,
+                      idle_timeout: float = 120.0) -> None:
+    """A name server alone (RocketMQ's mqnamesrv): what a master/slave pair registers with, so that routes
+    survive either broker. Serves until stop_event is set (or SIGTERM / SIGINT in the main thread)."""
+    from .app import parse_addr
+    from .namesrv import NameServer
+    from .net import RemotingServer
+
+    ns = NameServer()
+    host, port = parse_addr(addr)
+    server = RemotingServer(host, port, ns.handle, name="namesrv", idle_timeout=idle_timeout, on_close=ns.on_close)
+    stop = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    async def scan() -> None:
+        while True:
+            await asyncio.sleep(10)
+            ns.route.scan_not_active()
+    await server.start()
+    task = asyncio.ensure_future(scan())
+    try:
+        if ready is not None:
+            ready(f"{server.host}:{server.port}")
+        await stop.wait()
+    finally:
+        task.cancel()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await server.stop()
+
+
+def cli_namesrv_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="where to listen (default: namesrvAddr of -c, else 127.0.0.1:9876)")
+
+
+def cli_namesrv(args, cfg: StoreConfig) -> int:
+    """`rmqstore namesrv`: print {"event": "ready", "namesrv": ...} and serve until SIGTERM / SIGINT."""
+    def ready(addr: str) -> None:
+        print(json.dumps({"event": "ready", "namesrv": addr}), flush=True)
+    asyncio.run(run_namesrv(args.listen or cfg.namesrv_addr or "127.0.0.1:9876", ready=ready))
+    return 0
 
 
 def serve(store_path: str | Path, config: StoreConfig | None = None, *, namesrv: bool = True, ready=None) -> int:

@@ -104,6 +104,16 @@ class SubscriptionGroupManager:
         if self.table.pop(group, None) is not None:
             self._changed()
 
+    def replace_all(self, wrapper: dict) -> None:
+        """A slave takes its master's groups and dataVersion (SlaveSynchronize.syncSubscriptionGroupConfig)."""
+        table = {str(n): SubscriptionGroupConfig.from_json(g) for n, g in (wrapper.get("subscriptionGroupTable")
+                                                                            or {}).items()}
+        self.table = table
+        dv = wrapper.get("dataVersion")
+        if isinstance(dv, dict):
+            self.data_version = {"counter": int(dv.get("counter", 0)), "timestamp": int(dv.get("timestamp", 0))}
+        self.persist()
+
     def encode(self) -> dict:
         """SubscriptionGroupWrapper: the table and its data version."""
         return {"dataVersion": dict(self.data_version),

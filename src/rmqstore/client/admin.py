@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from ..acl.signature import RemotingSigner, SessionCredentials
 from ..store import codec
 from ..remoting import fastjson
 from ..remoting.codes import (DEFAULT_TOPIC, PERM_READ, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, UNIQUE_MSG_QUERY_FLAG,
@@ -87,8 +88,11 @@ def _mq(key) -> MessageQueue:
 
 class Admin:
     def __init__(self, namesrv_addr: str = "127.0.0.1:9876", *, instance_name: str | None = None,
-                 vip_channel_enabled: bool = True, language: str = "JAVA"):
+                 vip_channel_enabled: bool = True, language: str = "JAVA",
+                 credentials: SessionCredentials | None = None):
+        """credentials: plain ACL's access and secret key; every request is then signed (AclClientRPCHook)."""
         self.namesrv_addr = namesrv_addr
+        self._signer = RemotingSigner(credentials) if credentials is not None else None
         self.instance_name = instance_name or f"{os.getpid()}-admin"
         self.vip_channel_enabled = vip_channel_enabled
         self.language = language
@@ -97,7 +101,7 @@ class Admin:
     def start(self) -> "Admin":
         if self.mq is None:
             self.mq = MQClientInstance.get(self.namesrv_addr, self.instance_name, language=self.language,
-                                           vip_channel_enabled=self.vip_channel_enabled)
+                                           vip_channel_enabled=self.vip_channel_enabled, rpc_hook=self._signer)
         return self
 
     def shutdown(self) -> None:

@@ -28,9 +28,11 @@ import threading
 import time
 from typing import Callable
 
+from ..acl.signature import RemotingSigner, SessionCredentials
+from ..filter import SQL92, MessageSelector
 from ..remoting.subscription import SubscriptionData
 from ..common.allocate import allocate_averagely  # AllocateMessageQueueAveragely
-from ..remoting.codes import (PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
+from ..remoting.codes import (MASTER_ID, PROPERTY_CONSUME_START_TIMESTAMP, PROPERTY_MAX_OFFSET, PROPERTY_MIN_OFFSET,
                               PROPERTY_RETRY_TOPIC, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND,
                               RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode)
 from ..remoting import fastjson
@@ -40,6 +42,16 @@ from .message import (ConsumeFromWhere, ConsumeStatus, MessageExt, MessageModel,
                       MQClientError, PullResult, PullStatus, decode_messages)
 
 log = logging.getLogger(__name__)
+
+
+def subscription_data(topic: str, expression: "str | MessageSelector") -> SubscriptionData:
+    """FilterAPI.build: tags, or a MessageSelector's SQL92 selector (sent as is: the broker compiles it)."""
+    if isinstance(expression, MessageSelector):
+        if expression.is_sql:
+            return SubscriptionData.build(topic, expression.expression, SQL92)
+        expression = expression.expression
+    return SubscriptionData.build(topic, expression)
+
 
 PULL_TIME_DELAY_WHEN_EXCEPTION = 3.0
 PULL_TIME_DELAY_WHEN_FLOW_CONTROL = 0.05
@@ -117,7 +129,7 @@ class RemoteOffsetStore:
     def read_store(self, mq: MessageQueue) -> int:
         """-1: the broker has none (QUERY_NOT_FOUND); -2: no answer."""
         mqc = self.c._mq()
-        addr = mqc.find_broker_addr(mq.broker_name) or self._refresh(mq)
+        addr = mqc.find_broker_addr_in_admin(mq.broker_name) or self._refresh(mq)
         if addr is None:
             return -2
         try:
@@ -138,7 +150,7 @@ class RemoteOffsetStore:
     def _refresh(self, mq: MessageQueue) -> str | None:
         mqc = self.c._mq()
         mqc.update_route(mq.topic)
-        return mqc.find_broker_addr(mq.broker_name)
+        return mqc.find_broker_addr_in_admin(mq.broker_name)
 
     def persist(self, mqs, oneway: bool = True) -> None:
         mqc = self.c.mq
@@ -147,7 +159,7 @@ class RemoteOffsetStore:
         with self.lock:
             items = [(mq, off) for mq, off in self.table.items() if mq in mqs]
         for mq, off in items:
-            addr = mqc.find_broker_addr(mq.broker_name)
+            addr = mqc.find_broker_addr_in_admin(mq.broker_name)
             if addr is None:
                 continue
             cmd = mqc.request(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": self.c.group, "topic": mq.topic,
@@ -184,7 +196,9 @@ class _ConsumerBase:
                  pull_threshold_size_for_queue: int = 100 * 1024 * 1024,
                  broker_suspend_max_time_millis: int = BROKER_SUSPEND_MAX_TIME_MILLIS,
                  allocate: Callable[[str, str, list, list], list] = allocate_averagely,
-                 vip_channel_enabled: bool = True, language: str = "JAVA", client_ip: str | None = None):
+                 vip_channel_enabled: bool = True, language: str = "JAVA", client_ip: str | None = None,
+                 credentials: SessionCredentials | None = None):
+        """credentials: plain ACL's access and secret key; every request is then signed (AclClientRPCHook)."""
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.instance_name = instance_name
@@ -198,19 +212,22 @@ class _ConsumerBase:
         self.vip_channel_enabled = vip_channel_enabled
         self.language = language
         self.client_ip = client_ip
+        self._signer = RemotingSigner(credentials) if credentials is not None else None
         self.message_model = MessageModel.CLUSTERING
         self.subscriptions: dict[str, SubscriptionData] = {}
         self.topic_queues: dict[str, set[MessageQueue]] = {}
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self.offset_store = RemoteOffsetStore(self)
+        self.pull_from_which_node: dict[MessageQueue, int] = {}     # suggestWhichBrokerId of each queue's last pull
         self.mq: MQClientInstance | None = None
         self._rebalance_lock = threading.Lock()
         self.running = False
         self.start_timestamp = 0     # epoch ms of start() (PROP_CONSUMER_START_TIMESTAMP of consumerStatus)
 
     # --- configuration ------------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        self.subscriptions[topic] = SubscriptionData.build(topic, expression)
+    def subscribe(self, topic: str, expression: "str | MessageSelector" = "*") -> None:
+        """`expression`: tags ("TagA || TagB", "*") or a MessageSelector (MessageSelector.by_sql(...))."""
+        self.subscriptions[topic] = subscription_data(topic, expression)
         if self.mq is not None:
             self.mq.update_route(topic)
             self.mq.send_heartbeat_to_all_brokers()
@@ -244,7 +261,7 @@ class _ConsumerBase:
         name = self.instance_name
         for attempt in range(64):
             inst = MQClientInstance.get(self.namesrv_addr, name, self.client_ip, language=self.language,
-                                        vip_channel_enabled=self.vip_channel_enabled)
+                                        vip_channel_enabled=self.vip_channel_enabled, rpc_hook=self._signer)
             try:
                 inst.register_consumer(self.group, self)
                 break
@@ -263,6 +280,8 @@ class _ConsumerBase:
             for t in list(self.subscriptions):
                 inst.update_route(t)
             inst.learn_brokers()
+            if self.consume_type == "CONSUME_PASSIVELY":
+                self._check_client_in_broker()
             inst.send_heartbeat_to_all_brokers()
             for t in list(self.subscriptions):
                 if t not in self.topic_queues:
@@ -272,6 +291,22 @@ class _ConsumerBase:
             self.shutdown()
             raise
         return self
+
+    def _check_client_in_broker(self) -> None:
+        """MQClientInstance.checkClientInBroker: each non-TAG subscription checked (CHECK_CLIENT_CONFIG) by a
+        broker of its topic; a refusal (a selector that does not compile) fails start()."""
+        mqc = self._mq()
+        for sd in self.subscriptions.values():
+            if sd.expression_type == "TAG":
+                continue
+            addr = mqc.find_broker_addr_by_topic(sd.topic)
+            if addr is None:
+                continue
+            body = fastjson.dumps_bytes({"clientId": mqc.client_id, "group": self.group,
+                                         "subscriptionData": sd.to_json()})
+            resp = mqc.invoke(addr, mqc.request(RequestCode.CHECK_CLIENT_CONFIG, None, body))
+            if resp.code != ResponseCode.SUCCESS:
+                raise MQBrokerError(resp.code, resp.remark, addr)
 
     def shutdown(self) -> None:
         mq = self.mq
@@ -477,12 +512,15 @@ class _ConsumerBase:
             self.mq.scheduler.call_later(PULL_TIME_DELAY_WHEN_EXCEPTION, self._pull, req)
             return
         mqc = self.mq
-        addr = mqc.find_broker_addr(mq.broker_name)
+        # the broker the last answer suggested (suggestWhichBrokerId), else the first listed: a slave once
+        # its master left the route (RocketMQ's PullAPIWrapper)
+        addr, slave = mqc.find_broker_addr_in_subscribe(mq.broker_name, self.pull_from_which_node.get(mq, MASTER_ID))
         if addr is None:
+            mqc.update_route(mq.topic)
             self.mq.scheduler.call_later(PULL_TIME_DELAY_WHEN_EXCEPTION, self._pull, req)
             return
         cmd = self._pull_command(mq, req.next_offset, self.pull_batch_size, sd, True,
-                                 self.offset_store.read_memory(mq), False)
+                                 -1 if slave else self.offset_store.read_memory(mq), False)
         log.debug("%s: pull %s from %d (opaque %d) via %s", self.group, mq, req.next_offset, cmd.opaque, addr)
         pq.last_pull = time.monotonic()
 
@@ -494,10 +532,13 @@ class _ConsumerBase:
             except Exception as e:
                 if self.running and not pq.dropped:
                     log.info("pull of %s failed: %s", mq, e)
+                    if isinstance(e, (OSError, TimeoutError, ConnectionError)) and self.mq is not None:
+                        self.mq.update_route(mq.topic)      # a broker that went away: a slave may serve
                     sch = self.mq.scheduler if self.mq else None
                     if sch is not None:
                         sch.call_later(PULL_TIME_DELAY_WHEN_EXCEPTION, self._pull, req)
                 return
+            self.pull_from_which_node[mq] = res.suggest_which_broker_id
             self._on_pulled(req, res)
         try:
             mqc.remoting.invoke_async(addr, cmd, CONSUMER_TIMEOUT_WHEN_SUSPEND, on_response)
@@ -723,16 +764,20 @@ class PullConsumer(_ConsumerBase):
             self.commit_sync(persist=False)
 
     # --- the plain pull API ---------------------------------------------------------------------------
-    def pull(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0, max_nums: int = 32,
+    def pull(self, mq: MessageQueue, sub_expression: "str | MessageSelector" = "*", offset: int = 0, max_nums: int = 32,
              timeout: float = 10.0, block: bool = False) -> PullResult:
         """One PULL_MESSAGE on a queue; with block, the broker holds it until a message arrives or
         broker_suspend_max_time_millis passes (pullBlockIfNotFound)."""
         mqc = self._mq()
-        addr = mqc.broker_addr_of(mq)
-        sd = SubscriptionData.build(mq.topic, sub_expression)
+        addr, _slave = mqc.find_broker_addr_in_subscribe(mq.broker_name, self.pull_from_which_node.get(mq, MASTER_ID))
+        if addr is None:
+            addr = mqc.broker_addr_of(mq)
+        sd = subscription_data(mq.topic, sub_expression)
         cmd = self._pull_command(mq, offset, max_nums, sd, block, 0, True)
         wait = max(timeout, self.broker_suspend_max_time_millis / 1000.0 + 5) if block else timeout
-        return self._pull_result(mqc.invoke(addr, cmd, wait), mq, sd)
+        res = self._pull_result(mqc.invoke(addr, cmd, wait), mq, sd)
+        self.pull_from_which_node[mq] = res.suggest_which_broker_id
+        return res
 
     def pull_block_if_not_found(self, mq: MessageQueue, sub_expression: str = "*", offset: int = 0,
                                 max_nums: int = 32) -> PullResult:

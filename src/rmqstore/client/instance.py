@@ -170,23 +170,30 @@ class MQClientInstance:
     @classmethod
     def get(cls, namesrv_addr: str, instance_name: str | None = None, client_ip: str | None = None,
             **kw) -> "MQClientInstance":
+        """The instance of a client id (shared by the producers and consumers of one process and instance
+        name); clients signing with different access keys (rpc_hook) get instances of their own."""
         ip = client_ip or local_ip()
         client_id = f"{ip}@{instance_name or os.getpid()}"
+        hook = kw.get("rpc_hook")
+        key = client_id if hook is None else f"{client_id}#{hook.access_key}"
         with cls._registry_lock:
-            inst = cls._instances.get(client_id)
+            inst = cls._instances.get(key)
             if inst is None or inst.closed:
-                inst = cls._instances[client_id] = cls(client_id, namesrv_addr, **kw)
+                inst = cls._instances[key] = cls(client_id, namesrv_addr, **kw)
+                inst._key = key
             inst.refs += 1
             return inst
 
-    def __init__(self, client_id: str, namesrv_addr: str, *, language: str = "JAVA", vip_channel_enabled: bool = True):
+    def __init__(self, client_id: str, namesrv_addr: str, *, language: str = "JAVA", vip_channel_enabled: bool = True,
+                 rpc_hook=None):
         self.client_id = client_id
+        self._key = client_id
         self.namesrv_addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise MQClientError("no name server address")
         self.language = language
         self.vip_channel_enabled = vip_channel_enabled
-        self.remoting = RemotingClient(self._on_server_request)
+        self.remoting = RemotingClient(self._on_server_request, rpc_hook)
         self.routes: dict[str, TopicRoute] = {}
         self.broker_addrs: dict[str, dict[int, str]] = {}
         self.producers: dict[str, object] = {}
@@ -318,6 +325,20 @@ class MQClientInstance:
         if MASTER_ID in addrs:
             return addrs[MASTER_ID]
         return None if only_master else next(iter(addrs.values()))
+
+    def find_broker_addr_in_subscribe(self, broker_name: str, broker_id: int = MASTER_ID) -> tuple[str | None, bool]:
+        """RocketMQ's findBrokerAddressInSubscribe(name, id, false): the broker of that id, else the first
+        one the route lists (a slave while its master is gone); and whether it is a slave."""
+        addrs = self.broker_addrs.get(broker_name)
+        if not addrs:
+            return None, False
+        bid = broker_id if broker_id in addrs else min(addrs)
+        return addrs[bid], bid != MASTER_ID
+
+    def find_broker_addr_in_admin(self, broker_name: str) -> str | None:
+        """findBrokerAddressInAdmin: the master while it is in the route, else a slave (offsets)."""
+        addrs = self.broker_addrs.get(broker_name)
+        return addrs[min(addrs)] if addrs else None
 
     def broker_addr_of(self, mq: MessageQueue) -> str:
         """The master address of the queue's broker, asking the name server once if it is not known yet;
@@ -471,8 +492,8 @@ class MQClientInstance:
             self.refs -= 1
             if self.refs > 0:
                 return
-            if MQClientInstance._instances.get(self.client_id) is self:
-                del MQClientInstance._instances[self.client_id]
+            if MQClientInstance._instances.get(self._key) is self:
+                del MQClientInstance._instances[self._key]
         self.close()
 
     def close(self) -> None:

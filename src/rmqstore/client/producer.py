@@ -26,6 +26,7 @@ import zlib
 from typing import Callable
 
 from ..store import codec
+from ..acl.signature import RemotingSigner, SessionCredentials
 from ..remoting.body import UniqIdGenerator, encode_batch_entry
 from ..remoting.codes import (CURRENT_VERSION, DEFAULT_TOPIC, PROPERTY_TRANSACTION_PREPARED,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX, RequestCode,
@@ -56,7 +57,9 @@ class Producer(TransactionalProducer):
                  retry_times_when_send_async_failed: int = 2, default_topic_queue_nums: int = 4,
                  create_topic_key: str = DEFAULT_TOPIC, compress_msg_body_over: int = 4096,
                  max_message_size: int = MAX_MESSAGE_SIZE, vip_channel_enabled: bool = True,
-                 max_async_in_flight: int = 65535, language: str = "JAVA", client_ip: str | None = None):
+                 max_async_in_flight: int = 65535, language: str = "JAVA", client_ip: str | None = None,
+                 credentials: SessionCredentials | None = None):
+        """credentials: plain ACL's access and secret key; every request is then signed (AclClientRPCHook)."""
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.instance_name = instance_name
@@ -70,6 +73,7 @@ class Producer(TransactionalProducer):
         self.vip_channel_enabled = vip_channel_enabled
         self.language = language
         self.client_ip = client_ip
+        self._signer = RemotingSigner(credentials) if credentials is not None else None
         self.max_async_in_flight = max_async_in_flight
         self._inflight = 0
         self._inflight_lock = threading.Lock()
@@ -89,7 +93,7 @@ class Producer(TransactionalProducer):
         if self.mq is not None:
             return self
         self.mq = MQClientInstance.get(self.namesrv_addr, self.instance_name, self.client_ip, language=self.language,
-                                       vip_channel_enabled=self.vip_channel_enabled)
+                                       vip_channel_enabled=self.vip_channel_enabled, rpc_hook=self._signer)
         try:
             self.mq.register_producer(self.group, self)
         except MQClientError:
@@ -165,14 +169,14 @@ class Producer(TransactionalProducer):
     def _request(self, msg: Message, mq: MessageQueue, *, sys_flag_extra: int = 0, code: int = RequestCode.SEND_MESSAGE_V2,
                  body: bytes | None = None, batch: bool = False) -> RemotingCommand:
         cmd = RemotingCommand(code, language=self.language)
-        cmd.header, cmd.body = self._encode(msg, mq, cmd.opaque, sys_flag_extra, code, body, batch)
+        if self._signer is not None:      # ext fields: the connection's RPC hook signs them
+            cmd.ext_fields, cmd.body = self._send_fields(msg, mq, sys_flag_extra, body, batch)
+        else:
+            cmd.header, cmd.body = self._encode(msg, mq, cmd.opaque, sys_flag_extra, code, body, batch)
         return cmd
 
-    def _encode(self, msg: Message, mq: MessageQueue, opaque: int, sys_flag: int = 0,
-                code: int = RequestCode.SEND_MESSAGE_V2, body: bytes | None = None,
-                batch: bool = False) -> tuple[bytes, bytes]:
-        """(header, body) of a send request: SendMessageRequestHeaderV2 as the Java client writes it,
-        encoded here directly (the hot path)."""
+    def _body_and_flags(self, msg: Message, sys_flag: int, body: bytes | None, batch: bool) -> tuple[bytes, int, str]:
+        """(body, sysFlag, properties string) of a send: the body compressed when large, the flags it needs."""
         body = msg.body if body is None else body
         if not batch and len(body) >= self.compress_msg_body_over:
             body = zlib.compress(body, 5)
@@ -180,11 +184,38 @@ class Producer(TransactionalProducer):
         props = msg.properties
         if props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
             sys_flag |= codec.TRANSACTION_PREPARED_TYPE
-        topic = msg.topic
         try:
             p = "\x02".join(map("\x01".join, props.items())) + "\x02" if props else ""
         except TypeError:
             p = "".join([str(k) + "\x01" + str(v) + "\x02" for k, v in props.items()])
+        return body, sys_flag, p
+
+    def _send_fields(self, msg: Message, mq: MessageQueue, sys_flag: int, body: bytes | None,
+                     batch: bool) -> tuple[dict[str, str], bytes]:
+        """SendMessageRequestHeaderV2 as ext fields (what the encoded headers below write) and the body."""
+        body, sys_flag, p = self._body_and_flags(msg, sys_flag, body, batch)
+        retry = msg.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+        fields = {"a": self.group, "b": msg.topic, "c": self.create_topic_key, "d": str(self.default_topic_queue_nums),
+                  "e": str(mq.queue_id), "f": str(sys_flag), "g": str(time.time_ns() // 1_000_000),
+                  "h": str(msg.flag), "i": p, "j": str(msg.properties.get("RECONSUME_TIME", "0")) if retry else "0",
+                  "k": "false"}
+        if retry and msg.properties.get("MAX_RECONSUME_TIMES") is not None:
+            fields["l"] = str(msg.properties["MAX_RECONSUME_TIMES"])
+        fields["m"] = "true" if batch else "false"
+        return fields, body
+
+    def _encode(self, msg: Message, mq: MessageQueue, opaque: int, sys_flag: int = 0,
+                code: int = RequestCode.SEND_MESSAGE_V2, body: bytes | None = None,
+                batch: bool = False) -> tuple[bytes, bytes]:
+        """(header, body) of a send request: SendMessageRequestHeaderV2 as the Java client writes it,
+        encoded here directly (the hot path); signed through ext fields when the producer has credentials."""
+        if self._signer is not None:
+            fields, body = self._send_fields(msg, mq, sys_flag, body, batch)
+            cmd = RemotingCommand(code, opaque=opaque, ext_fields=fields, body=body, language=self.language)
+            self._signer(cmd)
+            return cmd.encode_header(), body
+        body, sys_flag, p = self._body_and_flags(msg, sys_flag, body, batch)
+        topic, props = msg.topic, msg.properties
         if not batch and topic[0] != "%":         # the usual send: one cached format, 6 values
             fmt = self._heads.get((topic, code))
             if fmt is None:

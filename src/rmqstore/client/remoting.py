@@ -11,6 +11,9 @@ hundred ms.
 
 A pending request is any object with `_deadline` (time.monotonic()) and `_on_answer(response, error)`;
 `_Pending` is the one for futures and callbacks, hot paths (the producer's send_async) bring their own.
+
+An `rpc_hook(cmd)` (rmqstore.acl.RemotingSigner: plain ACL's AccessKey and Signature) runs on every request
+before it is encoded; frames sent already encoded (send_async) are signed by whoever encodes them.
 """
 from __future__ import annotations
 
@@ -73,8 +76,10 @@ class _Pending:
 
 class Connection:
     def __init__(self, addr: str, on_request: Callable[["Connection", RemotingCommand], None] | None = None,
-                 on_close: Callable[["Connection"], None] | None = None):
+                 on_close: Callable[["Connection"], None] | None = None,
+                 rpc_hook: Callable[[RemotingCommand], None] | None = None):
         self.addr = addr
+        self.rpc_hook = rpc_hook
         host, _, port = addr.rpartition(":")
         try:
             self.sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
@@ -136,6 +141,8 @@ class Connection:
         if self.closed:
             raise RemotingSendError(f"connection to {self.addr} is closed")
         fut = concurrent.futures.Future() if want_future else None
+        if self.rpc_hook is not None and not cmd.flag & 1:
+            self.rpc_hook(cmd)
         data = cmd.encode()
         oneway = cmd.flag & 3         # oneway requests and responses get no answer
         if not oneway:
@@ -283,8 +290,10 @@ class Connection:
 class RemotingClient:
     """Connections by address, created on first use (and again after a failure)."""
 
-    def __init__(self, on_request: Callable[[Connection, RemotingCommand], None] | None = None):
+    def __init__(self, on_request: Callable[[Connection, RemotingCommand], None] | None = None,
+                 rpc_hook: Callable[[RemotingCommand], None] | None = None):
         self.on_request = on_request
+        self.rpc_hook = rpc_hook
         self._conns: dict[str, Connection] = {}
         self._lock = threading.Lock()
         self.closed = False
@@ -298,7 +307,7 @@ class RemotingClient:
                 raise RemotingConnectError("client is shut down")
             c = self._conns.get(addr)
             if c is None or c.closed:
-                c = Connection(addr, self.on_request, self._on_conn_close)
+                c = Connection(addr, self.on_request, self._on_conn_close, self.rpc_hook)
                 self._conns[addr] = c
             return c
 

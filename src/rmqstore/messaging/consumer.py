@@ -9,9 +9,11 @@ DefaultMQPullConsumer, clustering mode), reading straight from a MessageStore.
         ...
         return CONSUME_SUCCESS              # or RECONSUME_LATER, or raise
 
-Subscriptions: "*" or "TagA || TagB"; messages are filtered by the tags code in the consume queue, then
-by their real tag (the broker's ExpressionMessageFilter and the client's tag check). A push consumer also
-subscribes to its group's retry topic %RETRY%{group}.
+Subscriptions: "*", "TagA || TagB", or MessageSelector.by_sql("a > 5 AND b = 'x'") (rmqstore.filter: RocketMQ
+4.4.0's SQL92 selectors over the message's properties). Tags are filtered by the tags code in the consume
+queue, then by their real tag (the broker's ExpressionMessageFilter and the client's tag check); a selector
+on each message's properties (only TRUE is delivered). A push consumer also subscribes to its group's retry
+topic %RETRY%{group}.
 
 Delivery: the instances of a group share every subscribed topic's queues (AllocateMessageQueueAveragely,
 see rebalance); each queue starts at the group's committed offset, or, for a group without one, per
@@ -54,6 +56,7 @@ from typing import Any, Callable
 
 from ..store import codec
 from ..errors import StoreClosedError
+from ..filter import MessageSelector, SqlExpression, compile_sql92
 from .local_broker import PROPERTY_RETRY_TOPIC, LocalBroker
 from ..store.message import GetMessageStatus, MessageExt
 from .topic_config import MessageQueue, retry_topic
@@ -131,14 +134,20 @@ def _java_int(v: int) -> int:
 
 @dataclass
 class SubscriptionData:
-    """FilterAPI.buildSubscriptionData, usable as the store's MessageFilter."""
+    """FilterAPI.buildSubscriptionData, usable as the store's MessageFilter: tags, or an SQL92 selector
+    (`sql`, compiled when subscribing: a selector RocketMQ refuses raises rmqstore.filter.SelectorError)."""
     topic: str
     sub_string: str = SUB_ALL
     tags_set: frozenset[str] = frozenset()
     code_set: frozenset[int] = frozenset()
+    sql: SqlExpression | None = None
 
     @classmethod
-    def build(cls, topic: str, expression: str | None) -> "SubscriptionData":
+    def build(cls, topic: str, expression: "str | MessageSelector | None") -> "SubscriptionData":
+        if isinstance(expression, MessageSelector):
+            if expression.is_sql:
+                return cls(topic, expression.expression, sql=compile_sql92(expression.expression))
+            expression = expression.expression
         if expression is None or expression.strip() in ("", SUB_ALL):
             return cls(topic)
         tags = [t.strip() for t in expression.split("||")]
@@ -147,14 +156,16 @@ class SubscriptionData:
 
     @property
     def match_all(self) -> bool:
-        return self.sub_string == SUB_ALL or not self.tags_set
+        return self.sql is None and (self.sub_string == SUB_ALL or not self.tags_set)
 
     def is_matched_by_consume_queue(self, tags_code: int | None) -> bool:
-        if tags_code is None or self.match_all:
+        if tags_code is None or self.match_all or self.sql is not None:
             return True
         return _java_int(tags_code) in self.code_set
 
     def is_matched_by_commit_log(self, msg: MessageExt) -> bool:
+        if self.sql is not None:
+            return self.sql.matches_cached(msg.properties)
         if self.match_all:
             return True
         tags = msg.properties.get(codec.PROPERTY_TAGS)
@@ -336,7 +347,9 @@ class _ConsumerBase:
         self._stopping = False
 
     # --- subscriptions --------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str | None = SUB_ALL) -> None:
+    def subscribe(self, topic: str, expression: "str | MessageSelector | None" = SUB_ALL) -> None:
+        """expression: tags ("TagA || TagB", "*") or a MessageSelector (MessageSelector.by_sql("a > 5")); a
+        selector RocketMQ would refuse raises rmqstore.filter.SelectorError here."""
         self.subscriptions[topic] = SubscriptionData.build(topic, expression)
         if self._running and self.broker is not None:
             self.broker.registry.rebalance(self.group)
@@ -868,7 +881,7 @@ class PullConsumer(_ConsumerBase):
     def fetch_subscribe_message_queues(self, topic: str) -> list[MessageQueue]:
         return LocalBroker.of(self.store).read_queues(topic)
 
-    def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: str | None = None,
+    def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: "str | MessageSelector | None" = None,
              timeout: float | None = None) -> PullResult:
         """Pull from a queue; with timeout (seconds) > 0, wait for messages when there are none."""
         if self.broker is None:

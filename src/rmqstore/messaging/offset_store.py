@@ -83,6 +83,13 @@ class ConsumerOffsetManager:
             self.persist()
 
     # --- offsets --------------------------------------------------------------------------------
+    def merge(self, table: dict[str, dict[int, int]]) -> None:
+        """A slave takes its master's offsets (SlaveSynchronize.syncConsumerOffset: putAll, never removes)."""
+        with self._lock:
+            for key, offsets in table.items():
+                self.offset_table.setdefault(key, {}).update(offsets)
+            self._version += 1
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         key = topic + TOPIC_GROUP_SEPARATOR + group
         with self._lock:

@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..store import codec
+from ..store.consume_queue_ext import MAX_ADDR as MAX_EXT_ADDR, delivery_time_of_ext
 from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from ..store.java_map import as_broker_map
 from ..store import validation
@@ -289,6 +290,8 @@ class ScheduleMessageService:
             n = min(len(data) // codec.CQ_STORE_UNIT_SIZE, max_off - offset)
             for i in range(n):
                 phys, size, tags_code = unpack(data, i * codec.CQ_STORE_UNIT_SIZE)
+                if tags_code <= MAX_EXT_ADDR:       # enableConsumeQueueExt: the delivery time is in the ext unit
+                    tags_code = delivery_time_of_ext(store, cq, tags_code, phys, size, delay)
                 now = _now_ms()
                 deliver = tags_code if tags_code <= now + delay else now   # correctDeliverTimestamp
                 if deliver > now:

@@ -174,6 +174,17 @@ class TopicConfigManager:
             self._dirty = False
         string_to_file(text, self.path, decode_topics)
 
+    def replace_all(self, wrapper: dict) -> None:
+        """A slave takes its master's table and dataVersion (SlaveSynchronize.syncTopicConfig), persisted;
+        ValueError for a wrong shape (nothing changes then)."""
+        table, version = decode_topics(wrapper)
+        with self._lock:
+            self.table = {**{n: tc for n, tc in self.table.items() if n in self.system_topics}, **table}
+            if version is not None:
+                self.data_version = version
+            self._dirty = True
+        self.persist()
+
     def start(self, interval_ms: int = 10_000) -> None:
         self._persister = PeriodicPersister("TopicConfigPersist", interval_ms, self.persist, lambda: self._dirty)
         self._persister.start()

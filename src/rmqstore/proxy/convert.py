@@ -11,6 +11,7 @@ proxy maps them (GrpcConverter / MessageConverter):
 """
 from __future__ import annotations
 
+import hashlib
 import zlib
 from dataclasses import dataclass
 
@@ -54,8 +55,36 @@ def set_timestamp_ms(ts, ms: int) -> None:
 
 
 def crc32_hex(body: bytes) -> str:
-    """The clients' CRC32 body digest: 8 upper-case hex characters."""
+    """A CRC32 body digest as 8 upper-case hex characters."""
     return format(zlib.crc32(body) & 0xFFFFFFFF, "08X")
+
+
+def md5_hex(body: bytes) -> str:
+    """The body digest sent with every received message: MD5, upper-case hex, as RocketMQ 5's proxy sends it
+    (GrpcConverter). The clients check it each their own way, and agree on this one: the Node client
+    compares a CRC32 as a decimal string and the Java client as unpadded hex, so a CRC32 digest is
+    `corrupted` for them (the Node FIFO consumer discards such messages)."""
+    return hashlib.md5(body).hexdigest().upper()
+
+
+def digest_problem(digest_type: int, checksum: str, body: bytes) -> str | None:
+    """Why a sent message's body digest does not match its body, or None. The clients spell digests their
+    own way: CRC32 as hex (padded or not, either case) or decimal; MD5 and SHA1 as hex in either case.
+    An unknown digest type is not checked."""
+    c = checksum.strip()
+    if digest_type == DigestType.CRC32:
+        crc = zlib.crc32(body) & 0xFFFFFFFF
+        try:
+            ok = int(c, 16) == crc or (c.isdigit() and int(c) == crc)
+        except ValueError:
+            ok = False
+        return None if ok else f"body digest {checksum} does not match the body's CRC32 {crc32_hex(body)}"
+    for kind, fn in ((DigestType.MD5, hashlib.md5), (DigestType.SHA1, hashlib.sha1)):
+        if digest_type == kind:
+            want = fn(body).hexdigest()
+            return None if c.lower() == want else f"body digest {checksum} does not match the body's " \
+                                                   f"{DigestType.Name(kind)} {want.upper()}"
+    return None
 
 
 @dataclass(slots=True)
@@ -92,10 +121,10 @@ def from_protocol(m, *, born_host: str, producer_group: str, max_body_size: int)
     if len(body) > max_body_size:
         raise BadMessageError(definition.Code.MESSAGE_BODY_TOO_LARGE,
                               f"message body of {len(body)} bytes exceeds the limit of {max_body_size} bytes")
-    if sp.HasField("body_digest") and sp.body_digest.type == DigestType.CRC32 and sp.body_digest.checksum \
-            and sp.body_digest.checksum.upper() != crc32_hex(body):
-        raise BadMessageError(definition.Code.MESSAGE_CORRUPTED,
-                              f"body digest {sp.body_digest.checksum} does not match the body's CRC32 {crc32_hex(body)}")
+    why = digest_problem(sp.body_digest.type, sp.body_digest.checksum, body) \
+        if sp.HasField("body_digest") and sp.body_digest.checksum else None
+    if why is not None:
+        raise BadMessageError(definition.Code.MESSAGE_CORRUPTED, why)
     props: dict[str, str] = {}
     for k, v in m.user_properties.items():
         if k in SYSTEM_KEYS:
@@ -183,8 +212,8 @@ def to_protocol(m: MessageExt, *, topic: str | None = None, receipt_handle: str 
         sp.tag = tag
     sp.keys.extend(m.keys)
     sp.message_id = message_id_of(m)
-    sp.body_digest.type = DigestType.CRC32
-    sp.body_digest.checksum = crc32_hex(body)
+    sp.body_digest.type = DigestType.MD5
+    sp.body_digest.checksum = md5_hex(body)
     sp.body_encoding = definition.Encoding.IDENTITY
     sp.message_type = message_type_of(props)
     set_timestamp_ms(sp.born_timestamp, m.born_timestamp)

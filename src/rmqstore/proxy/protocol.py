@@ -1,11 +1,11 @@
 """The generated `apache.rocketmq.v2` modules, taken from the published `rocketmq-python-client` package
-(`rocketmq.grpc_protocol`), which `pip install 'rmqstore[grpc]'` installs beside grpcio.
+(`rocketmq.grpc_protocol`), which rmqstore's extra `grpc` installs beside grpcio.
 
 Nothing of the protocol lives in this repository. Importing this module without the extra raises
 MissingExtraError naming the packages to install."""
 from __future__ import annotations
 
-from ..errors import RmqStoreError
+from ..errors import RmqStoreError, install_hint
 
 
 class MissingExtraError(RmqStoreError, ImportError):
@@ -20,7 +20,7 @@ try:  # pragma: no branch
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise MissingExtraError(
         f"the gRPC endpoint (RocketMQ 5 protocol) needs grpcio and rocketmq-python-client: "
-        f"pip install 'rmqstore[grpc]' ({e})") from e
+        f"{install_hint('grpc')} ({e})") from e
 
 Code = definition.Code
 MessageType = definition.MessageType

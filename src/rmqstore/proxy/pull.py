@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from ..filter import SelectorError, compile_sql92
 from ..store import codec
 from ..store.message import GetMessageStatus
 from .convert import to_protocol
@@ -13,10 +14,18 @@ from .protocol import Code, definition, service, status
 POLL_MARGIN_S = 1.0
 
 
-def tag_filter(expr: "definition.FilterExpression"):
-    """A TAG expression ("*", "a || b") as a predicate on messages; None accepts all. ValueError for SQL."""
+def expression_filter(expr: "definition.FilterExpression", property_filter: bool):
+    """A TAG expression ("*", "a || b") or an SQL92 selector (rmqstore.filter: RocketMQ's rules, compiled once
+    per text) as a predicate on messages; None accepts all. ValueError with RocketMQ's remark for a selector
+    that does not compile, or for any SQL92 one when enablePropertyFilter is off (property_filter)."""
     if expr.type == definition.FilterType.SQL:
-        raise ValueError("SQL92 filtering is not supported by this server")
+        if not property_filter:
+            raise ValueError("The broker does not support consumer to filter message by SQL92")
+        try:
+            compiled = compile_sql92(expr.expression)
+        except SelectorError as e:
+            raise ValueError(e.remark) from None
+        return lambda m: compiled.matches_cached(m.properties)
     text = (expr.expression or "*").strip()
     if text in ("", "*"):
         return None
@@ -45,7 +54,8 @@ class PullActivity:
         if bad is None and not request.group.name:
             bad = status(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         try:
-            accept = tag_filter(request.filter_expression) if bad is None else None
+            accept = expression_filter(request.filter_expression, self.store.config.enable_property_filter) \
+                if bad is None else None
         except ValueError as e:
             bad = status(Code.ILLEGAL_FILTER_EXPRESSION, str(e))
         if bad is not None:

@@ -6,7 +6,8 @@
     await proxy.shutdown()
 
 broker.conf keys: grpcListenPort (8081; -1 turns the endpoint off), brokerIP1, brokerName,
-autoCreateTopicEnable, defaultTopicQueueNums, maxMessageSize (the largest body a producer may send)."""
+autoCreateTopicEnable, defaultTopicQueueNums, maxMessageSize (the largest body a producer may send).
+With `acl` (rmqstore.acl.AclGate, aclEnable=true) every request message is checked by its interceptor."""
 from __future__ import annotations
 
 import asyncio
@@ -32,11 +33,12 @@ def grpc_listen_port(cfg) -> int:
 
 
 class GrpcProxyServer:
-    def __init__(self, store, local, cfg, *, groups=None, port: int | None = None):
+    def __init__(self, store, local, cfg, *, groups=None, port: int | None = None, acl=None):
         self.store = store
         self.local = local
         self.cfg = cfg
         self.groups = groups
+        self.acl = acl
         self.host = cfg.broker_ip1 or "127.0.0.1"
         self.port = grpc_listen_port(cfg) if port is None else port
         self.server: "grpc.aio.Server | None" = None
@@ -54,16 +56,18 @@ class GrpcProxyServer:
 
     async def start(self) -> None:
         cfg = self.cfg
-        extra = cfg.extra or {}
         self.pop.start()
-        settings = ServerSettings(max_body_size=int(extra.get("maxMessageSize", 4 * 1024 * 1024)))
+        # broker.conf's maxMessageSize; an auto-created topic gets min(4, defaultTopicQueueNums) queues, what a
+        # 4.x client's send gets (its defaultTopicQueueNums, 4, bounded by the broker's TBW102)
+        settings = ServerSettings(max_body_size=cfg.max_message_size)
         self.service = svc = MessagingService(
             self.store, self.local, broker_name=cfg.broker_name, endpoint=(self.host, self.port), pop=self.pop,
             settings=settings, auto_create_topic=cfg.auto_create_topic_enable,
-            default_queue_nums=int(extra.get("defaultTopicQueueNums", 4)))
+            default_queue_nums=min(4, cfg.default_topic_queue_nums))
         svc.loop = svc.arrivals.loop = asyncio.get_running_loop()
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                                          ("grpc.so_reuseport", 0)])
+                                          ("grpc.so_reuseport", 0)],
+                                 interceptors=[self.acl.grpc_interceptor()] if self.acl is not None else None)
         service_grpc.add_MessagingServiceServicer_to_server(svc, server)
         try:
             bound = server.add_insecure_port(f"{self.host}:{self.port}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from functools import partial
 import inspect
 import logging
 import struct
@@ -18,12 +19,13 @@ from dataclasses import dataclass
 from ..messaging.pop import AckResult, InvalidReceiptHandle, PopService, ReceiptHandle
 from ..messaging.topic_config import PERM_READ, PERM_WRITE
 from ..store import codec
+from ..store.ha.transfer import wants_of
 from ..store.message import PutMessageStatus
 from .arrivals import Arrivals
 from .convert import BadMessageError, from_protocol, message_id_of, peer_address, to_protocol
 from .protocol import Code, MessageType, Permission, TransactionResolution, definition, service
 from .protocol import service_grpc, status
-from .pull import PullActivity, tag_filter
+from .pull import PullActivity, expression_filter
 from .settings import ServerSettings, answer_settings
 from .telemetry import TelemetryHub, TelemetrySession
 
@@ -35,6 +37,11 @@ MAX_INVISIBLE_MS = 12 * 3600 * 1000
 POLL_MARGIN_S = 1.0
 _OK_PUT = (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT, PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
            PutMessageStatus.SLAVE_NOT_AVAILABLE)
+_STORED_CODES = {     # RocketMQ 5's SendMessageActivity: these answers carry no message id
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
+}
 _PUT_CODES = {
     PutMessageStatus.MESSAGE_ILLEGAL: Code.BAD_REQUEST,
     PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
@@ -106,10 +113,20 @@ class MessagingService(service_grpc.MessagingServiceServicer):
 
     async def _put(self, msgs):
         """The store's put: on the event loop with ASYNC_FLUSH (an append, as the remoting broker does), in
-        the executor with SYNC_FLUSH (it waits for the flush)."""
-        if self.store.config.flush_disk_type == "SYNC_FLUSH":
-            return await self.loop.run_in_executor(None, self.store.put_messages, msgs)
-        return self.store.put_messages(msgs)
+        the executor with SYNC_FLUSH (it waits for the flush); a SYNC_MASTER's answer once a slave holds the
+        messages, awaited without blocking the loop (store/ha)."""
+        store = self.store
+        if store.config.flush_disk_type == "SYNC_FLUSH":
+            results = await self.loop.run_in_executor(None, partial(store.put_messages, msgs, wait_slave=False))
+        else:
+            results = store.put_messages(msgs, wait_slave=False)
+        ha = store.ha
+        if ha is None or not ha.sync_master:
+            return results
+        fut = self.loop.create_future()
+        loop = self.loop
+        ha.when_replicated(results, lambda r: loop.call_soon_threadsafe(_settle, fut, r), wants_of(msgs))
+        return await fut
 
     # --- route, heartbeat, telemetry ---------------------------------------------------------------
     async def QueryRoute(self, request, context):
@@ -222,6 +239,9 @@ class MessagingService(service_grpc.MessagingServiceServicer):
             return service.SendResultEntry(status=status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                                                          "a transactional message cannot have a delivery time"))
         r = (await self._put([msg]))[0]
+        stored = _STORED_CODES.get(r.status)
+        if stored is not None:      # stored on this broker, not as durably as asked (RocketMQ 5's proxy)
+            return service.SendResultEntry(status=status(stored, f"send message failed, sendStatus={r.status.value}"))
         if r.status not in _OK_PUT:
             code = _PUT_CODES.get(r.status, Code.INTERNAL_SERVER_ERROR)
             if r.status is PutMessageStatus.MESSAGE_ILLEGAL and "timer" in (r.reason or ""):
@@ -275,7 +295,7 @@ class MessagingService(service_grpc.MessagingServiceServicer):
         accept = None
         if bad is None:
             try:
-                accept = tag_filter(request.filter_expression)
+                accept = expression_filter(request.filter_expression, self.store.config.enable_property_filter)
             except ValueError as e:
                 bad = status(Code.ILLEGAL_FILTER_EXPRESSION, str(e))
         if bad is not None:
@@ -415,3 +435,8 @@ def _guarded(name: str, fn):
 for _name, _fn in list(vars(MessagingService).items()):
     if _name[:1].isupper() and callable(_fn):
         setattr(MessagingService, _name, _guarded(_name, _fn))
+
+
+def _settle(fut: "asyncio.Future", value) -> None:
+    if not fut.done():
+        fut.set_result(value)

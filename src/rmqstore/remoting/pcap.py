@@ -73,8 +73,9 @@ def _tcp_segments(path: str | Path):
         yield n, (src, sport), (dst, dport), seq, flags, tcp[off:]
 
 
-def read_frames(path: str | Path) -> list[CapturedFrame]:
-    """Every whole frame of every TCP direction, in capture order of their first segment."""
+def _reassemble(path: str | Path) -> dict[tuple, dict]:
+    """Every TCP direction's bytes in sequence order: {(src, dst): {"buf": bytes, "starts": [(stream
+    position, packet number)]}} (a SYN starts the direction anew)."""
     streams: dict[tuple, dict] = {}
     for n, src, dst, seq, flags, payload in _tcp_segments(path):
         key = (src, dst)
@@ -99,6 +100,18 @@ def read_frames(path: str | Path) -> list[CapturedFrame]:
             if nxt is None:
                 break
             chunks = [nxt]
+    return streams
+
+
+def read_streams(path: str | Path) -> dict[tuple, bytes]:
+    """Every TCP direction's bytes, {((src ip, port), (dst ip, port)): bytes}: for protocols that are not
+    remoting frames (the HA link's offsets and commitlog frames)."""
+    return {k: bytes(st["buf"]) for k, st in _reassemble(path).items()}
+
+
+def read_frames(path: str | Path) -> list[CapturedFrame]:
+    """Every whole frame of every TCP direction, in capture order of their first segment."""
+    streams = _reassemble(path)
     out: list[CapturedFrame] = []
     for (src, dst), st in streams.items():
         buf = bytes(st["buf"])

@@ -53,23 +53,16 @@ key                    only the messages the store finds for this key: the index
                        (without its result cap; indexed prepared messages included; batch only)
 maxOffsetsPerTrigger   stream: at most this many messages per micro-batch (ReadMaxRows)
 rowsPerPartition       queue mode: units per partition (default 200000)
-pushFilters            false (default) / true: claim and use the filters Spark pushes (see the caveat)
+pushFilters            refused when true (it returned wrong rows: see below); false is accepted
 =====================  ==========================================================================
 
-Pushed filters (option pushFilters=true, with spark.sql.python.filterPushdown.enabled=true): topic, broker
-and tags (= / IN), every numeric header column and bornTimestamp/storeTimestamp (=, IN, <, <=, >, >=), IsNotNull. They prune queues,
-files and offset ranges (storeTimestamp bounds by binary search over each queue, assuming store times do
-not decrease along a queue) and are then applied to every row exactly. Keys cannot be pushed as filters
-(Spark hands array_contains(keys, k) to no source): use the option key.
-
-Spark 4.x caveat (PySpark 4.3 measured): Spark stores the read planned during filter pushdown on the
-DataFrame's relation (PythonScanBuilder.pushFilters -> PythonDataSourceV2.setReadInfo) and reuses it for a
-later query of the SAME DataFrame that has no pushable filter at all, e.g. df.filter(topic = 'A').count()
-then df.count() counts topic A only. No data source can tell the two queries apart. Either load the
-DataFrame again for such a query (spark.read...load: a new relation) or use the options (topics, queueIds,
-startingOffsets..., which belong to the relation) instead of filters. That is why pushFilters is off by
-default: the default reader claims no filter (Spark applies them all) and plans the same read for every
-query, so a reused DataFrame is right for every query, in any session (no Spark setting needed).
+Filters: the reader claims none, Spark applies every filter itself, and a DataFrame can be reused for any
+query. Option pushFilters=true (claim the filters Spark pushes and prune with them) was removed: PySpark 4.3
+stores the read planned during filter pushdown on the DataFrame's relation (PythonScanBuilder.pushFilters ->
+PythonDataSourceV2.setReadInfo) and reuses it for a later query of the SAME DataFrame that has no pushable
+filter, so df.filter(topic = 'A').count() then df.count() counted topic A only, and no data source can tell
+the two queries apart. Prune with the options instead (topics, queueIds, startingOffsets..., which belong to
+the relation).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ KNOWN = {
     "startingtimestamp", "endingtimestamp", "includebody", "config", "mode", "key", "maxoffsetspertrigger",
     "rowsperpartition", "pushfilters", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
     "startingoffsetsbytimestampstrategy", "failondataloss", "minpartitions", "minoffsetspertrigger",
-    "maxtriggerdelay", "view", "checkcrc", "columns",
+    "maxtriggerdelay", "view", "checkcrc", "columns", "messageselector", "subscribe", "assign",
 }
 # Names as the user spells them (options arrive lower-cased).
 SPELLING = {k.lower(): k for k in (
@@ -24,11 +24,29 @@ SPELLING = {k.lower(): k for k in (
     "startingTimestamp", "endingTimestamp", "includeBody", "config", "mode", "key", "maxOffsetsPerTrigger",
     "rowsPerPartition", "pushFilters", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions", "minOffsetsPerTrigger",
-    "maxTriggerDelay", "view", "checkCRC", "columns")}
+    "maxTriggerDelay", "view", "checkCRC", "columns", "messageSelector", "subscribe", "assign")}
+# Spark's Kafka source options that mean nothing here: what to use instead (kafka.* : KAFKA_SETTINGS).
+KAFKA_ONLY = {
+    "includeheaders": "the properties column always holds the messages' properties (Kafka's headers)",
+    "maxrecordsperpartition": "option 'rowsPerPartition' caps the rows of a partition",
+    "groupidprefix": "a store is read directly, with no consumer group",
+}
+KAFKA_SETTINGS = ("a store is read from its files, not from a broker: no kafka.* settings (the store's "
+                  "broker.conf is option 'config')")
+SELECTIONS = ("topics", "subscribe", "subscribePattern", "assign")     # Kafka's strategies (topics = subscribe)
 
 
 class OptionError(ValueError):
     """A bad option of the rocketmq data source (the message names it)."""
+
+
+PUSH_FILTERS_REMOVED = (
+    "option pushFilters=true was removed: it returned wrong rows. PySpark 4.3 keeps the read planned with one "
+    "query's pushed filters on the DataFrame (PythonScanBuilder.pushFilters -> PythonDataSourceV2.setReadInfo) "
+    "and reuses it for the DataFrame's next query without filters, so df.filter(\"topic='T1'\").count() then "
+    "df.count() counted topic T1 only, and a data source cannot tell the two queries apart. Leave it out: "
+    "Spark applies every filter itself (any DataFrame can be reused), and the options topics, queueIds, "
+    "startingOffsets / endingOffsets and startingTimestamp / endingTimestamp prune the read")
 
 
 def _opt(name: str) -> str:
@@ -44,6 +62,7 @@ class ReadOptions:
     topics: set[str] | None = None
     pattern: re.Pattern | None = None
     queue_ids: set[int] | None = None
+    assign: dict[str, frozenset[int]] | None = None     # option assign: {topic: queue ids} (topics: its keys)
     starting: object = None          # "earliest" | "latest" | {broker|None: {topic: {qid: offset}}}
     ending: object = None
     starting_ts: int | None = None
@@ -64,7 +83,7 @@ class ReadOptions:
     key: str | None = None
     max_offsets_per_trigger: int | None = None
     rows_per_partition: int = 200_000
-    push_filters: bool = False            # see datasource.RocketMQReader
+    selector: str | None = None           # messageSelector: an SQL92 selector (rmqstore.filter) rows must match
     config_path: str | None = None
     raw: dict = field(default_factory=dict)
 
@@ -76,6 +95,8 @@ class ReadOptions:
         return True
 
     def queue_selected(self, topic: str, qid: int) -> bool:
+        if self.assign is not None:
+            return qid in self.assign.get(topic, ())
         return self.topic_selected(topic) and (self.queue_ids is None or qid in self.queue_ids)
 
 
@@ -169,25 +190,36 @@ def parse(options: dict, *, streaming: bool = False) -> ReadOptions:
     opts = {str(k).lower(): v for k, v in dict(options).items()}
     unknown = sorted(set(opts) - KNOWN)
     if unknown:
-        raise OptionError(f"unknown option {unknown[0]!r} of the rocketmq data source "
-                          f"(known: {', '.join(sorted(SPELLING.values()))})")
+        raise OptionError(_unknown(unknown[0]))
     ro = _parse_stores(opts)
     mode = str(opts.get("mode", "queue")).strip().lower()
     if mode not in ("queue", "commitlog"):
         raise OptionError(f"option 'mode' must be queue or commitlog, got {opts['mode']!r}")
     ro.mode = mode
-    all_topics: set[str] = set()
+    queues: dict[str, set[int]] = {}
     have_cq = True
     for p in ro.paths:
-        all_topics.update(SV.list_topics(p))
+        for t, qids in SV.list_topics(p).items():
+            queues.setdefault(t, set()).update(qids)
         if not SV.has_consume_queues(p):
             have_cq = False
-    _parse_selection(ro, opts, all_topics, have_cq)
+    all_topics = set(queues)
+    _parse_selection(ro, opts, queues, have_cq)
     _parse_range(ro, opts, all_topics, have_cq, streaming)
     _parse_kafka_extras(ro, opts, ro.brokers, all_topics, have_cq, streaming)
     _parse_switches(ro, opts)
     _check_mode(ro, opts, streaming)
     return ro
+
+
+def _unknown(name: str) -> str:
+    """The line for an unknown option: what to use instead of a Kafka one, else its near match."""
+    import difflib
+    if name in KAFKA_ONLY or name.startswith("kafka."):
+        return f"option {name!r} of Spark's Kafka source has no meaning here: {KAFKA_ONLY.get(name, KAFKA_SETTINGS)}"
+    near = difflib.get_close_matches(name, list(SPELLING), n=1, cutoff=0.6)
+    hint = f"did you mean {SPELLING[near[0]]!r}?" if near else f"known: {', '.join(sorted(SPELLING.values()))}"
+    return f"unknown option {name!r} of the rocketmq data source ({hint})"
 
 
 def _parse_stores(opts: dict) -> ReadOptions:
@@ -203,35 +235,72 @@ def _parse_stores(opts: dict) -> ReadOptions:
                           "is the store directory's name, or its parent's when it is called store)")
     config_path = opts.get("config")
     try:
-        config = StoreConfig.load(config_path) if config_path else None
+        config = StoreConfig.load(config_path, reading=True) if config_path else None    # a read: geometry
     except (ConfigError, OSError) as e:
         raise OptionError(f"option 'config': {e}") from None
     return ReadOptions(paths, brokers, config, config_path=config_path, raw=opts)
 
 
-def _parse_selection(ro: ReadOptions, opts: dict, all_topics: set[str], have_cq: bool) -> None:
-    """topics / subscribePattern and queueIds: which queues are read."""
-    if "topics" in opts and "subscribepattern" in opts:
-        raise OptionError("options 'topics' and 'subscribePattern' exclude each other: give one")
-    if "topics" in opts:
-        ts = [t.strip() for t in str(opts["topics"]).split(",") if t.strip()]
-        if not ts:
-            raise OptionError(f"option 'topics' names no topic: {opts['topics']!r}")
-        missing = [t for t in ts if t not in all_topics]
-        if missing and have_cq:
-            raise OptionError(f"option 'topics': unknown topic {missing[0]!r} (the store has "
-                              f"{', '.join(sorted(all_topics)) or 'no topic'})")
-        ro.topics = set(ts)
+def _parse_selection(ro: ReadOptions, opts: dict, queues: dict[str, set[int]], have_cq: bool) -> None:
+    """topics (or Kafka's subscribe) / subscribePattern / assign, and queueIds: which queues are read. As
+    Kafka's, one of the first four at most (none: every topic)."""
+    given = [n for n in SELECTIONS if n.lower() in opts]
+    if len(given) > 1:
+        raise OptionError(f"options {given[0]!r} and {given[1]!r} exclude each other: give one of "
+                          f"{', '.join(SELECTIONS)} ('topics' and 'subscribe' are the same option)")
+    for name in ("topics", "subscribe"):
+        if name in opts:
+            ts = [t.strip() for t in str(opts[name]).split(",") if t.strip()]
+            if not ts:
+                raise OptionError(f"option {name!r} names no topic: {opts[name]!r}")
+            _known_topics(name, ts, queues, have_cq)
+            ro.topics = set(ts)
     if "subscribepattern" in opts:
+        if not str(opts["subscribepattern"]).strip():
+            raise OptionError("option 'subscribePattern' is empty: give a regular expression of topic names")
         try:
-            ro.pattern = re.compile(str(opts["subscribepattern"]))
+            ro.pattern = re.compile(str(opts["subscribepattern"]).strip())
         except re.error as e:
             raise OptionError(f"option 'subscribePattern' is not a regular expression: {e}") from None
+    if "assign" in opts:
+        if "queueids" in opts:
+            raise OptionError("option 'queueIds' selects queues of every topic: with 'assign', name each "
+                              "topic's queues there")
+        ro.assign = _parse_assign(opts["assign"], queues, have_cq)
+        ro.topics = set(ro.assign)
     if "queueids" in opts:
         try:
             ro.queue_ids = {int(x) for x in str(opts["queueids"]).split(",") if x.strip()}
         except ValueError:
             raise OptionError(f"option 'queueIds' must be a comma list of integers, got {opts['queueids']!r}") from None
+
+
+def _known_topics(name: str, topics, queues: dict[str, set[int]], have_cq: bool) -> None:
+    missing = [t for t in topics if t not in queues]
+    if missing and have_cq:
+        raise OptionError(f"option {name!r}: unknown topic {missing[0]!r} (the store has "
+                          f"{', '.join(sorted(queues)) or 'no topic'})")
+
+
+def _parse_assign(v, queues: dict[str, set[int]], have_cq: bool) -> dict[str, frozenset[int]]:
+    """Kafka's option assign, {"topicA": [0, 1], "topicB": [2]}: topics and their queue ids, each queue in
+    a store (with several stores: in one of them at least)."""
+    example = '{"topicA": [0, 1], "topicB": [2]}'
+    try:
+        got = json.loads(str(v))
+    except ValueError:
+        got = None
+    if not isinstance(got, dict) or not got or not all(
+            isinstance(qs, list) and qs and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0
+                                                for q in qs) for qs in got.values()):
+        raise OptionError(f"option 'assign' must be JSON like {example} (topics and their queue ids), got {v!r}")
+    _known_topics("assign", list(got), queues, have_cq)
+    for t, qs in got.items():
+        absent = sorted(set(qs) - queues.get(t, set(qs)))
+        if absent and have_cq:
+            raise OptionError(f"option 'assign': the store has no queue {t}/{absent[0]} (queues of {t}: "
+                              f"{sorted(queues[t])})")
+    return {t: frozenset(qs) for t, qs in got.items()}
 
 
 def _parse_range(ro: ReadOptions, opts: dict, all_topics: set[str], have_cq: bool, streaming: bool) -> None:
@@ -271,7 +340,7 @@ def _parse_columns(v) -> tuple:
 
 
 def _parse_switches(ro: ReadOptions, opts: dict) -> None:
-    """includeBody, columns, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition."""
+    """includeBody, columns, key, maxOffsetsPerTrigger, pushFilters, rowsPerPartition, messageSelector."""
     if "includebody" in opts:
         ro.include_body = _bool("includebody", opts["includebody"])
     if "columns" in opts:
@@ -283,10 +352,23 @@ def _parse_switches(ro: ReadOptions, opts: dict) -> None:
             raise OptionError("option 'key' is empty")
     if "maxoffsetspertrigger" in opts:
         ro.max_offsets_per_trigger = _int("maxoffsetspertrigger", opts["maxoffsetspertrigger"], 1)
-    if "pushfilters" in opts:
-        ro.push_filters = _bool("pushfilters", opts["pushfilters"])
+    if "pushfilters" in opts and _bool("pushfilters", opts["pushfilters"]):
+        raise OptionError(PUSH_FILTERS_REMOVED)
     if "rowsperpartition" in opts:
         ro.rows_per_partition = _int("rowsperpartition", opts["rowsperpartition"], 1)
+    if "messageselector" in opts:
+        ro.selector = parse_selector(opts["messageselector"])
+
+
+def parse_selector(v) -> str:
+    """Option messageSelector: an SQL92 selector, compiled now (RocketMQ's refusal names the option)."""
+    from ..filter import SelectorError, compile_sql92
+    text = str(v)
+    try:
+        compile_sql92(text)
+    except SelectorError as e:
+        raise OptionError(f"option 'messageSelector' is not a selector RocketMQ accepts: {e.remark}") from None
+    return text
 
 
 def _check_mode(ro: ReadOptions, opts: dict, streaming: bool) -> None:

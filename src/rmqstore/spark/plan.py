@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 
 import numpy as np
 
+from ..store import codec
 from . import storeview as SV
 from .loss import data_loss
 from .options import OptionError, ReadOptions
@@ -190,9 +192,17 @@ def _first_at_or_after(view: SV.StoreView, qv: SV.QueueView, a: int, b: int, ms:
 
 def queue_range(ro: ReadOptions, conds: list[Cond], view: SV.StoreView, qv: SV.QueueView,
                 cache: SV.FileCache) -> tuple[int, int]:
+    """A batch read's [a, b) of the queue. A start after the end (startingOffsets past the queue's end, or
+    an end before the start) fails the read, as Kafka's batch source fails ("Beginning offset ... is after
+    the ending offset"): the offsets given are wrong, or the queue is not what they were taken from."""
     lo, hi = qv.min_offset, qv.end
     a = max(lo, resolve_start(ro, view, qv, cache))
     b = min(hi, resolve_end(ro, view, qv, cache))
+    if a > b:
+        raise OptionError(f"{view.root}: beginning offset {a} is after the ending offset {b} for queue "
+                          f"{qv.topic}/{qv.queue_id} (its offsets: {lo}..{hi}): startingOffsets names an offset "
+                          "past the queue's end or after endingOffsets, or the store is not the one the offsets "
+                          "were taken from")
     qa, qb = int_range(conds, "queueOffset")
     if qa is not None:
         a = max(a, qa)
@@ -262,9 +272,32 @@ def commitlog_items(view: SV.StoreView, start: int = 0, cl_lo: int | None = None
     return out
 
 
+def data_tail(view: SV.StoreView) -> int | None:
+    """The base of the last commitlog file that starts with a record, for a store read as it is (remote, or
+    open in another process: no recovery told where its data ends); the files after it hold nothing (RocketMQ
+    allocates the next file ahead: a copy of a running broker has one, all zeros). None when recovery set
+    data_end, or when no file starts with a record."""
+    if view.data_end is not None:
+        return None
+    for f in reversed(view.cl_files):
+        if view.fs is not None:
+            head = view.fs.read(f.path, 0, 8).tobytes()
+        else:
+            with open(f.path, "rb") as fh:
+                head = os.pread(fh.fileno(), 8, 0)
+        if len(head) == 8:
+            total, magic = struct.unpack(">iI", head)
+            if total > 0 and magic in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2, codec.BLANK_MAGIC_CODE):
+                return f.base
+    return None
+
+
 def _pack_commitlog(view: SV.StoreView, items, conds, include_body, key=None, key_topics=None,
                     pack_bytes: int = PACK_BYTES) -> list[Partition]:
     ref = StoreRef.of(view)
+    ref.tail_base = data_tail(view)
+    if ref.tail_base is not None:           # the empty files after it: nothing to walk
+        items = [it for it in items if it[0] <= ref.tail_base]
     parts, cur, size = [], [], 0
     for it in items:
         if cur and size + it[3] - it[2] > pack_bytes:
@@ -400,10 +433,10 @@ def plan_batch(ro: ReadOptions, conds: list[Cond]) -> list[Partition]:
     per = partition_rows(ro, sum(b - a for _, ranges in queue_reads for _, a, b in ranges))
     for view, ranges in queue_reads:
         parts.extend(queue_partitions(view, ranges, conds, ro.include_body, per))
-    selection = (ro.topics, ro.pattern, ro.queue_ids)
+    selection = (ro.topics, ro.pattern, ro.queue_ids, ro.assign)
     for p in parts:
         p.fail_on_data_loss, p.check_crc, p.loss_counter = ro.fail_on_data_loss, ro.check_crc, ro.loss_counter
-        p.columns = ro.columns
-        if p.kind == "commitlog" and ro.key is None and selection != (None, None, None):
-            p.selection = selection     # a commitlog walk meets every topic: the options select rows
+        p.columns, p.selector = ro.columns, ro.selector
+        if p.kind != "queue" and selection != (None, None, None, None):
+            p.selection = selection     # a commitlog walk (or a key's index hits) meets every queue: the options select rows
     return parts

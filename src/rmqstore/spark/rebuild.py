@@ -53,21 +53,49 @@ log = logging.getLogger(__name__)
 
 
 # --- tasks (executors) --------------------------------------------------------------------------------
-def _parse_columns(path: str, base: int, limit: int, delay_levels, with_index: bool):
-    """scanner.parse_dispatch_columns over one commitlog file (read-only map): (columns, summary)."""
+def _segments(base: int, limit: int, skip: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The [start, end) byte ranges of one file (commitlog offset base, data up to limit) outside the skip
+    ranges (commitlog offsets: accepted damage, never dispatched)."""
+    out, pos = [], 0
+    for a, b in sorted(skip):
+        a, b = max(a - base, 0), min(b - base, limit)
+        if b <= pos or a >= limit:
+            continue
+        if a > pos:
+            out.append((pos, a))
+        pos = max(pos, b)
+    if pos < limit:
+        out.append((pos, limit))
+    return out
+
+
+def _parse_columns(path: str, base: int, limit: int, delay_levels, skip=()):
+    """scanner.parse_dispatch_columns over one commitlog file (read-only map), around the skip ranges:
+    (columns, summary); the summary's pos and outcome are the last parsed piece's (or the first failing)."""
+    from ..store.codec import DispatchBatch
     from .storeview import map_read_only
     mm = map_read_only(path)
     if mm is None:
         return None, {"base": base, "n": 0, "pos": 0, "outcome": scanner.Outcome.END_OF_DATA, "reason": None}
+    batches, pos, outcome, reason = [], 0, scanner.Outcome.END_OF_DATA, None
     try:
-        view = memoryview(mm)[:min(limit, len(mm))]
-        batch, pos, outcome, reason = scanner.parse_dispatch_columns(view, base, True, delay_levels)
-        del view
+        limit = min(limit, len(mm))
+        for a, b in _segments(base, limit, list(skip)):
+            view = memoryview(mm)[a:b]
+            batch, got, outcome, reason = scanner.parse_dispatch_columns(view, base + a, True, delay_levels)
+            del view
+            batches.append(batch)
+            pos = a + got
+            if pos < b:                         # stopped inside the piece (damage, a blank)
+                break
     finally:
         try:
             mm.close()
         except BufferError:
             pass
+    batch = batches[0] if batches else DispatchBatch.from_requests([])
+    for more in batches[1:]:
+        batch = batch.concat(more)
     return batch, {"base": base, "n": len(batch), "pos": pos, "outcome": outcome, "reason": reason}
 
 
@@ -100,8 +128,8 @@ def parse_file(task: tuple) -> dict:
     """Task of step 2: parse one commitlog file and write its pieces into the staging directory:
     per (topic, queue) the units (offset, size, tags code, queue offset) in commitlog order, and its
     index entries (hash, offset, store time). Returns a small summary (counts, where each piece is)."""
-    path, base, limit, delay_levels, with_index, part_dir = task
-    batch, out = _parse_columns(path, base, limit, delay_levels, with_index)
+    path, base, limit, delay_levels, with_index, part_dir, skip, deleted = task
+    batch, out = _parse_columns(path, base, limit, delay_levels, skip)
     out.update(queues=[], keys=0, last_store_timestamp=0, dir=part_dir)
     n = out["n"]
     if not n:
@@ -111,7 +139,12 @@ def parse_file(task: tuple) -> dict:
            for name in ("topic_ids", "queue_ids", "offsets", "sizes", "tags_codes", "store_timestamps",
                         "queue_offsets", "sys_flags")}
     out["last_store_timestamp"] = int(col["store_timestamps"][-1])
-    idx = np.flatnonzero(scanner.is_dispatched(col["sys_flags"]))
+    units = scanner.is_dispatched(col["sys_flags"])
+    tid = {name: i for i, name in enumerate(batch.topic_names)}
+    for topic, qid, below in deleted:          # a deleted queue's old records: in no queue (the dispatcher's rule)
+        if topic in tid:
+            units &= ~((col["topic_ids"] == tid[topic]) & (col["queue_ids"] == qid) & (col["offsets"] < below))
+    idx = np.flatnonzero(units)
     group = col["topic_ids"][idx] * (1 << 32) + (col["queue_ids"][idx] & 0xFFFFFFFF)
     order = np.argsort(group, kind="stable")
     sidx = idx[order]
@@ -133,14 +166,18 @@ def parse_file(task: tuple) -> dict:
 
 def write_queue(task: tuple) -> dict:
     """Task of step 4: one consume queue, from its pieces (in commitlog order)."""
-    root, file_size, topic, qid, pieces = task
+    root, file_size, topic, qid, pieces, fill_bound = task
     from ..store.consume_queue import ConsumeQueue
+    from ..store.dispatch import fill_queue
     cq = ConsumeQueue(topic, qid, Path(root) / "consumequeue", file_size)
     units = 0
     try:
         for piece in pieces:
             offs, sizes, tags, qoffs = np.load(piece)
-            cq.put_arrays(offs, sizes, tags, qoffs)
+            cuts = [0, *(np.flatnonzero(np.diff(qoffs) > 1) + 1).tolist(), len(offs)]
+            for a, b in zip(cuts, cuts[1:]):      # queue offsets lost with a skipped range: filler units first
+                fill_queue(cq, int(qoffs[a]), fill_bound)
+                cq.put_arrays(offs[a:b], sizes[a:b], tags[a:b], qoffs[a:b])
             units += len(offs)
         cq.flush()
         files = len(cq.queue.files)
@@ -207,13 +244,16 @@ def usable_parts(parts: list[dict], tasks: list[tuple], end: int) -> list[dict]:
     return usable
 
 
-def queue_tasks(stage: Path, config: StoreConfig, parts: list[dict]) -> list[tuple]:
-    """Step 3a: one task per (topic, queue): its pieces in commitlog order."""
+def queue_tasks(stage: Path, config: StoreConfig, parts: list[dict], skip: list = ()) -> list[tuple]:
+    """Step 3a: one task per (topic, queue): its pieces in commitlog order, and how many queue offsets the
+    skipped ranges can have held (dispatch.fill_queue's bound, as the dispatcher computes it)."""
+    from ..store.dispatch import FILL_SLACK, MIN_RECORD_SIZE
+    bound = sum(b - a for a, b in skip) // MIN_RECORD_SIZE + FILL_SLACK
     pieces: dict[tuple[str, int], list[str]] = {}
     for r in parts:
         for topic, qid, name in r["queues"]:
             pieces.setdefault((topic, qid), []).append(name)
-    return [(str(stage), config.mapped_file_size_consume_queue, t, q, ps) for (t, q), ps in pieces.items()]
+    return [(str(stage), config.mapped_file_size_consume_queue, t, q, ps, bound) for (t, q), ps in pieces.items()]
 
 
 def index_tasks(stage: Path, config: StoreConfig, parts: list[dict]) -> tuple[list[tuple], int]:
@@ -276,6 +316,11 @@ def rebuild_spark(store_path, config: StoreConfig | None = None, master: str | N
     made = False
     stages: dict[str, float] = {}
     try:
+        from ..store import damage, deleted_queues
+        # what the local engine leaves out too: accepted damage (check --repair) and deleted queues
+        # (deleteTopic); an unusable record of either refuses the rebuild, naming its file
+        skip = damage.merged(damage.load_ranges(path))
+        deleted = [(t, q, b) for (t, q), b in sorted(deleted_queues.load(path).items())]
         staging.recover_stale(path)
         stage.mkdir()
         abort = AbortFile(path)
@@ -292,7 +337,7 @@ def rebuild_spark(store_path, config: StoreConfig | None = None, master: str | N
             sp, made = _session(master, spark, conf)
             sc = sp.sparkContext
             stages["session"] = time.perf_counter()
-            parts, counts, last_full_ts = _build(sc, stage, config, files, end, cl_min, stages)
+            parts, counts, last_full_ts = _build(sc, stage, config, files, end, cl_min, stages, skip, deleted)
             n = counts["messages"]
             staging.swap_in(path, stage)                 # from here on the store has the new files
             if n:
@@ -318,14 +363,17 @@ def rebuild_spark(store_path, config: StoreConfig | None = None, master: str | N
             "missing_units": left, "seconds": round(time.perf_counter() - t0, 3), "stage_seconds": took}
 
 
-def _build(sc, stage: Path, config: StoreConfig, files: list, end: int, cl_min: int, stages: dict):
-    """Steps 2-4 into the staging directory: (parsed file summaries, counts, last full index file's end)."""
+def _build(sc, stage: Path, config: StoreConfig, files: list, end: int, cl_min: int, stages: dict, skip: list,
+           deleted: list):
+    """Steps 2-4 into the staging directory: (parsed file summaries, counts, last full index file's end).
+    skip: commitlog ranges not to dispatch (accepted damage); deleted: (topic, queue id, below) of deleted
+    queues (their records below are in no queue)."""
     tasks = [(p, base, min(size, end - base), config.delay_levels_ms(), config.message_index_enable,
-              str(stage / "parts" / str(base)))
+              str(stage / "parts" / str(base)), [(a, b) for a, b in skip if a < base + size and b > base], deleted)
              for p, base, size in files if base < end and base + size > cl_min]
     parts = usable_parts(_run(sc, parse_file, tasks), tasks, end)
     stages["parse"] = time.perf_counter()
-    cq_tasks = queue_tasks(stage, config, parts)
+    cq_tasks = queue_tasks(stage, config, parts, skip)
     ix_tasks, last_full_ts = index_tasks(stage, config, parts)
     _run(sc, _run_write, [("q", t) for t in cq_tasks] + [("i", t) for t in ix_tasks])
     stages["write"] = time.perf_counter()

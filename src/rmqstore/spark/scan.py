@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..filter import compile_sql92
 from ..store import codec, scanner, store_fs
 from ..store.scanner import Outcome
 from . import records as R
@@ -157,11 +158,22 @@ class StoreRef:
     cl_file_size: int
     data_end: int | None
     fs: store_fs.RemoteStore | None = None     # not a local store: read with ranged reads
+    clean: bool = True                         # no abort file
+    tail_base: int | None = None               # plan.data_tail: the last file holding data (a store read as it is)
+    deleted: tuple = ()         # (topic, queue id, below): a deleted queue's records below are no rows
 
     @classmethod
     def of(cls, view: SV.StoreView) -> "StoreRef":
         return cls(view.root, view.broker, [(f.base, f.path, f.size) for f in view.cl_files], view.cl_file_size,
-                   view.data_end, view.fs)
+                   view.data_end, view.fs, view.clean,
+                   deleted=tuple((t, q, b) for (t, q), b in sorted(view.deleted.items())))
+
+    @property
+    def last_base(self) -> int:
+        """The base of the file where the commitlog's data ends: a walk may stop short there (not loss)."""
+        if self.tail_base is not None:
+            return self.tail_base
+        return self.cl_files[-1][0] if self.cl_files else -1
 
     def file_index(self, offsets: np.ndarray) -> np.ndarray:
         bases = np.array([b for b, _, _ in self.cl_files], dtype=np.int64)
@@ -175,7 +187,8 @@ class Partition(_Base):
     loss_counter = None               # and the session's skipped-data accumulator (loss.py)
     check_crc = False                 # option checkCRC: bodies returned are checked against BODYCRC
     columns = None                    # option columns: the only columns built (None: all)
-    selection = None                  # mode=commitlog: (topics, pattern, queue ids) of options topics /
+    selector = None                   # option messageSelector: the SQL92 selector rows must match (text)
+    selection = None                  # mode=commitlog: (topics, pattern, queue ids, assign) of options topics /
                                       # subscribePattern / queueIds, applied to the rows (None: every record)
 
     def __init__(self, kind: str, store: StoreRef, items: list, conds: list[Cond], include_body: bool = True,
@@ -195,6 +208,14 @@ class Partition(_Base):
 
 
 # --- reading ------------------------------------------------------------------------------------------
+def selector_mask(selector: str, props: R.Props, n: int) -> np.ndarray:
+    """Which of n records an SQL92 selector delivers (RocketMQ's rules: rmqstore.filter), from the property
+    map column: each property it reads looked up once per batch, each distinct combination judged once."""
+    compiled = compile_sql92(selector)
+    cols = {name: pc.map_lookup(props.map, pa.scalar(name), "last").to_pylist() for name in compiled.properties}
+    return np.fromiter(compiled.matches_columns(cols, n), dtype=bool, count=n)
+
+
 def _header_mask(recs: R.Records, conds: list[Cond]) -> np.ndarray | None:
     m = None
     for c in conds:
@@ -269,15 +290,41 @@ def _key_bytes_mask(recs: R.Records, key: str) -> np.ndarray:
     return out
 
 
-def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set | None) -> np.ndarray:
-    """The records of the topics (a set, or those fully matching pattern) and queue ids selected."""
+def _deleted_mask(recs: R.Records, deleted: tuple) -> np.ndarray | None:
+    """The records of deleted queues' old generations (deleteTopic: below the recorded commitlog offset),
+    or None when there are none among recs."""
+    qids = np.fromiter({q for _, q, _ in deleted}, np.int64)
+    maybe = np.isin(recs.queue_id, qids) & (recs.phys < max(b for _, _, b in deleted))
+    if not maybe.any():
+        return None
+    enc = pc.dictionary_encode(recs.topics())
+    tid = {t: i for i, t in enumerate(enc.dictionary.to_pylist())}
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    m = np.zeros(len(recs), dtype=bool)
+    for t, q, below in deleted:
+        if t in tid:
+            m |= maybe & (codes == tid[t]) & (recs.queue_id == q) & (recs.phys < below)
+    return m if m.any() else None
+
+
+def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set | None,
+                    assign: dict | None = None) -> np.ndarray:
+    """The records of the topics (a set, or those fully matching pattern) and queue ids selected, or of
+    the queues assign names ({topic: queue ids})."""
     m = np.ones(len(recs), dtype=bool)
     if topics is not None or pattern is not None:
         enc = pc.dictionary_encode(recs.topics())
         names = enc.dictionary.to_pylist()
+        codes = enc.indices.to_numpy(zero_copy_only=False)
+        if assign is not None:
+            ok = np.zeros(len(recs), dtype=bool)
+            for k, t in enumerate(names):
+                if t in assign:
+                    ok |= (codes == k) & np.isin(recs.queue_id, np.fromiter(assign[t], np.int64))
+            return m & ok
         keep = np.array([(t in topics) if topics is not None else pattern.fullmatch(t) is not None for t in names],
                         dtype=bool)
-        m &= keep[enc.indices.to_numpy(zero_copy_only=False)] if len(names) else False
+        m &= keep[codes] if len(names) else False
     if queue_ids is not None:
         m &= np.isin(recs.queue_id, np.fromiter(queue_ids, np.int64))
     return m
@@ -285,8 +332,8 @@ def _selection_mask(recs: R.Records, topics: set | None, pattern, queue_ids: set
 
 def _in_place_and_selected(recs: R.Records, part: Partition) -> R.Records | None:
     """recs without those whose PHYSICALOFFSET field (not covered by BODYCRC) is not where they lie (damaged:
-    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog, those of topics
-    and queues the options do not select; None when none is left."""
+    data loss, never a row with a false commitLogOffset and msgId) and, in mode=commitlog and key reads,
+    those of topics and queues the options do not select; None when none is left."""
     real = recs.base + recs.pos
     moved = recs.phys != real
     if moved.any():
@@ -297,6 +344,12 @@ def _in_place_and_selected(recs: R.Records, part: Partition) -> R.Records | None
         if moved.all():
             return None
         recs = recs.select(~moved)
+    if part.store.deleted and part.kind != "queue":      # consume queues never hold a deleted generation
+        old = _deleted_mask(recs, part.store.deleted)
+        if old is not None:
+            if old.all():
+                return None
+            recs = recs.select(~old)
     if part.selection is not None:
         sel = _selection_mask(recs, *part.selection)
         if not sel.any():
@@ -354,6 +407,10 @@ def rows_of(recs: R.Records, part: Partition) -> pa.RecordBatch | None:
             topics = topics if topics is not None else recs.topics()
             km &= _string_mask(topics, Cond("topic", "in", tuple(part.key_topics)))
         smask = km if smask is None else (smask & km)
+    if part.selector is not None:       # before any row is built: the properties the selector reads, batched
+        props = props if props is not None else recs.properties()
+        sm = selector_mask(part.selector, props, len(recs))
+        smask = sm if smask is None else (smask & sm)
     if smask is not None:
         if not smask.any():
             return None
@@ -566,6 +623,10 @@ def _check_file_end(part: Partition, base: int, path: str, stop: int, why: Outco
             data_loss(part.fail_on_data_loss, f"{store.root}: commitlog file {path} holds no message from offset "
                       f"{base + stop} ({why.name}) to its end {base + store.cl_file_size}: truncated, zeroed or "
                       "damaged (later files are read)", 0, part.loss_counter)
+    elif why is Outcome.INVALID and store.data_end is None and not store.clean:
+        log.warning("%s: a torn tail: the commitlog's records end at offset %d with a record cut short (the store "
+                    "has an abort file: a copy of a running or crashed broker, read as it is); read up to there",
+                    store.root, base + stop)
     elif why is Outcome.INVALID:
         lvl = logging.DEBUG if store.data_end is None else logging.WARNING
         log.log(lvl, "%s: no valid record at offset %d: the file's data ends there", path, base + stop)
@@ -593,7 +654,7 @@ def _check_piece_end(part: Partition, base: int, path: str, start: int, limit: i
 
 def _read_commitlog(part: Partition, cache: SV.FileCache):
     store = part.store
-    last_base = store.cl_files[-1][0] if store.cl_files else -1
+    last_base = store.last_base
     for base, path, start, limit, piece in part.items:
         if store.fs is not None:
             yield from _read_remote_range(part, cache, base, path, start, limit, last_base, piece)

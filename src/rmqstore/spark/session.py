@@ -8,9 +8,13 @@ import sys
 def register(spark) -> None:
     """Register the `rocketmq` data source with this SparkSession: a subclass of RocketMQDataSource made for
     the session's SparkContext, carrying its skipped-data accumulator (loss.py: skipped_data(spark)) and its
-    default parallelism (reads are split into that many partitions or more: plan.partition_rows)."""
+    default parallelism (reads are split into that many partitions or more: plan.partition_rows). Also lets
+    `df.write.format("rocketmq").save(STORE)` run in Spark's default save mode, as Kafka's sink does
+    (save_mode.py: PySpark's DataFrameWriter sends it as Append)."""
+    from . import save_mode
     from .datasource import RocketMQDataSource
     from .loss import session_counter
+    save_mode.install_for(spark)
     cls = type("RocketMQDataSource", (RocketMQDataSource,), {"loss_counter": session_counter(spark),
                                                               "parallelism": _parallelism(spark),
                                                               "__module__": __name__})
@@ -54,11 +58,14 @@ def _parallelism(spark) -> int | None:
         return None
 
 
+HIDE_TRACEBACK = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"   # planner and task workers alike
+
+
 def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: dict | None = None):
     """The active SparkSession, or a new one (master default local[*]) set up for rmqstore: executors run
     this Python (PYSPARK_PYTHON, for a local master only: a cluster's executors run their own Python, which
-    needs rmqstore installed), Python filter pushdown on, UI off, few shuffle partitions. The data source is
-    registered."""
+    needs rmqstore installed), UI off, few shuffle partitions, Python workers' errors without their
+    traceback (an option error is then its one line). The data source is registered."""
     from pyspark.sql import SparkSession
     if (master or "local[*]").startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -68,13 +75,12 @@ def spark_session(master: str | None = None, app_name: str = "rmqstore", conf: d
         register(active)
         return active
     b = (SparkSession.builder.appName(app_name).master(master or "local[*]")
-         .config("spark.sql.python.filterPushdown.enabled", "true")
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "4")
-         .config("spark.sql.session.timeZone", "UTC"))
+         .config("spark.sql.session.timeZone", "UTC")
+         .config(HIDE_TRACEBACK, "true"))
     for k, v in (conf or {}).items():
         b = b.config(k, v)
     spark = b.getOrCreate()
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     register(spark)
     return spark

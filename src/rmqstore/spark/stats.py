@@ -255,7 +255,7 @@ def stats(store_path, engine: str = "local", plot: str | None = None, config=Non
     config_path = None
     if isinstance(config, (str, os.PathLike)):
         config_path = str(config)
-        config = StoreConfig.load(config_path)
+        config = StoreConfig.load(config_path, reading=True)
     if engine == "local":
         rows, minutes = local_scan(store_path, config)
     elif engine == "spark":

@@ -84,6 +84,9 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 for qv in selected_queues(self.ro, [], view):
                     off = resolve_start(self.ro, view, qv, cache, default="latest")
+                    if off > qv.end:     # Kafka's stream: the offset "was changed", data loss
+                        data_loss(self.ro.fail_on_data_loss, f"{view.root}: queue {qv.topic}/{qv.queue_id}: "
+                                  f"startingOffsets {off} is after the queue's end {qv.end}", 0, self.ro.loss_counter)
                     off = min(max(off, qv.min_offset), qv.end)
                     out.setdefault(view.broker, {}).setdefault(qv.topic, {})[_key(qv.queue_id)] = off
             finally:

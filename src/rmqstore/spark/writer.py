@@ -1,4 +1,5 @@
-"""df.write.format("rocketmq").mode("append").save(STORE): append rows as messages, exactly once or none.
+"""df.write.format("rocketmq").save(STORE): append rows as messages, exactly once or none (save modes:
+save_mode.py).
 
 A store has one writer at a time (its `lock` file), and a Spark job has many tasks, some of which may run
 twice (retries, speculation). So:
@@ -46,11 +47,13 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from ..store import codec, store_fs, validation
+from ..store.store_dir import not_a_store_to_write
 from ..store.config import StoreConfig
 from ..errors import ConfigError, StoreLockedError
 from . import handoff, storeview as SV
 from .records import COLUMNS
 from .transaction import PRODUCER_GROUP
+from .save_mode import mode_error
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +119,16 @@ def check_target(options: dict, overwrite: bool, known: tuple = ("path", "config
     """Fail at planning: overwrite mode, a path that is neither a store nor empty, a store held by another
     process, a bad config."""
     if overwrite:
-        raise WriteError("the rocketmq sink only appends: use mode('append')")
+        raise WriteError(mode_error("overwrite"))
     unknown = sorted(set(k.lower() for k in options) - set(known))
     if unknown:
         raise WriteError(f"unknown option {unknown[0]!r} of the rocketmq sink (known: {', '.join(known)})")
     path = _store_path(options)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise WriteError(f"option 'path': {path} is not a directory")
-        if SV.lock_held_elsewhere(path):
-            raise StoreLockedError(path)
-        names = {n for n in os.listdir(path) if not n.startswith(handoff.PREFIX)}   # a dead write's staging dir
-        if names and not names & {"commitlog", "consumequeue", "index", "lock", "checkpoint", "abort"}:
-            raise WriteError(f"option 'path': {path} is not a RocketMQ store directory (no commitlog/) and not empty")
+    why = not_a_store_to_write(path, other_files=False)   # a dead write's staging dir (handoff.PREFIX) is hidden
+    if why:
+        raise WriteError(f"option 'path': {why}")
+    if os.path.isdir(path) and SV.lock_held_elsewhere(path):
+        raise StoreLockedError(path)
     try:
         config = StoreConfig.load(options.get("config")) if options.get("config") else StoreConfig()
     except (ConfigError, OSError) as e:

@@ -63,6 +63,8 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
         first = check_store(root, cfg, progress=progress, live=False)
         _refuse_misread(first, cfg.mapped_file_size_commit_log)
         done: list[str] = []
+        if _derive_lost_deletions(root, cfg, first, done):   # the check again, knowing the deletions
+            first = check_store(root, cfg, progress=progress, live=False)
         repair_config(first.bad_config, done)
         _remove_half_made(root, done)
         _quarantine_misfit_index(root, cfg, done)
@@ -74,6 +76,44 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
     after = check_store(root, cfg, progress=progress, live=False)
     first.repaired = after.repaired = done
     return first, after
+
+
+def _derive_lost_deletions(root: Path, cfg: StoreConfig, first: CheckReport, done: list[str]) -> bool:
+    """config/deletedQueues.json unusable and no usable .bak: a repair must not turn "unreadable" into
+    "nothing was deleted" (the deleted messages would be served again, a rewritten topic's acknowledged ones
+    lose their offsets). The deletions are derived where queues start over at offset 0
+    (deleted_queues.derive_from_restarts); a queue with messages in the commitlog and no consume queue
+    (deleted and not written again, or never dispatched) cannot be told apart: then RepairRefusedError names
+    the file and those queues, nothing done. Else the file is moved aside and written anew from the
+    derivation. Returns True when it wrote it."""
+    from . import deleted_queues
+    from .check_commitlog import check_commitlog
+    from .config_file import string_to_file
+    bad = [p for p, bak_ok in first.bad_config if p.name == deleted_queues.FILE_NAME and not bak_ok]
+    if not bad:
+        return False
+    maps = FileCache()
+    try:
+        recs = check_commitlog(root, cfg, CheckReport(str(root)), maps, False)
+    finally:
+        maps.close()
+    names = recs.topic_names
+    queues = {(names[t], q): (recs.offsets[part], recs.queue_offsets[part]) for (t, q), part in recs.by_queue().items()}
+    derived = deleted_queues.derive_from_restarts(queues)
+    unknown = sorted(((t, q), int((offs >= derived.get((t, q), 0)).sum())) for (t, q), (offs, _) in queues.items()
+                     if not (root / "consumequeue" / t / str(q)).is_dir())
+    if unknown:
+        listed = ", ".join(f"{t}/{q} ({n} messages)" for (t, q), n in unknown[:10])
+        raise RepairRefusedError(
+            f"{bad[0]}: unreadable and no usable backup: it records which topics were deleted; a repair would "
+            f"bring back the messages of these queues, which have no consume queue: {listed}"
+            f"{' and more' if len(unknown) > 10 else ''}. Nothing repaired: restore the file from a copy, or move it "
+            "away to let them come back")
+    aside = quarantine(bad[0])
+    string_to_file(deleted_queues.encode(derived), bad[0], deleted_queues.decode)
+    done.append(f"{bad[0]}: moved aside as {aside.name}; no usable backup: written again from where queues start "
+                f"over in the commitlog ({len(derived)} deleted queue{'s' * (len(derived) != 1)})")
+    return True
 
 
 def _quarantine_commitlog(root: Path, damaged: list[DamagedSpan], done: list[str]) -> None:

@@ -185,10 +185,12 @@ def load_config_file(path: str | Path, decode: Callable[[Any], T]) -> T | None:
     AttributeError, KeyError) for a wrong shape. When the file is unusable (unreadable, not UTF-8, not
     JSON, wrong shape) and so is its backup (or there is none), CorruptStoreError names the file and says
     how to repair it; nothing is loaded half. A directory (or other non-file) where the file belongs is a
-    CorruptStoreError at once, backup or not: the store could not write its file there."""
+    CorruptStoreError at once, backup or not: the store could not write its file there; so is one where the
+    backup belongs, even while the file itself is good (its next write would fail on it)."""
     path = Path(path)
     bak = backup_path(path)
     check_file_or_missing(path, "config file")     # a directory there: the store could not write it either
+    check_file_or_missing(bak, "backup of a config file")    # nor its backup: refused at open, not at close
     try:
         ok, value = _read_one(path, decode, "config file")
         if ok:

@@ -53,6 +53,26 @@ def encode(deleted: Deleted) -> str:
     return json.dumps({"version": VERSION, "queues": queues}, indent=2, ensure_ascii=False) + "\n"
 
 
+def derive_from_restarts(queues) -> Deleted:
+    """The deletions the commitlog itself shows, for a deletedQueues.json that is lost: a deleted queue
+    written again starts over at queue offset 0, so where a queue's records (commitlog offsets and queue
+    offsets, in commitlog order) go back to 0 and go on 1, 2, ... from there (or end there), everything
+    before is an old generation. queues: {(topic, queue id): (offsets, queue offsets)}. Pure. A deletion
+    after which the topic was not written again leaves no trace: see the caller."""
+    import numpy as np
+    out: Deleted = {}
+    for key, (offs, qoffs) in queues.items():
+        q = np.asarray(qoffs, dtype=np.int64)
+        if len(q) < 2:
+            continue
+        zero = np.flatnonzero(q[1:] == 0) + 1                       # back to 0, not at the queue's start
+        nxt = np.append(q, -1)[zero + 1]
+        starts = zero[(nxt == 1) | (zero == len(q) - 1)]            # and going on 1, 2, ... (or the last)
+        if len(starts):
+            out[key] = int(np.asarray(offs)[starts[-1]])
+    return out
+
+
 def load(root: str | os.PathLike) -> Deleted:
     """The deletions recorded for the store at root ({} when none); falls back to the .bak copy, else
     CorruptStoreError naming the file (config_file.load_config_file)."""
@@ -60,11 +80,13 @@ def load(root: str | os.PathLike) -> Deleted:
     return load_config_file(deleted_file(root), decode) or {}
 
 
-def record(root: str | os.PathLike, topic: str, queue_id: int, below: int) -> Deleted:
-    """Add one deletion (a later one of the same queue raises its offset); returns every deletion. Written
-    and synced before it returns: OSError when it cannot be, and then nothing may be deleted."""
+def record(root: str | os.PathLike, queues, below: int) -> Deleted:
+    """Add deletions of queues ((topic, queue id) pairs) below one commitlog offset (a later deletion of a
+    queue raises its offset); returns every deletion. Written and synced before it returns: OSError (or
+    CorruptStoreError, the file unusable) when it cannot be, and then nothing may be deleted."""
     from .config_file import string_to_file
     have = load(root)
-    have[(topic, queue_id)] = max(below, have.get((topic, queue_id), 0))
+    for k in queues:
+        have[k] = max(below, have.get(k, 0))
     string_to_file(encode(have), deleted_file(root), decode)
     return have

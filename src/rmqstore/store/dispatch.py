@@ -63,6 +63,9 @@ class Dispatcher:
         self.skipped: list[Failure] = []       # every range this dispatcher skipped (gaps, damage)
         # deleted queues (deleted_queues.py): (topic, queue id) -> their records below it are never dispatched
         self.deleted: dict[tuple[str, int], int] = {}
+        # held while a batch's units are written, and by deleteTopic (queue_clean) while it removes queues:
+        # no unit of a queue is written after the queue is deleted (taken after the put lock, never before)
+        self.units_lock = threading.Lock()
         self.consume_queues = consume_queues
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
@@ -73,9 +76,16 @@ class Dispatcher:
         self.dispatched_messages = 0
         self.hinted_messages = 0        # of those, how many came with the writer's columns (not parsed)
         self.written_while_stopping = False     # shutdown drained, then a racing put appended more
+        # a slave's log (store/ha) may end inside a record, whose rest the master has not sent yet: a partial
+        # record at the log's end is waited for, not damage
+        self.tail_grows = False
+        # a slave's (store/ha): told of a damaged record before it is skipped; True: not skipped, the dispatcher
+        # waits there (the slave cuts its log at it and takes the master's bytes again)
+        self.on_damage: Callable[[int, str], bool] | None = None
         self.on_progress: Callable[[int, int], None] | None = None   # (offset reached, commitlog end)
         # told the reput offset after each step: everything below it is written to the queues and index
         self.on_dispatched: Callable[[int], None] | None = None
+        self.cq_ext = None      # consume_queue_ext.ConsumeQueueExtTable: units' tags codes become ext addresses
         self._listeners: list[ArrivalListener] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -180,8 +190,9 @@ class Dispatcher:
                     continue
             min_off = cl.get_min_offset()
             if reput < min_off:
-                log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",
-                            reput, min_off)
+                if reput or not self.tail_grows:    # (a slave's log may start past 0: nothing was deleted)
+                    log.warning("reput offset %d below the commitlog's min offset %d: skipping deleted files",
+                                reput, min_off)
                 self.reput_from_offset = min_off
                 continue
             # parse up to the next hinted batch at most, to take the hints up again from there
@@ -211,7 +222,10 @@ class Dispatcher:
             if not got[0]:
                 return total
             data, start = got
-            n, next_offset, err = self._parse_and_dispatch(data, start, len(data) < want)
+            # a slave's read that reached the log's end (as it was before the read) may end inside a record
+            # whose rest is still on its way: not damage
+            at_read_end = len(data) < want and not (self.tail_grows and start + len(data) >= end)
+            n, next_offset, err = self._parse_and_dispatch(data, start, at_read_end)
             total += n
             if err is not None:
                 if self.error != err:
@@ -256,10 +270,17 @@ class Dispatcher:
         err = None
         next_offset = start + pos
         if outcome is Outcome.END_OF_FILE:
-            next_offset = self.commit_log.roll_next_file(start + pos)
-        elif outcome is Outcome.INVALID or (outcome is Outcome.END_OF_DATA
-                                             and (at_read_end or pos + 8 <= len(data))):
+            left = self.commit_log.file_size - next_offset % self.commit_log.file_size
+            if pos + 4 <= len(data) and codec._I.unpack_from(data, pos)[0] != left:
+                outcome, reason = Outcome.INVALID, (f"an END_OF_FILE blank of {codec._I.unpack_from(data, pos)[0]} "
+                                                    f"bytes where the file has {left} left")
+            else:
+                next_offset = self.commit_log.roll_next_file(start + pos)
+        if outcome is Outcome.INVALID or (outcome is Outcome.END_OF_DATA
+                                          and (at_read_end or pos + 8 <= len(data))):
             why = reason if outcome is Outcome.INVALID else "zero bytes inside the written part of the commitlog"
+            if self.on_damage is not None and self.on_damage(start + pos, why):
+                return len(batch), start + pos, None        # taken care of (a slave fetches it again): wait
             nxt = self._resync(start + pos, why)
             if nxt is None:
                 err = str(self.commit_log.corrupt(start + pos, why))
@@ -327,11 +348,14 @@ class Dispatcher:
     def dispatch(self, batch: codec.DispatchBatch | list[codec.DispatchRequest]) -> None:
         """Feed parsed records to the consume queues (grouped per queue, in order: put_columns /
         put_requests) and the index, then tell listeners which queues grew."""
+        if self.cq_ext is not None:     # enableConsumeQueueExt: the units' tags codes become ext addresses
+            batch = self.cq_ext.decorate(batch, self.consume_queues)
         if isinstance(batch, list):
             if not batch:
                 return
             if len(batch) < 64:         # a few records: without numpy's fixed costs
-                grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+                with self.units_lock:
+                    grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -340,7 +364,8 @@ class Dispatcher:
         n = len(batch)
         if not n:
             return
-        grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+        with self.units_lock:
+            grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)

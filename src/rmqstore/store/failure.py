@@ -36,6 +36,7 @@ class FailureKind(enum.Enum):
     CORRUPT_RECORD = "CORRUPT_RECORD"    # a damaged commitlog range was skipped (its messages are lost)
     CORRUPT_UNIT = "CORRUPT_UNIT"        # a consume queue unit does not match its record: cut and rebuilt
     CORRUPT_INDEX = "CORRUPT_INDEX"      # an index file fails its deep check: set aside at the next open
+    REPLICA = "REPLICA"                  # replication: the link to the master is down, or the logs diverged
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,12 @@ class PutMessageResults(Sequence):
         return int(self._sizes[:self.appended].sum())
 
     @property
+    def stored_end(self) -> int:
+        """The commitlog offset after the last appended record (0 when none was)."""
+        k = self.appended
+        return int(self._offsets[k - 1] + self._sizes[k - 1]) if k else 0
+
+    @property
     def msg_ids(self) -> list[str]:
         if self._ids is None:
             self._ids = self._make_ids() if self.appended else []

@@ -14,6 +14,7 @@ from typing import Protocol
 from . import codec
 from . import scanner
 from .consume_queue import UNIT, ConsumeQueue
+from .consume_queue_ext import MAX_ADDR as MAX_EXT_ADDR
 from .message import GetMessageResult, GetMessageStatus, MessageExt
 
 log = logging.getLogger("rmqstore.store.store")
@@ -25,7 +26,9 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover
 
 
 class MessageFilter(Protocol):
-    """RocketMQ's MessageFilter: first by the consume queue's tags code, then by the message itself."""
+    """RocketMQ's MessageFilter: first by the consume queue's tags code, then by the message itself. A filter
+    may also have `cq_ext_mask(store_times, bit_maps, has_bit_map) -> bool array`: which units, by their
+    consume queue extension units (consume_queue_ext.py), must be read at all (a bit map test, batched)."""
 
     def is_matched_by_consume_queue(self, tags_code: int | None) -> bool: ...
 
@@ -77,8 +80,14 @@ class StoreReadAPI:
         i = 0
         n = len(units)
         unpack = codec.CQ_UNIT.unpack_from
+        ext_table = getattr(self, "consume_queue_ext", None)
+        ext = ext_table.resolve(cq.topic, cq.queue_id, units[:min(n, max_filter)], message_filter) \
+            if ext_table is not None else None
         while i < n and i < max_filter:
             off_py, size_py, tags = unpack(units, i)
+            skip = False
+            if ext is not None and tags <= MAX_EXT_ADDR:    # the consume queue extension holds the tags code
+                tags, skip = ext[0][i // UNIT], ext[1][i // UNIT]
             max_phy_pulling = off_py
             if next_phy_file_start is not None and off_py < next_phy_file_start:
                 i += UNIT
@@ -92,8 +101,8 @@ class StoreReadAPI:
             in_disk = max_py - off_py > memory
             if self._batch_full(size_py, max_msg_nums, result, in_disk):
                 break
-            if message_filter is not None and not message_filter.is_matched_by_consume_queue(tags):
-                i += UNIT
+            if message_filter is not None and (skip or not message_filter.is_matched_by_consume_queue(tags)):
+                i += UNIT       # not read: its tags code (or its filter bit map) says it does not match
                 continue
             msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
             if msg is None and off_py + size_py > max_py:
@@ -207,6 +216,8 @@ class StoreReadAPI:
         if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(commit_log_offset):
             return None     # in a damaged range recovery skipped
         msg = self.commit_log.look_message_by_offset(commit_log_offset, size)
+        if msg is not None and commit_log_offset < self.dispatcher.deleted.get((msg.topic, msg.queue_id), -1):
+            return None     # its queue was deleted (deleteTopic): the message is gone, as from its queue
         if msg is None or commit_log_offset >= self.dispatcher.reput_from_offset:
             return msg      # not dispatched yet: no unit to agree with
         if not scanner.is_dispatched(msg.sys_flag):

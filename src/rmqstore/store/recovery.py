@@ -415,6 +415,17 @@ def recover_store(store: "MessageStore") -> RecoveryReport:
     if inputs.checkpoint is None and (store.path / "commitlog").is_dir() and any((store.path / "commitlog").iterdir()):
         log.warning("%s: no checkpoint file: recovering as if it said nothing was flushed", store.path / "checkpoint")
     plan = plan_recovery(inputs, store.config)
+    if store.config.is_slave and plan.commitlog.skipped:
+        # a slave's master holds these bytes: cut the log at the first damage (the bytes kept aside) and
+        # let the master stream them again, rather than live with a skipped range
+        from .ha.truncate import quarantine_and_truncate
+        bad = plan.commitlog.skipped[0]
+        log.warning("%s: a SLAVE with damage at commitlog offset %d (%s): cut there, the master sends the rest "
+                    "again", store.path, bad.start, bad.reason)
+        quarantine_and_truncate(store.path, store.config, bad.start, plan.commitlog.end,
+                                f"slave recovery: {bad.reason}")
+        inputs = read_inputs(store.path)
+        plan = plan_recovery(inputs, store.config)
     store.checkpoint = StoreCheckpoint(store.path / "checkpoint")
     files = StoreFiles(store.path, store.config, read_only=False, commit_log=store.commit_log,
                        consume_queues=store.consume_queues, index_service=store.index_service)

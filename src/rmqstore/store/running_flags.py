@@ -16,10 +16,11 @@ class RunningFlags:
         self.disk_full = False
         self.disk_full_reason: str | None = None    # set with disk_full by the cleanup service
         self.write_error: str | None = None
+        self.slave = False          # brokerRole=SLAVE: puts go to the master
 
     @property
     def writeable(self) -> bool:
-        return not self.disk_full and self.write_error is None
+        return not self.disk_full and self.write_error is None and not self.slave
 
     def write_failed(self, why: str, kind: FailureKind | str = FailureKind.WRITE) -> None:
         """Refuse puts from now on, for this reason (a WRITE or FLUSH failure on the failure channel)."""
@@ -29,6 +30,9 @@ class RunningFlags:
             self.failures.raise_condition("store.write", FailureKind(kind), why)
 
     def why(self) -> str:
+        if self.slave:
+            return ("the store is a SLAVE (brokerRole, or its config/brokerRole.json): puts go to its master; "
+                    "open it with brokerRole=ASYNC_MASTER or SYNC_MASTER to promote it")
         if self.disk_full:
             return self.disk_full_reason or "disk full"
         return self.write_error or "ok"

@@ -25,8 +25,10 @@ The validity rule (check_record; every back-end applies exactly this, the tests 
 a message has a known magic code; TOTALSIZE is at least the v4 header plus 3 bytes and fits the bytes left
 in the file; the header for its host kinds fits TOTALSIZE; BODYLENGTH >= 0 and the body, TOPICLENGTH
 (<= 127 under v1), the topic, PROPERTIESLENGTH (0..32767) and the properties add up to exactly
-TOTALSIZE; optionally crc32(body) & 0x7fffffff equals BODYCRC. A blank is at least 8 bytes and fits the
-file.
+TOTALSIZE; the topic and the queue id pass the store's own rules for a put (validation.topic_problem: UTF-8,
+no control characters, '/' or '\\', not empty, '.' or '..'; a queue id in 0..MAX_QUEUE_ID: neither field is
+covered by BODYCRC, and consume queue directories are named after them); optionally crc32(body) & 0x7fffffff equals BODYCRC. A blank is at least 8
+bytes and fits the file.
 
 Back-ends: the scalar one (check_record, iter_records, the scalar dispatch parse) and the numpy one
 (walk_records, record_columns, the vectorised dispatch parse) for batches of records.
@@ -43,8 +45,9 @@ import struct
 from typing import Iterator
 
 from . import codec
+from .validation import MAX_QUEUE_ID
 from .codec import (BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, HEADER_V4, MAX_PROPERTIES_LENGTH,
-                    MAX_TOPIC_LENGTH, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, POS_BODYCRC, POS_SYSFLAG,
+                    MAX_TOPIC_LENGTH, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, POS_BODYCRC, POS_QUEUEID, POS_SYSFLAG,
                     SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK,
                     DispatchBatch, DispatchRequest, RecordError, crc32, delivery_time_for_schedule, header_struct)
 
@@ -93,6 +96,93 @@ def store_timestamp(buf, pos: int = 0) -> int:
     return _Q.unpack_from(buf, pos + codec.store_timestamp_pos(sys_flag))[0]
 
 
+# --- the topic rule -----------------------------------------------------------------------------------
+_GOOD_TOPICS: set[bytes] = set()      # topic bytes that passed (a store has few topics)
+
+
+def topic_bytes_problem(raw: bytes) -> str | None:
+    """Why a record's TOPIC bytes are no topic a put could have written (validation.topic_problem, the
+    store's rule for puts), or None. Passing topics are remembered."""
+    from .validation import topic_problem
+    try:
+        why = topic_problem(raw.decode("utf-8"), max_bytes=0xFFFF)     # the record's length field bounds it
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 ({e.reason} at byte {e.start})"
+    if why is None:
+        if len(_GOOD_TOPICS) < 100_000:
+            _GOOD_TOPICS.add(raw)
+        return None
+    return f"damaged TOPIC field {raw[:60]!r}: {why}"
+
+
+_ONES = 0x0101010101010101
+_HIGHS = 0x8080808080808080
+_KEEP = [(1 << (8 * h)) - 1 for h in range(9)]                  # the low h bytes of a word
+_FILL = [0x4141414141414141 & ~k for k in _KEEP]                # the others, as 'A'
+
+
+def _bad_words(word):
+    """Per uint64 word: a byte below 0x20, or equal to 0x7f, '/' or '\\' (exact 'any byte' bit tricks)."""
+    import numpy as np
+    u = np.uint64
+    with np.errstate(over="ignore"):
+        hit = ((word - u(0x20 * _ONES)) & ~word & u(_HIGHS)) != 0
+        for c in (0x7F, 0x2F, 0x5C):
+            x = word ^ u(c * _ONES)
+            hit |= ((x - u(_ONES)) & ~x & u(_HIGHS)) != 0
+    return hit
+
+
+def _topics_ok(raw, tstart, tl):
+    """Per record: do the topic bytes raw[tstart:tstart + tl] pass the topic rule (topic_bytes_problem)?
+    The topics are read eight bytes at a time as uint64 words; only a record whose topic differs from the
+    previous record's is checked (bit tricks on its words; a topic with a byte >= 0x80 is decoded), the
+    others take the answer of the last one checked: a store has few topics. Positions must be in bounds
+    for the rows that matter (the caller masks the others with tl = 0)."""
+    import numpy as np
+    n = len(tl)
+    ok = (tl > 0) & (tl <= 65535)
+    if not n:
+        return ok
+    tl = np.where(ok, tl, 0)
+    if len(raw) < 8:
+        raw = np.concatenate([raw, np.zeros(8, dtype=np.uint8)])
+    last = len(raw) - 8
+    u = np.uint64
+    keep, fill = np.array(_KEEP, dtype=u), np.array(_FILL, dtype=u)
+    words = []
+    changed = np.empty(n, dtype=bool)
+    changed[0] = True
+    changed[1:] = tl[1:] != tl[:-1]
+    for k in range(0, int(tl.max()), 8):
+        want = tstart + k
+        at = np.clip(want, 0, last)
+        word = gather_rows(raw, at, "<u8")
+        if (at != want).any():                                   # near the buffer's end: shifted into place
+            word >>= (want - at).astype(u) * u(8)
+        have = np.clip(tl - k, 0, 8)
+        word = (word & keep[have]) | fill[have]                  # bytes past the topic read as 'A'
+        changed[1:] |= word[1:] != word[:-1]
+        words.append(word)
+    rows = np.flatnonzero(changed)
+    good = ok[rows].copy()
+    high = np.zeros(len(rows), dtype=bool)
+    for word in words:
+        w = word[rows]
+        good &= ~_bad_words(w)
+        high |= (w & u(_HIGHS)) != 0
+    first = raw[np.clip(tstart[rows], 0, len(raw) - 1)]
+    second = raw[np.clip(tstart[rows] + 1, 0, len(raw) - 1)]
+    t_len = tl[rows]
+    good &= ~((first == 0x2E) & ((t_len == 1) | ((t_len == 2) & (second == 0x2E))))      # "." and ".."
+    for j in np.flatnonzero(good & high).tolist():               # UTF-8: topic_bytes_problem
+        a = int(tstart[rows[j]])
+        t = bytes(raw[a:a + int(t_len[j])])
+        if t not in _GOOD_TOPICS:
+            good[j] = topic_bytes_problem(t) is None
+    return good[np.cumsum(changed) - 1] & ok
+
+
 # --- the rule, one record at a time (the scalar back-end) -------------------------------------------
 def check_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[Outcome, int]:
     """The validity rule (module docstring) at pos, for a file whose data may run to limit: returns
@@ -116,6 +206,9 @@ def check_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[Ou
     hs = header_struct(_I.unpack_from(buf, pos + POS_SYSFLAG)[0])
     if hs.size + 3 > total:
         raise RecordError(pos, f"total size {total} too small for the header")
+    qid = _I.unpack_from(buf, pos + POS_QUEUEID)[0]
+    if not 0 <= qid <= MAX_QUEUE_ID:
+        raise RecordError(pos, f"damaged QUEUEID field {qid}: a queue id is 0..{MAX_QUEUE_ID}")
     body_len = _I.unpack_from(buf, pos + hs.size - 4)[0]
     p = pos + hs.size + body_len
     end = pos + total
@@ -126,13 +219,20 @@ def check_record(buf, pos: int, limit: int, check_crc: bool = False) -> tuple[Ou
         if topic_len > MAX_TOPIC_LENGTH:
             raise RecordError(pos, f"topic length {topic_len} over {MAX_TOPIC_LENGTH}")
         p += 1 + topic_len
+        tp = p - topic_len
     else:
-        p += 2 + _Hu.unpack_from(buf, p)[0]
+        tp = p + 2
+        p = tp + _Hu.unpack_from(buf, p)[0]
     if p + 2 > end:
         raise RecordError(pos, "topic does not fit total size")
     props_len = _H.unpack_from(buf, p)[0]
     if props_len < 0 or p + 2 + props_len != end:
         raise RecordError(pos, f"lengths add up to {p + 2 + props_len - pos}, total size says {total}")
+    tb = bytes(buf[tp:p])
+    if tb not in _GOOD_TOPICS:
+        why = topic_bytes_problem(tb)
+        if why is not None:
+            raise RecordError(pos, why)
     if check_crc:
         crc = _I.unpack_from(buf, pos + POS_BODYCRC)[0]
         b0 = pos + hs.size
@@ -194,12 +294,13 @@ def _v4_columns(raw, P, limit: int):
     body_len = hdr["body_len"].astype(np.int64)
     tpos = P + hsize + body_len
     ok = (inb & (hdr["magic"] == MESSAGE_MAGIC_CODE) & ((hdr["sys_flag"] & 0x30) == 0) & (body_len >= 0)
-          & (tpos + 3 <= P + total))
+          & (tpos + 3 <= P + total) & (hdr["queue_id"] >= 0) & (hdr["queue_id"] <= MAX_QUEUE_ID))
     last = limit - 1
     tl = raw[np.clip(tpos, 0, last)].astype(np.int64)
     ppos = tpos + 1 + tl
     pl = (raw[np.clip(ppos, 0, last)].astype(np.int64) << 8) | raw[np.clip(ppos + 1, 0, last)]
     ok &= (tl <= MAX_TOPIC_LENGTH) & (pl <= MAX_PROPERTIES_LENGTH) & (ppos + 2 + pl == P + total)
+    ok &= _topics_ok(raw, tpos + 1, np.where(ok, tl, 0))
     return hdr, total, tpos, ppos, pl, ok
 
 
@@ -406,6 +507,7 @@ class RecordColumns:
         self.limit = limit
         self._fixed_fields(p)
         ok &= (self.magic == MESSAGE_MAGIC_CODE) | (self.magic == MESSAGE_MAGIC_CODE_V2)
+        ok &= (self.queue_id >= 0) & (self.queue_id <= MAX_QUEUE_ID)
         if unit_size is not None:
             ok &= self.total <= unit_size
         self.valid = self._layout(p, ok)
@@ -475,7 +577,8 @@ class RecordColumns:
         ok &= pl_pos + 2 <= end
         self.props_len = _be(buf, at(pl_pos, 2), 2)
         self.props_pos = pl_pos + 2
-        return ok & (self.props_len >= 0) & (self.props_pos + self.props_len == end)
+        ok &= (self.props_len >= 0) & (self.props_pos + self.props_len == end)
+        return ok & _topics_ok(buf, self.topic_pos, np.where(ok, topic_len, 0))
 
     def __len__(self) -> int:
         return len(self.pos)
@@ -622,7 +725,7 @@ def parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool, delay_levels
             f = header_struct(sys_flag).unpack_from(buf, pos) if hsize + 3 <= total else (-1,)
         body_len = f[-1]
         p = pos + hsize + body_len
-        if body_len < 0 or p + 3 > end:
+        if body_len < 0 or p + 3 > end or not 0 <= f[3] <= MAX_QUEUE_ID:
             return out, pos, _INVALID, _reason(buf, pos, length)
         if magic == MESSAGE_MAGIC_CODE:
             tl = buf[p]
@@ -639,7 +742,11 @@ def parse_dispatch_scalar(buf, base_offset: int, at_read_end: bool, delay_levels
         pl = unpack_h(buf, p)[0]
         if pl < 0 or p + 2 + pl != end:
             return out, pos, _INVALID, _reason(buf, pos, length)
-        topic = topics.get(tb) or _topic_name(tb)
+        topic = topics.get(tb)
+        if topic is None:
+            if topic_bytes_problem(tb) is not None:
+                return out, pos, _INVALID, _reason(buf, pos, length)
+            topic = _topic_name(tb)
         store_ts = f[11]
         if pl:
             code, keys, uniq, props = _store_properties(buf[p + 2:end], topic, store_ts, delay_levels)

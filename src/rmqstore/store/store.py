@@ -12,6 +12,7 @@ not check). A clean close records what is verified (verified_state).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -19,7 +20,9 @@ from typing import Iterable, Sequence
 from . import background_check
 from .checkpoint import StoreCheckpoint
 from .commit_log import AppendFailed, CommitLog, log_refused
+from . import queue_clean
 from .config import StoreConfig
+from .config_keys import check_store_paths
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from ..errors import StoreClosedError
@@ -37,6 +40,10 @@ from .read_api import StoreReadAPI
 # the read API's names, where they were before it moved out (broker, store_reader, tests)
 from .read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
 from .recovery import RecoveryReport, recover_store
+from .ha import HAService, HAStatus, listen_port
+from .ha import role as ha_role
+from .ha.transfer import wants_of
+from .consume_queue_ext import ConsumeQueueExtService, ConsumeQueueExtTable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,10 @@ class MessageStore(StoreReadAPI):
     def __init__(self, path: str | Path, config: StoreConfig | None = None):
         self.path = Path(path)
         self.config = config or StoreConfig()
+        if self.config.is_slave and self.config.transient_store_pool_enable:
+            # RocketMQ ignores the write buffer on a SLAVE too: replicated bytes go straight to the files
+            log.info("%s: transientStorePoolEnable is ignored on a SLAVE", self.path)
+            self.config = dataclasses.replace(self.config, transient_store_pool_enable=False)
         self._closed = True
         self.lock = StoreLock(self.path)
         self.abort_file = AbortFile(self.path)
@@ -51,6 +62,7 @@ class MessageStore(StoreReadAPI):
         self.commit_log = CommitLog(self.path, self.config)
         self.consume_queues = ConsumeQueueTable(self.path, self.config.mapped_file_size_consume_queue)
         self.index_service = IndexService(self.path, self.config)
+        self.consume_queue_ext = ConsumeQueueExtTable(self.path, self.config, self.commit_log)
         # one failure channel every service reports to (failure.py): read by wait_dispatched, close, check
         self.failures = FailureChannel()
         self.dispatcher = Dispatcher(self.commit_log, self.consume_queues, self.index_service, self.config,
@@ -62,21 +74,31 @@ class MessageStore(StoreReadAPI):
         self.named_services: dict = {}    # register_service: extension services (schedule, ...), by name
         self._services_running = False
         self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
+        self.ha: HAService | None = None  # replication (store/ha), once started: a SLAVE, or listening
+        self.ha_accept = None             # set before start: which peers ("host:port") the HA port admits
+        self.running_flags.slave = self.config.is_slave
 
     # --- lifecycle ------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, config: StoreConfig | None = None, *, start_services: bool = True) -> "MessageStore":
+    def open(cls, path: str | Path, config: StoreConfig | None = None, *, start_services: bool = True,
+             replicate: bool = True) -> "MessageStore":
+        """replicate=False: no replication service whatever brokerRole says (offline tools that write:
+        their puts are this store's alone)."""
         store = cls(path, config)
-        store.start(start_services)
+        store.start(start_services, replicate=replicate)
         return store
 
-    def start(self, start_services: bool = True) -> None:
+    def start(self, start_services: bool = True, *, replicate: bool = True) -> None:
+        check_store_paths(self.config, self.path)       # storePathRootDir & co. name this store, or ConfigError
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         try:
             self._load_and_recover()
+            self._note_role()
             self.abort_file.create(self.dispatcher.reput_from_offset)
             self.dispatcher.on_dispatched = self.abort_file.note_dispatched
+            # a slave's log may end inside a record (a frame cut it): the dispatcher waits for the rest
+            self.dispatcher.tail_grows = self.config.is_slave
             self._closed = False
             if start_services:
                 self.dispatcher.start()
@@ -90,7 +112,14 @@ class MessageStore(StoreReadAPI):
                     s.start()
                 self.register_service(background_check.NAME,
                                       background_check.install(parts, self.failures, self.recovery_report))
+                if replicate:
+                    self._start_ha()
+            if self.config.broker_role and not self.config.is_slave:
+                ha_role.promoted(self.path, self.config.broker_role)     # only once it started as a master
         except BaseException:
+            if self.ha is not None:
+                self.ha.shutdown()
+                self.ha = None
             self._release_files()
             self.abort_file.close()
             self.lock.release()
@@ -100,8 +129,44 @@ class MessageStore(StoreReadAPI):
         """Load every file and recover (recovery.recover_store); the report is kept in recovery_report.
         Then the store extensions (hooks.py) register their hooks and services, before any put."""
         self.recovery_report = recover_store(self)
+        self._open_consume_queue_ext()
+        if self.config.is_slave:        # no delayed or timer deliveries on a slave: it takes no puts
+            return
         for install in default_extensions():
             install(self)
+
+    def _open_consume_queue_ext(self) -> None:
+        """The consume queue extension (consume_queue_ext.py): read when its files exist, written at dispatch
+        with enableConsumeQueueExt."""
+        ext = self.consume_queue_ext
+        ext.load(self.consume_queues)
+        if self.config.enable_consume_queue_ext:
+            self.dispatcher.cq_ext = ext
+        if ext.table or self.config.enable_consume_queue_ext:
+            self.register_service("consume_queue_ext", ConsumeQueueExtService(ext, self.consume_queues))
+
+    def _note_role(self) -> None:
+        """A SLAVE's record (ha/role.py): written by a slave, ended by a store opened with brokerRole set to a
+        master role (a promotion); a store opened without brokerRole that was a slave refuses puts as the
+        slave does (`rmqstore load` into a stopped slave's directory would make it diverge)."""
+        if self.config.is_slave:
+            ha_role.record_slave(self.path, self.config.ha_master_address)
+        elif not self.config.broker_role and ha_role.was_slave(self.path) is not None:
+            self.running_flags.slave = True
+
+    def _start_ha(self) -> None:
+        """Replication (store/ha): a SLAVE's client, and the HA port of a store that listens for slaves."""
+        cfg = self.config
+        if not (cfg.is_slave or listen_port(cfg)):
+            return
+        flush = self.commit_log.queue.flush if cfg.is_slave and cfg.flush_disk_type == "SYNC_FLUSH" else None
+        self.ha = HAService(self.commit_log, self.dispatcher, cfg, self.failures, flush, accept=self.ha_accept)
+        self.ha.start()
+
+    def ha_status(self) -> HAStatus | None:
+        """Replication as it stands (role, slaves and what they acknowledged, a slave's link), or None when
+        this store neither listens for slaves nor is one."""
+        return self.ha.status() if self.ha is not None else None
 
     # --- extensions: put-message hooks and services (hooks.py) ------------------------------------
     def register_put_message_hook(self, hook: PutMessageHook) -> None:
@@ -147,9 +212,21 @@ class MessageStore(StoreReadAPI):
             return
         self._closed = True
         self.group_commit = None
+        if self.ha is not None:         # no more appends from a master, no more waits answered
+            self.ha.shutdown()
+            self.ha = None
         self._services_running = False
-        for s in reversed(list(self.named_services.values())):
-            s.shutdown()
+        try:
+            self._close_files()
+        finally:
+            self.lock.release()         # whatever failed above: this process never keeps the store locked
+
+    def _close_files(self) -> None:
+        for name, s in reversed(list(self.named_services.items())):
+            try:            # a service that cannot persist its state (a config file it cannot write) is logged
+                s.shutdown()
+            except Exception as e:  # noqa: BLE001 - close goes on: the store's own files come first
+                log.error("%s: shutting down the %s service failed: %s", self.path, name, e)
         if self.config.transient_store_pool_enable:
             try:    # the write buffer into the file first: the dispatcher reads committed bytes only
                 self.commit_log.queue.commit(0)
@@ -184,13 +261,13 @@ class MessageStore(StoreReadAPI):
             self.abort_file.remove()
         else:
             self.abort_file.close()
-        self.lock.release()
 
     shutdown = close
 
     def _release_files(self) -> None:
         self.index_service.shutdown()
         self.consume_queues.shutdown()
+        self.consume_queue_ext.shutdown()
         self.commit_log.shutdown()
         if self.checkpoint is not None:
             self.checkpoint.shutdown()
@@ -215,6 +292,7 @@ class MessageStore(StoreReadAPI):
         try:
             cl.queue.flush()
             self.consume_queues.flush()
+            self.consume_queue_ext.flush()
             index_ts = self.index_service.flush()
         except OSError as e:
             if not self._closed:            # (close() keeps its abort file itself)
@@ -240,11 +318,14 @@ class MessageStore(StoreReadAPI):
             raise StoreClosedError(f"store {self.path} is closed")
 
     # --- put ------------------------------------------------------------------------------------
-    def put_message(self, msg: Message) -> PutMessageResult:
+    def put_message(self, msg: Message, *, wait_slave: bool = True) -> PutMessageResult:
         """Append one message (put_messages for one, without the batch's costs). The message is validated
         first (validation.py: refused with MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED and a reason); PUT_OK
         means written at the answered offset and dispatched at the answered queue offset; a failed write
-        answers SERVICE_NOT_AVAILABLE (not stored) and the store refuses puts from then on."""
+        answers SERVICE_NOT_AVAILABLE (not stored) and the store refuses puts from then on. A SYNC_MASTER
+        answers once a slave holds the message (store/ha): FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when
+        not (stored on this store all the same); wait_slave=False answers at once (the caller waits:
+        ha.when_replicated)."""
         if self._closed or not self.running_flags.writeable:
             return self.put_messages([msg])[0]      # refused there, with the reason logged
         hooks = self.put_hooks
@@ -258,6 +339,11 @@ class MessageStore(StoreReadAPI):
         if gc is not None:      # SYNC_FLUSH: appended and flushed by the flusher with others' (flush.put)
             result = gc.put(msg)
             if result is not None:
+                ha = self.ha
+                if ha is not None:
+                    ha.notify()
+                    if wait_slave and ha.sync_master:
+                        return self._replicated([result], [msg])[0]
                 return result
         cl = self.commit_log
         e = cl.encode(msg)                  # CommitLog.put_message, one call less (a measured hot path)
@@ -270,17 +356,22 @@ class MessageStore(StoreReadAPI):
             self.record_write_failure(err)
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {err}")
         self.dispatcher.wakeup()
+        ha = self.ha
+        if ha is not None:
+            ha.notify()
+            if wait_slave and ha.sync_master:
+                return self._replicated([result], [msg])[0]
         return result
 
     def put_messages(self, msgs: Iterable[Message] | MessageBatch, *, run_hooks: bool = True,
-                     delay_rewrite: bool | None = None) -> Sequence[PutMessageResult]:
+                     delay_rewrite: bool | None = None, wait_slave: bool = True) -> Sequence[PutMessageResult]:
         """Append messages, or a MessageBatch (columns: the fastest way in); with run_hooks (the default)
         each message goes through the put-message hooks first (hooks.py: a DELAY message goes to
         SCHEDULE_TOPIC_XXXX as CommitLog.putMessage does); run_hooks=False is for services re-putting
         messages that went through them (delay_rewrite is its old name). One result per message, each true
         for that message: a refused one does not stop the others, and a write that fails part way answers
         PUT_OK for exactly the records written before it (they are stored and dispatched) and
-        SERVICE_NOT_AVAILABLE for the rest."""
+        SERVICE_NOT_AVAILABLE for the rest. A SYNC_MASTER answers as put_message does (wait_slave)."""
         if delay_rewrite is not None:
             run_hooks = delay_rewrite
         hooks = self.put_hooks if run_hooks else None
@@ -301,23 +392,42 @@ class MessageStore(StoreReadAPI):
                 first = min(refused)
                 log.warning("put-message hook refused %d of %d messages of a batch; the first, message %d (%s): %s",
                             len(refused), n, first, refused[first].status.value, refused[first].reason)
-                return merge_refused(self._append(msgs), refused, n)
-        return self._append(msgs)
+                return merge_refused(self._append(msgs, wait_slave), refused, n)
+        return self._append(msgs, wait_slave)
 
-    def _append(self, msgs: list[Message] | MessageBatch) -> Sequence[PutMessageResult]:
+    def _append(self, msgs: list[Message] | MessageBatch, wait_slave: bool = True) -> Sequence[PutMessageResult]:
         """put_messages after the hooks: the commitlog's append, a failed write recorded."""
         try:
             results = self.commit_log.put_messages(msgs)
         except AppendFailed as e:
             self.record_write_failure(e.error)
             self.dispatcher.wakeup()        # the records written before the failure are dispatched
-            return e.results
+            results = e.results
         except OSError as e:
             self.record_write_failure(e)
             return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {e}")
                     for _ in range(len(msgs))]
-        self.dispatcher.wakeup()
+        else:
+            self.dispatcher.wakeup()
+        ha = self.ha
+        if ha is not None:
+            ha.notify()
+            if wait_slave and ha.sync_master:
+                return self._replicated(results, msgs)
         return results
+
+    def _replicated(self, results, msgs):
+        """A SYNC_MASTER's answer: results once a slave holds them (store/ha: await_slave)."""
+        return self.ha.await_slave(results, wants_of(msgs))
+
+    def delete_topic(self, topic: str) -> list[tuple[str, int]]:
+        """Delete a topic's queues (RocketMQ's deleteTopic, in the store): every queue of it, dispatched or
+        not yet, is removed with its consume queue files and its queue offsets; the messages stay in the
+        commitlog (until cleanup) and are never served, dispatched or rebuilt again (config/deletedQueues.json).
+        A put to the topic afterwards starts its queues over at offset 0. Returns the removed (topic, queue
+        id) pairs; OSError when the deletion cannot be recorded (nothing is removed then)."""
+        self._check_open()
+        return queue_clean.delete_topic(self.parts(), topic)
 
     def record_write_failure(self, e: OSError) -> None:
         """A commitlog write failed (a full disk): puts are refused from now on (RunningFlags)."""

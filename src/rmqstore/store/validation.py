@@ -45,8 +45,8 @@ class InvalidMessageError(ValueError):
     """A message (or one of its arguments) refused by the validation boundary; the message names the argument."""
 
 
-def topic_problem(topic) -> str | None:
-    """Why the store refuses this topic, or None if it takes it."""
+def topic_problem(topic, max_bytes: int = MAX_TOPIC_BYTES) -> str | None:
+    """Why the store refuses this topic, or None if it takes it (max_bytes: a v2 record's topic may be longer)."""
     if not isinstance(topic, str):
         return f"topic {topic!r} is a {type(topic).__name__}, not a str"
     if not topic:
@@ -61,8 +61,8 @@ def topic_problem(topic) -> str | None:
         n = len(topic.encode("utf-8"))
     except UnicodeEncodeError as e:
         return f"topic {topic[:60]!r} is not valid UTF-8 ({e.reason})"
-    if n > MAX_TOPIC_BYTES:
-        return f"topic {topic[:60]!r}... is {n} bytes of UTF-8, at most {MAX_TOPIC_BYTES} are allowed"
+    if n > max_bytes:
+        return f"topic {topic[:60]!r}... is {n} bytes of UTF-8, at most {max_bytes} are allowed"
     return None
 
 

@@ -287,6 +287,7 @@ class StoreView:
     notes: list[str] = field(default_factory=list)
     plan: RecoveryPlan | None = None       # the recovery this view applied (None: live)
     fs: RemoteStore | None = None          # the store's filesystem when it is not local (store_fs)
+    deleted: dict = field(default_factory=dict)    # deleted queues (deleted_queues.py): their old records are no rows
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -346,6 +347,8 @@ def load_view(root: str, config: StoreConfig | None = None, *, live: bool | None
     file_size = _cl_file_size(config, sizes)
     cl_min = files[0].base if files else 0
     view = StoreView(root, broker_name(root), config, live, clean, files, file_size, cl_min, None, {})
+    from .deleted_queues import load as load_deleted
+    view.deleted = load_deleted(root)         # CorruptStoreError naming it when unusable, as at open
     cq_size = config.mapped_file_size_consume_queue
     if live or cdir != os.path.join(root, "commitlog"):
         seen = previous.queues if previous is not None and previous.live else {}
@@ -395,12 +398,34 @@ def _load_remote_view(rs: RemoteStore, config: StoreConfig | None, topics: set[s
     if not view.clean:
         view.notes.append(f"{rs.root}: has an abort file (copied from a running or crashed store): read as it is, "
                           "without recovery; records its queues point at are checked as they are read")
+    view.deleted = _remote_deleted(rs, lst)
     for (t, q), d in sorted(queues.items()):
         if topics is None or t in topics:
             qv = _live_queue(t, q, d, config.mapped_file_size_consume_queue, cl_min, rs, lst.digit_files(d))
             if qv is not None:
                 view.queues[(t, q)] = qv
     return view
+
+
+def _remote_deleted(rs: RemoteStore, lst) -> dict:
+    """A remote copy's config/deletedQueues.json (deleted_queues.py; its .bak when the file is unusable), read
+    as the local store's is: CorruptStoreError naming it when neither is usable."""
+    import json
+    from ..errors import CorruptStoreError
+    from .deleted_queues import FILE_NAME, decode
+    path = f"{rs.root}/config/{FILE_NAME}"
+    why = None
+    for p in (path, path + ".bak"):
+        size = lst.names(p.rpartition("/")[0]).get(p.rpartition("/")[2], -1)
+        if size <= 0:
+            continue
+        try:
+            return decode(json.loads(rs.read(p, 0, size).tobytes().decode("utf-8")))
+        except (ValueError, UnicodeDecodeError) as e:
+            why = why or str(e)
+    if why is not None:
+        raise CorruptStoreError(path, 0, f"{why}; no usable backup: the deleted queues cannot be told apart")
+    return {}
 
 
 def _geometry_from_files(root: str, config: StoreConfig, cl_sizes: list[int],

@@ -5,6 +5,10 @@ address, -t topic, -g group, -c cluster); so is the output, as far as it is a ta
     rmqstore admin clusterList -n 127.0.0.1:9876
     rmqstore admin topicStatus -n 127.0.0.1:9876 -t TopicA
     rmqstore admin consumerProgress -n 127.0.0.1:9876 -g my_group
+
+Against a broker with plain ACL every request is signed with --accessKey/--secretKey, else
+$ROCKETMQ_ACCESS_KEY/$ROCKETMQ_SECRET_KEY, else accessKey/secretKey of $ROCKETMQ_HOME/conf/tools.yml
+(mqadmin's file).
 """
 from __future__ import annotations
 
@@ -435,6 +439,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         sp = sub.add_parser(sc.name, help=sc.help, description=sc.help)
         sp.add_argument("-n", "--namesrvAddr", dest="namesrv", default="127.0.0.1:9876",
                         help="name server address host:port (default 127.0.0.1:9876)")
+        sp.add_argument("--accessKey", dest="access_key", help="plain ACL access key (or $ROCKETMQ_ACCESS_KEY)")
+        sp.add_argument("--secretKey", dest="secret_key", help="plain ACL secret key (or $ROCKETMQ_SECRET_KEY)")
         for opt in sc.options:
             name = opt.rstrip("!")
             flags, kw = _OPTIONS[name]
@@ -443,12 +449,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, cfg=None, out=None) -> int:
+    from ..acl import tool_credentials
     from ..client import Admin, MQClientError
     sc: SubCommand = args._admin
-    for name in ("topic", "group", "broker_addr", "cluster", "order", "active", "client_id"):
+    for name in ("topic", "group", "broker_addr", "cluster", "order", "active", "client_id", "access_key",
+                 "secret_key"):
         if not hasattr(args, name):
             setattr(args, name, None)
-    admin = Admin(args.namesrv).start()
+    try:
+        credentials = tool_credentials(args.access_key, args.secret_key)
+    except ValueError as e:
+        print(f"rmqstore admin {sc.name}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    admin = Admin(args.namesrv, credentials=credentials).start()
     try:
         return sc.run(admin, args, out or sys.stdout)
     except MQClientError as e:

@@ -28,6 +28,8 @@ Workloads (sizes per scale in SCALES; full = the sizes of issue #7):
                 dispatch, SYNC_FLUSH from 1 and 16 threads; its rows join the tables above and a side-by-side
                 table; when it is not built the report says so and how to build it (no figure is quoted);
 - spark, server (full scale only) bench_spark / bench_server, as rows with ratios;
+- acl (full scale only)  suite/acl.py: `rmqstore serve` with plain ACL on (every request signed by
+                the client, checked by the server) beside the same sends with it off; one check in process.
 - grpc (full scale only)  bench_grpc (the official Python 5.x client over gRPC: send, receive + ack) beside
                 the server step's remoting rows, ratios against remoting async send.
 """
@@ -44,7 +46,9 @@ import time
 from pathlib import Path
 
 from .bench import machine_info
+from .suite.acl import AclWorkloads
 from .suite.appends import AppendWorkloads
+from .suite.filters import FilterWorkloads
 from .suite.common import REFERENCE_BUILD, ROCKETMQ, SCALES, Table, _fmt_rate, find_reference, run_reference
 from .suite.lifecycle import LifecycleWorkloads
 from .suite.reads import ReadWorkloads
@@ -55,7 +59,8 @@ __all__ = ["REFERENCE_BUILD", "SCALES", "Suite", "Table", "default_outputs", "fi
            "render_markdown", "run_reference", "server_table", "spark_table"]
 
 
-class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads, ScaleWorkloads):
+class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloads, AclWorkloads, FilterWorkloads,
+            ScaleWorkloads):
     """Every workload of the suite (one mixin per group, in suite/), run in order into tables."""
 
     def __init__(self, scale: str, work: Path, log=print):
@@ -76,7 +81,8 @@ class Suite(AppendWorkloads, ReadWorkloads, LifecycleWorkloads, ReferenceWorkloa
                  ("consume", self.consume), ("key_lookup", self.key_lookup), ("restart", self.restart),
                  ("e2e", self.e2e), ("long_poll", self.long_poll), ("rocketmq", self.rocketmq)]
         if self.p["extras"]:
-            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc)]
+            steps += [("spark", self.spark), ("server", self.server), ("grpc", self.grpc), ("acl", self.acl),
+                      ("sql92", self.sql92), ("ha", self.ha)]
         if self.scale == "huge":        # the scale curve alone (suite/scale.py)
             steps = [("scale", self.scale_curve)]
         try:
@@ -353,7 +359,7 @@ def render_markdown(tables: list[Table], scale: str, work: Path, total_seconds: 
             continue
         out += [f"## {t.title}", ""]
         if t.compare:
-            out += render_beside(t, "Parquet (Spark's own reader)", "query")
+            out += render_beside(t, *BESIDE.get(t.key, ("Parquet (Spark's own reader)", "query")))
         ref = t.ref_value()
         if t.unit:
             better = "higher is better" if t.higher_better else "lower is better"
@@ -386,6 +392,9 @@ def render_compare(t: Table) -> list[str]:
     for nt in t.notes:
         out += [nt, ""]
     return out
+
+
+BESIDE = {"ha": ("RocketMQ 4.4.0 (a Java master and slave)", "workload")}     # table key -> (other, what)
 
 
 def render_beside(t: Table, other: str, what: str) -> list[str]:

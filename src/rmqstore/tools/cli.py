@@ -39,7 +39,7 @@ def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
     flush threads (needed by long-running writers); short commands dispatch synchronously."""
     from ..store.store import MessageStore
 
-    return MessageStore.open(store, cfg, start_services=services)
+    return MessageStore.open(store, cfg, start_services=services, replicate=False)    # (the CLI's puts are local)
 
 
 def _open_reader(store: Path, cfg: StoreConfig):
@@ -51,32 +51,48 @@ def _open_reader(store: Path, cfg: StoreConfig):
     return StoreReader.open(store, cfg)
 
 
-def _open_for_write(store: Path, cfg: StoreConfig):
+def _require_store(store: str | Path) -> Path:
+    """The store directory of a command that must not create one (get, dump, query, stats, clean, rebuild,
+    check): CliError "not a store directory: PATH" (exit 2) unless PATH is a directory holding commitlog/,
+    consumequeue/ or checkpoint; a PATH holding a store in store/ says so. Looks only."""
+    from ..store.store_dir import not_a_store
+
+    why = not_a_store(store)
+    if why:
+        raise CliError(why)
+    return Path(store)
+
+
+def _check_store_arg(command: "Command", args: argparse.Namespace, cfg: StoreConfig) -> None:
+    """Before a command runs: its STORE is a store directory (Command.store "read"), or can become one
+    ("write": not a file, nor a folder holding a store in store/) whose commitlog files are the configured
+    size (a forgotten -c broker.conf, said before recovery says anything; a read command meets it as an
+    error: _error_line)."""
+    from ..store.store_dir import not_a_store_to_write
+
+    if command.store == "read":
+        _require_store(args.store)
+    elif command.store == "write":
+        why = not_a_store_to_write(args.store)
+        if why:
+            raise CliError(why)
+        line = _store_geometry(args.store, cfg)
+        if line:
+            raise CliError(line)
+
+
+def _store_geometry(store: str, cfg: StoreConfig) -> str | None:
+    """The one line for a store whose commitlog files are all of another size than cfg's (check_geometry:
+    the file, its size, the key and the value to pass with -c), or None."""
     from ..store.check import NotAStoreError, check_geometry
 
-    if (Path(store) / "commitlog").is_dir():
-        try:
-            check_geometry(Path(store), cfg)       # a forgotten -c: one line before recovery says anything
-        except NotAStoreError as e:
-            raise CliError(str(e)) from None
-    return _open_store(store, cfg, services=True)
-
-
-STORE_MARKERS = ("commitlog", "consumequeue", "checkpoint")
-
-
-def _require_store(store: str | Path) -> Path:
-    """The store directory of a command that must not create one (get, dump, query, cat, stats, clean,
-    rebuild, check without --repair): CliError "not a store directory: PATH" (exit 2) unless PATH is a
-    directory holding commitlog/, consumequeue/ or checkpoint. Looks only: creates and changes nothing."""
-    path = Path(store)
+    if not (Path(store) / "commitlog").is_dir():
+        return None
     try:
-        ok = path.is_dir() and any(os.path.lexists(path / name) for name in STORE_MARKERS)
-    except OSError:
-        ok = False
-    if not ok:
-        raise CliError(f"not a store directory: {path}")
-    return path
+        check_geometry(Path(store), cfg)
+    except NotAStoreError as e:
+        return str(e)
+    return None
 
 
 # ==== helpers =======================================================================================
@@ -351,7 +367,7 @@ def cmd_load(args: argparse.Namespace, cfg: StoreConfig) -> int:
     out = _ResultOut()
     run = _LoadRun()
     with contextlib.closing(stream) if stream is not sys.stdin.buffer else contextlib.nullcontext():
-        with _StopSignals() as stop, _open_for_write(Path(args.store), cfg) as st:
+        with _StopSignals() as stop, _open_store(Path(args.store), cfg, services=True) as st:
             try:
                 _load_stream(st, stream, name, out, run, stop)
             except BrokenPipeError:
@@ -398,10 +414,13 @@ CAT_CHUNK = 512
 
 def cmd_cat(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Print the commitlog's message records in physical order, one JSON object a line."""
-    from ..store.reader import CommitLogReader
+    from ..store.reader import CommitLogReader, find_commitlog_dir
+    from ..store.store_dir import not_a_store
 
-    if not os.path.isdir(args.store):
-        raise CliError(f"not a store directory: {args.store}")
+    try:
+        find_commitlog_dir(args.store)
+    except OSError as e:
+        raise CliError(not_a_store(args.store) or _error_line(e)) from None
     out = sys.stdout
     lines: list[str] = []
     with CommitLogReader(args.store, cfg) as reader:
@@ -458,7 +477,7 @@ def cmd_dump(args: argparse.Namespace, cfg: StoreConfig) -> int:
             keys = read_keys(args.keys)
         except ValueError as e:
             raise CliError(str(e)) from None
-    with _open_reader(_require_store(args.store), cfg) as st:
+    with _open_reader(Path(args.store), cfg) as st:
         _write_lines(dump_lines(st, keys))
     return EXIT_OK
 
@@ -471,7 +490,7 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_get(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """getMessage: messages of a queue from a logical offset; the status line goes to stderr."""
-    with _open_reader(_require_store(args.store), cfg) as st:
+    with _open_reader(Path(args.store), cfg) as st:
         r = st.get_message(args.group, args.topic, args.queue, args.offset, max(args.n, 1))
         messages = r.messages[:args.n]          # -n 0: none (getMessage itself answers at least one)
         _write_lines(m.to_json() for m in messages)
@@ -487,7 +506,7 @@ def _get_args(p: argparse.ArgumentParser) -> None:
                                                   "%%RETRY%%group)")
     p.add_argument("queue", metavar="QUEUE", type=_count, help="queue id")
     p.add_argument("offset", metavar="OFFSET", type=_count, help="logical offset in the queue")
-    p.add_argument("-n", metavar="N", type=_count, default=32,
+    p.add_argument("-n", "--limit", dest="n", metavar="N", type=_count, default=32,
                    help="at most N messages (default 32; RocketMQ's transfer limits apply); 0: none, only the "
                         "status line")
     p.add_argument("--group", default="rmqstore-cli", help="consumer group named in the request")
@@ -507,7 +526,7 @@ def _ms(text: str) -> int:
 
 def cmd_query(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Messages of TOPIC carrying KEY (hash collisions and duplicates removed)."""
-    with _open_reader(_require_store(args.store), cfg) as st:
+    with _open_reader(Path(args.store), cfg) as st:
         found = st.find_messages_by_key(args.topic, args.key, args.max, args.begin, args.end)
         _write_lines(m.to_json() for m in found)
     return EXIT_OK if found else EXIT_FAILED
@@ -525,11 +544,15 @@ def _query_args(p: argparse.ArgumentParser) -> None:
 # ==== rebuild =======================================================================================
 def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Drop consume queues and index and rebuild them from the commitlog."""
-    _require_store(args.store)
     if args.engine == "spark":
         from ..spark import rebuild_spark
 
         out = rebuild_spark(args.store, cfg, master=args.master, conf=dict(args.conf or []))
+        if out.get("missing_units"):        # the rebuilt queues are not what an open would make of the store
+            print(_dumps(out))
+            print(f"rmqstore rebuild: {out['missing_units']} units are still missing after the spark rebuild "
+                  f"of {args.store}: rebuild it with --engine local", file=sys.stderr)
+            return 1
     else:
         from ..store.rebuild import rebuild_store
         from .progress import ProgressBar
@@ -550,7 +573,7 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
 def _rebuild_args(p: argparse.ArgumentParser) -> None:
     _store_arg(p)
     p.add_argument("--engine", choices=("local", "spark"), default="local",
-                   help="local: this process; spark: parallel tasks on a Spark cluster (rmqstore[spark])")
+                   help="local: this process; spark: parallel tasks on a Spark cluster (the spark extra)")
     p.add_argument("--master", metavar="URL", default=None, help="Spark master (default local[*])")
     p.add_argument("--conf", metavar="KEY=VALUE", action="append", type=_spark_conf,
                    help="a Spark setting for --engine spark, e.g. spark.driver.memory=512m (repeatable)")
@@ -606,7 +629,7 @@ def cmd_clean(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Delete expired commitlog files (and the queue and index files below them) now."""
     from ..store.cleanup import clean_store
 
-    with _open_store(_require_store(args.store), cfg) as st:
+    with _open_store(Path(args.store), cfg) as st:
         print(_dumps(clean_store(st, force=args.force)))
     return EXIT_OK
 
@@ -623,7 +646,6 @@ def cmd_stats(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Per topic and queue: messages, bytes, first/last store time, messages per minute (read only)."""
     from ..spark import stats
 
-    _require_store(args.store)
     rows = stats(args.store, engine=args.engine, plot=args.plot, config=args.config or cfg)
     _write_lines(rows)
     if args.plot:
@@ -634,7 +656,7 @@ def cmd_stats(args: argparse.Namespace, cfg: StoreConfig) -> int:
 def _stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", metavar="STORE", help="store directory (read only: nothing is written)")
     p.add_argument("--engine", choices=("local", "spark"), default="local",
-                   help="local: this process; spark: a local Spark session (rmqstore[spark])")
+                   help="local: this process; spark: a local Spark session (the spark extra)")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="also draw messages per minute per topic")
 
 
@@ -697,12 +719,13 @@ class Command:
     description: str = ""                                       # for `rmqstore NAME --help`
     epilog: str = ""
     config_overrides: Callable[[argparse.Namespace], dict] | None = None   # RocketMQ key -> value
+    store: str = ""          # its STORE: "read" an existing store, "write" one created if missing (_check_store_arg)
 
 
 COMMANDS: list[Command] = [
     Command(
         "load", "append messages from JSON lines (messages.jsonl format); print a put result per message",
-        cmd_load, _load_args, config_overrides=_load_overrides,
+        cmd_load, _load_args, config_overrides=_load_overrides, store="write",
         description="Read messages, one JSON object a line in the format of the golden messages.jsonl "
                     "(topic, queueId, flag, sysFlag, bornTimestamp, bornHost, storeHost, reconsumeTimes, "
                     "preparedTransactionOffset, properties, body as hex), append them in order and print, "
@@ -728,28 +751,29 @@ COMMANDS: list[Command] = [
                "  rmqstore cat --from 262144 --limit 10 ./my-store\n"
                "  rmqstore cat --check-crc /path/to/commitlog"),
     Command("dump", "print what the store reads back, in the golden dump.jsonl format", cmd_dump, _dump_args,
+            store="read",
             description="Open the store (recovering it if needed) and print: the commitlog's min and max "
                         "offsets; for every topic (sorted) and queue, its min and max offsets and every "
                         "message from min to max as getMessage returns them; then, with --keys, for every "
                         "topic<TAB>key line the offsets queryMessage returns (raw index matches).",
             epilog="example:\n  rmqstore dump -c store.conf --keys keys.tsv ./copy-of-store > dump.jsonl"),
-    Command("get", "read messages of a queue from a logical offset (getMessage)", cmd_get, _get_args,
+    Command("get", "read messages of a queue from a logical offset (getMessage)", cmd_get, _get_args, store="read",
             epilog="example:\n  rmqstore get ./my-store TopicA 0 100 -n 8\n"
                    "the status, next begin offset and min/max offsets go to stderr as one JSON line\n\n"
                    "exit status: 0 messages printed (or -n 0), 1 none found at OFFSET (the status line says why:\n"
                    "NO_MATCHED_LOGIC_QUEUE, OFFSET_OVERFLOW_ONE, ...), 2 error"),
-    Command("query", "find the messages of a topic that carry a key", cmd_query, _query_args,
+    Command("query", "find the messages of a topic that carry a key", cmd_query, _query_args, store="read",
             description="Look a key up in the index and print the messages of TOPIC whose KEYS or UNIQ_KEY "
                         "really is KEY, each once (the raw index may also hold hash collisions and other "
                         "topics' messages: see `dump --keys`).",
             epilog="example:\n  rmqstore query ./my-store TopicA order-42\n\n"
                    "exit status: 0 messages printed, 1 no message of TOPIC carries KEY, 2 error"),
     Command("rebuild", "drop and rebuild consume queues and index from the commitlog", cmd_rebuild,
-            _rebuild_args,
+            _rebuild_args, store="read",
             epilog="examples:\n  rmqstore rebuild -c store.conf ./my-store\n"
                    "  rmqstore rebuild --engine spark --master local[2] ./my-store"),
     Command("check", "check every file of a store (records, CRCs, queues, index, checkpoint, config)",
-            cmd_check, _check_args,
+            cmd_check, _check_args, store="read",
             description="A full consistency check, read only (nothing is created, locked or written): every "
                         "commitlog record (magic code, sizes, CRC; after a bad record the scan resumes at the "
                         "next valid one), every consume queue unit against its record and every message "
@@ -759,16 +783,17 @@ COMMANDS: list[Command] = [
             epilog="examples:\n  rmqstore check -c store.conf ./my-store\n"
                    "  rmqstore check -c store.conf --repair ./my-store\n\n"
                    "exit status: 0 clean, 1 problems found (after --repair: problems left), 2 error"),
-    Command("clean", "delete expired files now (fileReservedTime, disk use)", cmd_clean, _clean_args,
+    Command("clean", "delete expired files now (fileReservedTime, disk use)", cmd_clean, _clean_args, store="read",
             description="Apply RocketMQ's cleanup rules once: commitlog files older than fileReservedTime "
                         "hours (or, above diskMaxUsedSpaceRatio, the oldest), never the current file; then the "
                         "consume queue and index files wholly below the commitlog's new min offset, moving "
                         "each queue's min offset. Prints what was deleted as JSON.",
             epilog="example:\n  rmqstore clean -c broker.conf ./my-store\n  rmqstore clean --force ./my-store"),
     Command("stats", "per topic and queue: count, bytes, first/last store time, messages per minute",
-            cmd_stats, _stats_args,
+            cmd_stats, _stats_args, store="read",
             epilog="examples:\n  rmqstore stats ./my-store\n  rmqstore stats --engine spark --plot rates.png ./my-store"),
     Command("serve", "run a RocketMQ 4.x name server and broker over the store", _serve_run, _serve_args,
+            store="write",
             description="One process serving RocketMQ's remoting protocol: a name server (namesrvAddr, default "
                         "127.0.0.1:9876) and a broker on listenPort (10911) and the VIP port listenPort - 2, "
                         "bound to brokerIP1 (loopback by default). RocketMQ 4.x clients (Java, Go, C++) and "
@@ -782,6 +807,22 @@ COMMANDS: list[Command] = [
             lambda p: __import__("rmqstore.tools.admin_cli", fromlist=["x"]).add_arguments(p),
             epilog="examples:\n  rmqstore admin clusterList -n 127.0.0.1:9876\n"
                    "  rmqstore admin topicStatus -n 127.0.0.1:9876 -t TopicA"),
+    Command("namesrv", "run a RocketMQ 4.x name server alone (for a master/slave pair)",
+            lambda args, cfg: __import__("rmqstore.broker.server", fromlist=["x"]).cli_namesrv(args, cfg),
+            lambda p: __import__("rmqstore.broker.server", fromlist=["x"]).cli_namesrv_arguments(p),
+            epilog="example:\n  rmqstore namesrv --listen 127.0.0.1:9876"),
+    Command("ha-truncate", "cut a slave's commitlog back to what its master holds (after a divergence)",
+            lambda args, cfg: __import__("rmqstore.tools.ha_cli", fromlist=["x"]).run(args, cfg),
+            lambda p: __import__("rmqstore.tools.ha_cli", fromlist=["x"]).add_arguments(p),
+            description="A slave whose log diverged from its master's (the master lost bytes the slave has, or "
+                        "the slave was pointed at another master) stops replicating and says so. This finds "
+                        "the common prefix, comparing the slave's bytes with the master's byte for byte over "
+                        "the HA port, cuts the slave's commitlog (a stopped store) back to the last whole "
+                        "record in it and keeps the cut bytes aside in STORE/quarantine/. Consume queues and "
+                        "index are cut at the next start.",
+            epilog="examples:\n  rmqstore ha-truncate -c slave.conf --master 127.0.0.1:10912 --dry-run ./slave-store\n"
+                   "  rmqstore ha-truncate -c slave.conf --master 127.0.0.1:10912 ./slave-store\n"
+                   "  rmqstore ha-truncate -c slave.conf --to 4718592 ./slave-store"),
     # ---- more commands register here: write cmd_NAME(args, cfg) -> int and _NAME_args(parser)
     # ---- above, then add one Command(...) line.
 ]
@@ -791,9 +832,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; only=NAME: only that command's options are declared (the others keep their name
     and help line: the command list, --help and a misspelt command read the same). Every command's own
     parser costs ~0.5 ms, admin's ~20 subcommands 10 ms: a run builds only the one it runs."""
-    parser = argparse.ArgumentParser(
+    from .. import __version__
+    from .cli_args import CommandParser
+
+    parser = CommandParser(
         prog=PROG, description="A RocketMQ 4.4.0-compatible message store: tools over a store directory.",
         epilog=f"Run '{PROG} COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-c", "--config", metavar="FILE", default=None,
                         help="broker.conf-style properties file (key=value; RocketMQ names such as "
@@ -824,14 +869,15 @@ def _geometry_line(e: BaseException) -> str | None:
         return None
     parts = Path(e.path).parts
     key = next((k for d, k in _SIZE_KEYS.items() if d in parts), "the configured file size")
+    value = f" ({key}={m[1]})" if "/" not in key and " " not in key else ""
     return (f"{e.path}: file size {m[1]} does not match {key} {m[2]}: the store was written with another "
-            "configuration; pass its broker.conf with -c broker.conf")
+            f"configuration; pass its broker.conf with -c broker.conf{value}")
 
 
-def _error_line(e: BaseException) -> str:
+def _error_line(e: BaseException, store: str | None = None, cfg: StoreConfig | None = None) -> str:
     geometry = _geometry_line(e)
-    if geometry is not None:
-        return geometry
+    if geometry is not None:      # any store file of another size: said as the commitlog's, when they are too
+        return (_store_geometry(store, cfg) if store and cfg else None) or geometry
     if isinstance(e, OSError) and not isinstance(e, RmqStoreError):
         where = e.filename if e.filename is not None else ""
         what = e.strerror or str(e)
@@ -851,16 +897,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     logging.basicConfig(stream=sys.stderr, format=f"{PROG}: %(levelname)s: %(message)s",
                         level=logging.WARNING - 10 * min(args.verbose, 2))
+    cfg = None
     try:
         overrides = command.config_overrides(args) if command.config_overrides else None
-        cfg = StoreConfig.load(args.config, overrides)
+        # only serving and putting honour the broker's features: the other commands read a broker.conf for the
+        # store's geometry, and a key they would refuse (useTLS=true, duplicationEnable=true) is only named
+        cfg = StoreConfig.load(args.config, overrides, reading=command.name not in ("serve", "load", "bench"))
+        _check_store_arg(command, args, cfg)
         return command.run(args, cfg)
     except ModuleNotFoundError as e:
         extra = OPTIONAL_PACKAGES.get((e.name or "").split(".")[0])
         if extra is None:
             raise
-        print(f"{PROG} {command.name}: needs {e.name}, which is not installed: pip install 'rmqstore[{extra}]'",
-              file=sys.stderr)
+        from ..errors import install_hint
+        print(f"{PROG} {command.name}: needs {e.name}, which is not installed: {install_hint(extra)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         # the reader went away (`rmqstore cat | head`): stop quietly, like other Unix tools
@@ -871,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RmqStoreError, OSError) as e:
         with contextlib.suppress(OSError):
             sys.stdout.flush()
-        print(f"{PROG} {command.name}: {_error_line(e)}", file=sys.stderr)
+        print(f"{PROG} {command.name}: {_error_line(e, getattr(args, 'store', None), cfg)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"{PROG} {command.name}: interrupted", file=sys.stderr)

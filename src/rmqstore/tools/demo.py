@@ -6,7 +6,8 @@
    followed by its real output (the first lines of it, and how many more there are);
 4. the library: a producer sends orders, a consumer group reads them, a key query finds one;
 5. the pipeline: Spark reads the store as a DataFrame and streams from it (skipped, with a note, when
-   rmqstore[spark] is not installed).
+   the spark extra is not installed);
+6. where the `rmqstore` command is (.venv/bin: not on the PATH until the virtualenv is activated).
 """
 from __future__ import annotations
 
@@ -98,7 +99,19 @@ def main() -> int:
     command_tour(STORE)
     library_tour()
     pipeline_tour()
+    next_steps()
     return 0
+
+
+def next_steps(out=print) -> None:
+    """Where the `rmqstore` command the tour ran is: beside this interpreter (the virtualenv `make` made),
+    not on the shell's PATH until that virtualenv is activated."""
+    import os
+    bin_dir = Path(sys.executable).parent
+    rel = os.path.relpath(bin_dir)
+    rel = rel if not rel.startswith("..") else str(bin_dir)
+    out(f"\n== next: the command line is {rel}/rmqstore: run `{rel}/rmqstore --help`, or `source {rel}/activate` "
+        "once in your shell and then `rmqstore --help` (README.md, Command line)")
 
 
 def library_tour() -> None:
@@ -160,7 +173,7 @@ def pipeline_tour() -> None:
         from ..spark import demo_pipeline
         import pyspark  # noqa: F401
     except ImportError:
-        print("\n(rmqstore[spark] is not installed: skipping the Spark pipeline)")
+        print("\n(the spark extra is not installed: skipping the Spark pipeline)")
         return
     print("\n== the pipeline: Spark reads and streams the store")
     demo_pipeline(STORE, config=STORE / "store.conf")

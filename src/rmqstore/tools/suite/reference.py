@@ -118,6 +118,11 @@ class ReferenceWorkloads:
         from ...broker.server import bench_server
         return server_table(bench_server("full"))
 
+    def ha(self):
+        """Master/slave pairs (suite/ha_bench.py): rmqstore's beside RocketMQ 4.4.0's, with its Java producer."""
+        from .ha_bench import bench_ha, ha_table
+        return ha_table(bench_ha(self.dir("ha")))
+
     def grpc(self):
         """bench_grpc's figures (the official Python 5.x client over gRPC) beside the remoting rows of the
         server step (this run's; measured here when that step did not run); ratios against remoting async send."""

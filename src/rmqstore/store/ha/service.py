@@ -1,0 +1,242 @@
+"""HAService: the replication service of one store, with start()/shutdown().
+
+It runs one asyncio event loop in a thread of its own ("HAService"): the HA port (HAServer, when the store
+listens for slaves), the slave's HAClient (brokerRole=SLAVE), and the expiry of SYNC_MASTER waits. The
+put path calls `notify()` after an append (cheap: one flag test unless a connection is idle) and
+`await_slave` / `when_replicated` for what a SYNC_MASTER answers.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..commit_log import CommitLog
+from ..config import BrokerRole, StoreConfig
+from ..failure import FailureChannel
+from ..message import PutMessageStatus
+from .master import HAConnection, HAServer
+from .slave import HAClient
+from .transfer import GroupTransfer, wait_end, with_status
+
+log = logging.getLogger(__name__)
+
+EXPIRE_TICK = 0.05
+DEFAULT_HA_PORT = 10912
+
+
+@dataclass
+class SlaveInfo:
+    addr: str
+    reported: int           # the slave's last report (its log's end)
+    acked: int              # what counts for SYNC_MASTER
+    behind: int             # bytes the master holds past the report
+
+
+@dataclass
+class HAStatus:
+    """What `rmqstore admin`, the broker's runtime info and MessageStore.ha_status() show."""
+    role: str
+    listen: str | None                      # the HA port's address, when listening
+    max_offset: int
+    acked: int                              # push2SlaveMaxOffset (masters)
+    slaves: list[SlaveInfo] = field(default_factory=list)
+    master: str | None = None               # a slave's master (haServerAddr)
+    connected: bool = False                 # a slave's link is up
+    reported: int = -1                      # a slave's last report
+    diverged: str | None = None             # why a slave stopped replicating
+    slave_problems: dict[str, str] = field(default_factory=dict)    # a master's: host -> why it sends nothing
+
+    def to_kv(self) -> dict[str, str]:
+        kv = {"haRole": self.role, "haMaxOffset": str(self.max_offset)}
+        if self.listen:
+            kv["haListenAddr"] = self.listen
+        if self.role != "SLAVE":
+            kv["haSlaveCount"] = str(len(self.slaves))
+            kv["haSlaveAckOffset"] = str(self.acked)
+            kv["haSlaveBehindBytes"] = str(max(0, self.max_offset - self.acked) if self.slaves else self.max_offset)
+            for i, s in enumerate(self.slaves):
+                kv[f"haSlave{i}"] = f"{s.addr} reported={s.reported} acked={s.acked} behind={s.behind}"
+            if self.slave_problems:
+                kv["haSlaveDiverged"] = "; ".join(self.slave_problems.values())
+        else:
+            kv["haMasterAddress"] = self.master or ""
+            kv["haConnected"] = str(self.connected).lower()
+            kv["haReportedOffset"] = str(self.reported)
+            if self.diverged:
+                kv["haDiverged"] = self.diverged
+        return kv
+
+
+def listen_port(config: StoreConfig) -> int:
+    """The HA port a store opened by the library listens on: haListenPort when set, 10912 (RocketMQ's
+    default) for a SYNC_MASTER, else none (0). `rmqstore serve` sets haListenPort to listenPort + 1."""
+    if config.ha_listen_port:
+        return config.ha_listen_port
+    return DEFAULT_HA_PORT if config.role is BrokerRole.SYNC_MASTER else 0
+
+
+class HAService:
+    def __init__(self, commit_log: CommitLog, dispatcher, config: StoreConfig, failures: FailureChannel,
+                 flush: Callable[[], None] | None = None, accept: Callable[[str], bool] | None = None):
+        self.cl, self.dispatcher, self.config, self.failures = commit_log, dispatcher, config, failures
+        self.role = config.role
+        self.transfer = GroupTransfer(config.ha_slave_fallbehind_max, config.sync_flush_timeout)
+        port = listen_port(config)
+        host = config.broker_ip2 or config.broker_ip1 or "127.0.0.1"
+        self.server = HAServer(host, port, self._connection, accept=accept) if port else None
+        self.batch = config.ha_transfer_batch_size
+        self.client = HAClient(commit_log, dispatcher, config, failures, flush) if config.is_slave else None
+        if self.client is not None:
+            dispatcher.on_damage = self.client.refetch      # damage on a slave: its master has the bytes
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._idle = True               # a connection's writer may be waiting: notify() wakes it
+        self._tasks: list[asyncio.Task] = []
+        self._stopping: asyncio.Event | None = None
+
+    def _connection(self, reader, writer) -> HAConnection:
+        cfg = self.config
+        c = HAConnection(reader, writer, self.cl, self.transfer, self.batch, cfg.ha_send_heartbeat_interval / 1000,
+                         cfg.ha_housekeeping_interval / 1000, self.failures)
+        c.on_idle = self._set_idle
+        return c
+
+    def _set_idle(self) -> None:
+        self._idle = True
+
+    @property
+    def sync_master(self) -> bool:
+        return self.role is BrokerRole.SYNC_MASTER
+
+    # --- life -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the loop thread; returns once the HA port listens (an OSError naming it when it cannot)."""
+        ready = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            loop = self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._main(ready, failed))
+            finally:
+                loop.close()
+        self._thread = threading.Thread(target=run, name="HAService", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join(5)
+            e = failed[0]
+            raise OSError(getattr(e, "errno", None),
+                          f"HA port {self.server.host}:{self.server.port}: cannot listen: "
+                          f"{getattr(e, 'strerror', None) or e}") from e
+
+    async def _main(self, ready: threading.Event, failed: list) -> None:
+        self._stopping = asyncio.Event()
+        try:
+            if self.server is not None:
+                await self.server.start()
+        except OSError as e:
+            failed.append(e)
+            ready.set()
+            return
+        ready.set()
+        self._tasks.append(asyncio.ensure_future(self._expire()))
+        if self.client is not None:
+            self._tasks.append(asyncio.ensure_future(self.client.run()))
+        mode = "listening on %s:%d" % (self.server.host, self.server.port) if self.server else "not listening"
+        log.info("HAService (%s): %s%s", self.role.value, mode,
+                 f"; master {self.client.master_address or '(from the name server)'}" if self.client else "")
+        await self._stopping.wait()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.server is not None:
+            await self.server.stop()
+
+    async def _expire(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRE_TICK)
+            self.transfer.expire()
+
+    def shutdown(self) -> None:
+        loop = self.loop
+        if loop is not None and self._stopping is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:
+                pass
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        self.transfer.fail_all()
+
+    # --- the put path ---------------------------------------------------------------------------------
+    def notify(self) -> None:
+        """Something was appended: wake the connections' writers when one waits (one flag test otherwise)."""
+        if self._idle and self.server is not None and self.server.connections:
+            self._idle = False
+            loop = self.loop
+            if loop is not None:
+                try:
+                    loop.call_soon_threadsafe(self.server.wake_all)
+                except RuntimeError:
+                    pass
+
+    def await_slave(self, results, wants=None):
+        """A SYNC_MASTER's answer for stored results, blocking until a slave acknowledged them (or the
+        timeout): results with FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE where that is the outcome."""
+        end = wait_end(results, wants)
+        if not end:
+            return results
+        self.notify()
+        return with_status(results, self.transfer.wait(end))
+
+    def when_replicated(self, results, done: Callable[[object], None], wants=None) -> None:
+        """await_slave without blocking: done(results) later, from the HA thread (or at once)."""
+        end = wait_end(results, wants)
+        if not end:
+            done(results)
+            return
+        self.notify()
+        self.transfer.when_acked(end, lambda status: done(with_status(results, status)))
+
+    # --- the slave's master ---------------------------------------------------------------------------
+    def update_master_address(self, addr: str | None) -> None:
+        """A slave's master (the name server's haServerAddr answer); ignored with haMasterAddress set."""
+        if self.client is None or self.loop is None or not addr:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.client.update_master_address, addr)
+        except RuntimeError:
+            pass
+
+    @property
+    def master_online(self) -> bool:
+        """A slave's link to its master is up."""
+        return self.client is not None and self.client.connected
+
+    # --- what it looks like ---------------------------------------------------------------------------
+    def status(self) -> HAStatus:
+        cl = self.cl
+        st = HAStatus(self.role.value, f"{self.server.host}:{self.server.port}" if self.server else None,
+                      cl.get_max_offset(), self.transfer.acked)
+        if self.server is not None:
+            for c in list(self.server.connections):
+                if c.request_offset >= 0 and c.diverged is None:
+                    st.slaves.append(SlaveInfo(c.addr, c.reported, c.acked, c.behind))
+            st.slave_problems = dict(self.server.problems)
+        if self.client is not None:
+            st.master = self.client.master_address
+            st.connected = self.client.connected
+            st.reported = self.client.reported
+            st.diverged = self.client.diverged
+        return st
+
+
+def stored_status(status: PutMessageStatus) -> bool:
+    return status in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                      PutMessageStatus.FLUSH_SLAVE_TIMEOUT, PutMessageStatus.SLAVE_NOT_AVAILABLE)

@@ -1,0 +1,75 @@
+"""One damaged byte in a record's TOPIC field (not covered by BODYCRC) of a crashed store (an outside audit):
+MessageStore.open died with `ValueError: embedded null byte` naming no file, and a '/' made the dispatcher
+create consumequeue/T/picA/0. A record read back from disk passes the same topic rule as a put
+(validation.topic_problem, through the record scanner) before anything is named after it: one whose topic
+no put could write is damage, reported with file and offset and confined like any other; so is a QUEUEID
+no put could write (a directory is named after it too)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import run_cli
+from rmqstore import MessageStore
+from store_checks import run_until_sigkilled, small_config
+
+_WRITE_AND_DIE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from rmqstore import Message, MessageStore
+from store_checks import small_config
+s = MessageStore.open({root!r}, small_config())
+for i in range(200):
+    assert s.put_message(Message("TopicA", b"m%d" % i, queue_id=0)).ok
+assert s.wait_dispatched()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _damage_record(root, n: int, what: str) -> int:
+    """Damage record n: the second byte of its topic (NUL or '/') or the high byte of its QUEUEID; returns
+    the record's commitlog offset."""
+    f = root / "commitlog" / "00000000000000000000"
+    data = bytearray(f.read_bytes())
+    pos = 0
+    for _ in range(n):
+        pos += int.from_bytes(data[pos:pos + 4], "big")
+    if what == "queueid":
+        data[pos + 12] = 0x01                          # QUEUEID 0 -> 16777216
+    else:
+        data[data.index(b"TopicA", pos) + 1] = {"nul": 0, "slash": ord("/")}[what]
+    f.write_bytes(bytes(data))
+    return pos
+
+
+@pytest.mark.parametrize("what", ["nul", "slash", "queueid"])
+@pytest.mark.parametrize("queues", ["kept", "removed"])
+def test_a_damaged_topic_or_queue_id_byte_is_confined_damage(tmp_path, what, queues):
+    root = tmp_path / "store"
+    run_until_sigkilled(_WRITE_AND_DIE, root)
+    at = _damage_record(root, 100, what)
+    if queues == "removed":                 # every record is dispatched again at the open
+        import shutil
+        shutil.rmtree(root / "consumequeue")
+    with MessageStore.open(root, small_config()) as s:
+        fails = [f for f in s.failures.failures() if f.offset == at]
+        assert fails and fails[0].path.endswith("00000000000000000000"), [str(f) for f in s.failures.failures()]
+        assert "damaged TOPIC field" in fails[0].reason or "damaged QUEUEID field" in fails[0].reason
+        assert s.get_max_offset_in_queue("TopicA", 0) == 200      # later messages keep their queue offsets
+        got = s.get_message("G", "TopicA", 0, 99, 3)
+        assert [m.body for m in got.messages] == [b"m99", b"m101", b"m102"]   # the damaged one reads as removed
+    assert sorted(os.listdir(root / "consumequeue")) == ["TopicA"]
+    assert sorted(os.listdir(root / "consumequeue" / "TopicA")) == ["0"]
+    r = run_cli("check", "-c", _conf(tmp_path), root)
+    assert r.returncode == 1 and f"offset {at}" in r.stdout.decode() and "damaged" in r.stdout.decode(), r.stdout
+    r = run_cli("check", "--repair", "-c", _conf(tmp_path), root)          # quarantined as accepted damage
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    assert run_cli("check", "-c", _conf(tmp_path), root).returncode == 0
+
+
+def _conf(tmp_path):
+    conf = tmp_path / "store.conf"
+    if not conf.exists():
+        conf.write_text(small_config().to_properties())
+    return conf
