@@ -149,7 +149,7 @@ def test_empty_file_and_no_bak_means_defaults(tmp_path):
 # --- writing -----------------------------------------------------------------------------------------------
 def test_writes_keep_the_previous_good_content_as_bak(tmp_path):
     from rmqstore.store.config_file import load_config_file, string_to_file
-    from rmqstore.messaging.offset_store import decode_offsets
+    from rmqstore.store.config_tables import decode_offsets
 
     p = tmp_path / "config" / "consumerOffset.json"
 

@@ -1,4 +1,4 @@
-"""bench_grpc (rmqstore.proxy.bench) at a tiny scale: the official Python 5.x client sends and receives + acks
+"""bench_grpc (rmqstore.broker.bench_grpc) at a tiny scale: the official Python 5.x client sends and receives + acks
 through a real `rmqstore serve` over gRPC; positive figures, every message acked exactly once; the suite's
 grpc table (beside the remoting rows) builds from its answer."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("grpc")
 pytest.importorskip("rocketmq.grpc_protocol")
 
-from rmqstore.proxy.bench import bench_grpc  # noqa: E402
+from rmqstore.broker.bench_grpc import bench_grpc  # noqa: E402
 from rmqstore.tools import benchsuite  # noqa: E402
 from rmqstore.tools.suite.reference import grpc_table, server_table  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_a_message_this_run_did_not_send_is_an_error_not_a_figure(tmp_path):
 
     from rmqstore.broker.process import ServerProcess
     from rmqstore.client import Admin, Message, Producer
-    from rmqstore.proxy.bench import BenchError
+    from rmqstore.broker.bench_grpc import BenchError
     store, topic = tmp_path / "store", f"GrpcBench{os.getpid()}"
     with ServerProcess(store, {"grpcListenPort": "-1", "mappedFileSizeCommitLog": 256 * 1024 * 1024}) as srv:
         with Admin(srv.namesrv_addr) as admin:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 
-from ..messaging.schedule import decode_delay_offsets
+from ..store.config_tables import decode_delay_offsets
 from ..remoting import fastjson
 from ..remoting.codes import RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand

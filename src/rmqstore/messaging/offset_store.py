@@ -13,24 +13,13 @@ import logging
 import threading
 from pathlib import Path
 
+from ..store.config_tables import decode_offsets
 from ..store.config_file import PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 
 TOPIC_GROUP_SEPARATOR = "@"
 DEFAULT_FLUSH_INTERVAL_MS = 5000
-
-
-def decode_offsets(data) -> dict[str, dict[int, int]]:
-    """consumerOffset.json's parsed JSON to {"topic@group": {queueId: offset}}; ValueError naming the entry
-    for a wrong shape (a table that is not an object, a non-numeric queue id or offset)."""
-    table = as_object(as_object(data, "consumerOffset.json").get("offsetTable"), "offsetTable")
-    out: dict[str, dict[int, int]] = {}
-    for key, m in table.items():
-        where = f"offsetTable[{key!r}]"
-        out[key] = {as_int(q, f"{where} queue id"): as_int(o, f"{where}[{q!r}]")
-                    for q, o in as_object(m, where).items()}
-    return out
 
 
 class ConsumerOffsetManager:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..store import codec
 from ..store.consume_queue_ext import MAX_ADDR as MAX_EXT_ADDR, delivery_time_of_ext
+from ..store.config_tables import decode_delay_offsets
 from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from ..store.java_map import as_broker_map
 from ..store import validation
@@ -141,12 +142,6 @@ def message_timeup(msg: MessageExt) -> Message:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def decode_delay_offsets(data) -> dict[int, int]:
-    """delayOffset.json's parsed JSON to {delay level: offset}; ValueError naming the entry if malformed."""
-    table = as_object(as_object(data, "delayOffset.json").get("offsetTable"), "offsetTable")
-    return {as_int(k, "offsetTable level"): as_int(v, f"offsetTable[{k!r}]") for k, v in table.items()}
 
 
 class ScheduleMessageService:

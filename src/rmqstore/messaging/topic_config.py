@@ -21,14 +21,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..store.config import StoreConfig
+from ..store.config_tables import (DEFAULT_READ_QUEUE_NUMS, DEFAULT_WRITE_QUEUE_NUMS, PERM_INHERIT, PERM_PRIORITY,
+                                    PERM_READ, PERM_WRITE, TopicConfig, decode_topics)
 from ..store.config_file import PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
-
-PERM_PRIORITY = 0x1 << 3
-PERM_READ = 0x1 << 2
-PERM_WRITE = 0x1 << 1
-PERM_INHERIT = 0x1 << 0
 
 AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 BENCHMARK_TOPIC = "BenchmarkTest"
@@ -36,8 +33,6 @@ SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
 OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
-DEFAULT_READ_QUEUE_NUMS = 16
-DEFAULT_WRITE_QUEUE_NUMS = 16
 
 
 def retry_topic(group: str) -> str:
@@ -57,64 +52,6 @@ class MessageQueue:
 
     def __str__(self) -> str:
         return f"MessageQueue [topic={self.topic}, brokerName={self.broker_name}, queueId={self.queue_id}]"
-
-
-@dataclass
-class TopicConfig:
-    topic_name: str
-    read_queue_nums: int = DEFAULT_READ_QUEUE_NUMS
-    write_queue_nums: int = DEFAULT_WRITE_QUEUE_NUMS
-    perm: int = PERM_READ | PERM_WRITE
-    topic_filter_type: str = "SINGLE_TAG"
-    topic_sys_flag: int = 0
-    order: bool = False
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & PERM_READ)
-
-    @property
-    def writeable(self) -> bool:
-        return bool(self.perm & PERM_WRITE)
-
-    def to_json(self) -> dict:
-        # fastjson writes a bean's fields sorted by name
-        return {"order": self.order, "perm": self.perm, "readQueueNums": self.read_queue_nums,
-                "topicFilterType": self.topic_filter_type, "topicName": self.topic_name,
-                "topicSysFlag": self.topic_sys_flag, "writeQueueNums": self.write_queue_nums}
-
-    @classmethod
-    def from_json(cls, name: str, d: dict) -> "TopicConfig":
-        """One entry of topicConfigTable; ValueError naming the topic and field for a wrong shape."""
-        d = as_object(d, f"topicConfigTable[{name!r}]")
-        where = f"topicConfigTable[{name!r}]."
-        topic_name = d.get("topicName", name)
-        if not isinstance(topic_name, str) or not topic_name:
-            raise ValueError(f"{where}topicName {topic_name!r} is not a topic name")
-        order = d.get("order", False)
-        if not isinstance(order, bool):
-            raise ValueError(f"{where}order {order!r} is not a boolean")
-        return cls(topic_name=topic_name,
-                   read_queue_nums=as_int(d.get("readQueueNums", DEFAULT_READ_QUEUE_NUMS), where + "readQueueNums"),
-                   write_queue_nums=as_int(d.get("writeQueueNums", DEFAULT_WRITE_QUEUE_NUMS),
-                                           where + "writeQueueNums"),
-                   perm=as_int(d.get("perm", PERM_READ | PERM_WRITE), where + "perm"),
-                   topic_filter_type=str(d.get("topicFilterType", "SINGLE_TAG")),
-                   topic_sys_flag=as_int(d.get("topicSysFlag", 0), where + "topicSysFlag"), order=order)
-
-
-def decode_topics(data) -> tuple[dict[str, TopicConfig], dict | None]:
-    """topics.json's parsed JSON to (table, dataVersion or None); ValueError for a wrong shape."""
-    data = as_object(data, "topics.json")
-    table = {name: TopicConfig.from_json(name, d)
-             for name, d in as_object(data.get("topicConfigTable"), "topicConfigTable").items()}
-    dv = data.get("dataVersion")
-    version = None
-    if dv is not None:
-        dv = as_object(dv, "dataVersion")
-        version = {"counter": as_int(dv.get("counter", 0), "dataVersion.counter"),
-                   "timestamp": as_int(dv.get("timestamp", 0), "dataVersion.timestamp")}
-    return table, version
 
 
 class TopicNotExistError(LookupError):

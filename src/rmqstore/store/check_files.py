@@ -44,9 +44,7 @@ def check_checkpoint(root: Path, recs: Records, report: CheckReport) -> None:
 
 def _config_decoders() -> dict[str, Callable]:
     """The decoder the store loads each known config file with (a wrong shape is a problem, as at open)."""
-    from ..messaging.offset_store import decode_offsets
-    from ..messaging.schedule import decode_delay_offsets
-    from ..messaging.topic_config import decode_topics
+    from .config_tables import decode_delay_offsets, decode_offsets, decode_topics
     from . import deleted_queues
     from .damage import FILE_NAME, decode
     return {"topics.json": decode_topics, "consumerOffset.json": decode_offsets,

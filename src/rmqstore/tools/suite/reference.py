@@ -126,7 +126,7 @@ class ReferenceWorkloads:
     def grpc(self):
         """bench_grpc's figures (the official Python 5.x client over gRPC) beside the remoting rows of the
         server step (this run's; measured here when that step did not run); ratios against remoting async send."""
-        from ...proxy.bench import bench_grpc
+        from ...broker.bench_grpc import bench_grpc
         remoting = next((t for t in self.tables if t.key == "server" and t.ref_value()), None)
         remoting_error, measured_here = None, remoting is None
         if remoting is None:

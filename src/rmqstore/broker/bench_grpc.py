@@ -1,7 +1,7 @@
 """bench_grpc: throughput of `rmqstore serve`'s gRPC endpoint over loopback, driven by the official Python 5.x
 client (rocketmq-python-client, extra `rmqstore[grpc]`).
 
-    from rmqstore.proxy.bench import bench_grpc
+    from rmqstore.broker.bench_grpc import bench_grpc
     print(bench_grpc("small"))
 
 Starts `python -m rmqstore.broker.server` on a temporary store (a child process, free ports, as bench_server),
@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..broker.bench import bench_body, cpu_seconds, cpu_us_per_msg, scratch_store, timed_sends
+from .bench import bench_body, cpu_seconds, cpu_us_per_msg, scratch_store, timed_sends
 
 SCALES = {"small": 2_000, "full": 15_000}
 
@@ -38,7 +38,7 @@ def bench_grpc(scale: str | int = "small", *, body_size: int = 256, in_flight: i
                batch: int = 32, sync_messages: int | None = None, invisible_s: int = 120, long_poll_s: int = 5,
                store_dir: str | Path | None = None, conf: dict | None = None, keep_store: bool = False) -> dict:
     """The figures (msg/s: send_sync, send_async, receive_ack) and counts of one run; see the module."""
-    from ..broker.process import ServerProcess
+    from .process import ServerProcess
     from ..client import Admin
 
     n = SCALES[scale] if isinstance(scale, str) else int(scale)
@@ -78,9 +78,9 @@ def grpc_limit(calls: int, payload: int, in_flight: int) -> dict:
 
     import grpc
 
-    from ..broker.process import free_port
+    from .process import free_port
     port = free_port()
-    code = f"from rmqstore.proxy.bench import _echo_server; _echo_server({port})"
+    code = f"from rmqstore.broker.bench_grpc import _echo_server; _echo_server({port})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         if proc.stdout.readline().strip() != b"ready":
