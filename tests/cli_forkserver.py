@@ -21,8 +21,8 @@ import struct
 import sys
 import threading
 
-PRELOAD = ("rmqstore.tools.cli", "rmqstore.store.check", "rmqstore.store.rebuild", "rmqstore.tools.dump",
-           "rmqstore.store.store_reader", "rmqstore.store.store", "rmqstore.tools.progress")
+PRELOAD = ("rmqstore.tools.cli", "rmqstore.store.check.check", "rmqstore.store.repair.rebuild", "rmqstore.tools.dump",
+           "rmqstore.store.reads.store_reader", "rmqstore.store.store", "rmqstore.tools.progress")
 
 
 def _child(req: dict, fds: list[int]) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
 from rmqstore.store.store import MessageStore
 

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 
-from rmqstore.store.message import PutMessageStatus
+from rmqstore.store.format.message import PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import Acked, make_message, small_config
 

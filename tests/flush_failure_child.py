@@ -10,9 +10,9 @@ import json
 import sys
 import time
 
-from rmqstore.store import codec
-from rmqstore.store.flush import FlushConsumeQueueService, GroupCommitService
-from rmqstore.store.message import Message
+from rmqstore.store.format import codec
+from rmqstore.store.durability.flush import FlushConsumeQueueService, GroupCommitService
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 from store_checks import fill_up, small_config
 

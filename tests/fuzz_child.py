@@ -182,7 +182,7 @@ def check_reads(store, exp: Expected, limit: int = 10, per_offset_max: int = 400
 
 def check_put(store, exp: Expected) -> list[str]:
     """One put after the open: PUT_OK means readable at the answered queue offset, promptly."""
-    from rmqstore.store.message import Message, PutMessageStatus
+    from rmqstore.store.format.message import Message, PutMessageStatus
     topic, qid = sorted(exp.queues)[0] if exp.queues else ("FuzzTopic", 0)
     body = b"after-the-damage"
     r = store.put_message(Message(topic, body, queue_id=qid, properties={"KEYS": "fuzz-put"}))
@@ -202,7 +202,7 @@ def _names_store_file(text: str, root: Path) -> bool:
 
 
 def phase_open(root: Path, conf: str, exp: Expected) -> dict:
-    from rmqstore.store.config import StoreConfig
+    from rmqstore.store.conf.config import StoreConfig
     from rmqstore.errors import RmqStoreError
     from rmqstore.messaging.local_broker import LocalBroker
     from rmqstore.store.store import MessageStore
@@ -372,7 +372,7 @@ def _scratch_copy(template: str, root: Path, m: dict) -> str | None:
 
 def vouch_all(root: Path) -> None:
     """Rewrite the record of the store at root (if it has one) with every file's stat as it is now."""
-    from rmqstore.store import verified_state as vs
+    from rmqstore.store.recovery import verified_state as vs
     state = vs.load(root)
     files = {}
     for rel, e in state.files.items():

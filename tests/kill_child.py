@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus  # noqa: E402
-from rmqstore.store.message_batch import MessageBatch  # noqa: E402
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus  # noqa: E402
+from rmqstore.store.format.message_batch import MessageBatch  # noqa: E402
 from rmqstore.store.store import MessageStore  # noqa: E402
 from store_checks import (  # noqa: E402
     FULL_RANGE_LOOKUPS, QUEUES, TOPICS, Acked, body_for, find_by_key, make_message, small_config)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rmqstore.store import codec
-from rmqstore.store import scanner
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
 
 CHILD = Path(__file__).with_name("crash_child.py")
 TOPICS = ("TopicA", "TopicB", "TopicC")
@@ -431,7 +431,7 @@ def small_filesystem(path: Path, size_mb: int = 8):
 
 def fill_to(ballast: Path, ratio: float) -> float:
     """Grow or shrink the ballast file so that its filesystem is `ratio` used; returns the ratio reached."""
-    from rmqstore.store.cleanup import disk_used_ratio
+    from rmqstore.store.durability.cleanup import disk_used_ratio
     st = os.statvfs(ballast.parent)
     total = st.f_blocks * st.f_frsize
     used = total - st.f_bfree * st.f_frsize

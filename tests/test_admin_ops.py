@@ -22,7 +22,7 @@ from rmqstore.client.message import MQBrokerError
 from rmqstore.client.running_info import answer_running_info
 from rmqstore.remoting.codes import RequestCode, ResponseCode
 from rmqstore.remoting.command import RemotingCommand
-from rmqstore.store.cleanup import clean_store
+from rmqstore.store.durability.cleanup import clean_store
 from store_checks import raw_request, wait_until
 
 CONF = {"mappedFileSizeCommitLog": 8 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
@@ -236,7 +236,7 @@ def test_clean_expired_cq_removes_queues_below_the_commitlog(tmp_path):
 def test_clean_expired_cq_library_keeps_live_queues(tmp_path):
     """The store function itself: the delay topic and queues with messages left are kept; a queue written
     again after its removal starts over at queue offset 0 (RocketMQ's removeQueueFromTopicQueueTable)."""
-    from rmqstore.store.queue_clean import clean_expired_consumer_queue
+    from rmqstore.store.consumequeue.queue_clean import clean_expired_consumer_queue
     store = tmp_path / "store"
     cfg = _expired_store(store)
     with MessageStore.open(store, cfg) as st:
@@ -453,8 +453,8 @@ def test_deleted_topic_stays_deleted_after_sigkill(tmp_path, rewrite):
             assert s.get_max_offset_in_queue("TA", 0) == len(want)
             assert s.get_max_offset_in_queue("TB", 0) == 35
             assert s.get_message("G", "TB", 0, 34, 1).messages[0].body == b"b-34"
-    from rmqstore.store.check import check_store
-    from rmqstore.store.rebuild import rebuild_store
+    from rmqstore.store.check.check import check_store
+    from rmqstore.store.repair.rebuild import rebuild_store
     rep = check_store(root, small_config(), live=False)     # the deleted generation is no missing queue
     assert not rep.problems, [str(p) for p in rep.problems]
     rebuild_store(root, small_config())                     # nor does a rebuild bring it back
@@ -467,7 +467,7 @@ def test_deleted_topic_stays_deleted_after_sigkill(tmp_path, rewrite):
 def test_deleted_queues_file_is_validated(tmp_path):
     """A malformed deletedQueues.json names the file and the field (at open, its .bak is used; check reports
     it like every config file)."""
-    from rmqstore.store import deleted_queues as D
+    from rmqstore.store.consumequeue import deleted_queues as D
     assert D.decode({"queues": [{"topic": "T", "queueId": 1, "below": 7}]}) == {("T", 1): 7}
     for bad, what in (([], "'queues' list"), ({"queues": [3]}, "queues[0] is not an object"),
                       ({"queues": [{"topic": "", "queueId": 0, "below": 1}]}, "topic"),
@@ -478,7 +478,7 @@ def test_deleted_queues_file_is_validated(tmp_path):
     D.record(tmp_path, [("T", 0)], 10)
     assert D.record(tmp_path, [("T", 0)], 5) == {("T", 0): 10}    # a later deletion never lowers it
     assert D.load(tmp_path) == {("T", 0): 10}
-    from rmqstore.store.check_files import _config_decoders
+    from rmqstore.store.check.check_files import _config_decoders
     assert D.FILE_NAME in _config_decoders()
 
 
@@ -486,7 +486,7 @@ def test_check_sees_no_damage_in_a_deleted_then_rewritten_queue(tmp_path):
     """A queue deleted and written again with one message: its old generation's offsets end where the new
     one starts over at 0; check once called the new record 'QUEUEOFFSET 0 out of the sequence: a damaged
     header', and check --repair quarantined it (an outside tester)."""
-    from rmqstore.store.check import check_store
+    from rmqstore.store.check.check import check_store
     from store_checks import small_config
     with MessageStore.open(tmp_path, small_config()) as s:
         for i in range(20):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 @contextlib.contextmanager
 def _dispatched_store(path, commitlog_file_size, msgs):
-    from rmqstore.store.config import StoreConfig
+    from rmqstore.store.conf.config import StoreConfig
     from rmqstore.store.store import MessageStore
 
     cfg = StoreConfig(mapped_file_size_commit_log=commitlog_file_size)
@@ -23,7 +23,7 @@ def _dispatched_store(path, commitlog_file_size, msgs):
 
 def _assert_reads_back(s, msgs, queues, lo, hi):
     """Both forms of every queue equal the bodies put, in order, none skipped; and the range [lo, hi)."""
-    from rmqstore.store.batch_read import read_queue_bodies
+    from rmqstore.store.reads.batch_read import read_queue_bodies
 
     for q in range(queues):
         want = [m.body for m in msgs if m.queue_id == q]
@@ -36,7 +36,7 @@ def _assert_reads_back(s, msgs, queues, lo, hi):
 
 
 def test_batch_read_matches_get_message(tmp_path):
-    from rmqstore.store.batch_read import read_queue_bodies
+    from rmqstore.store.reads.batch_read import read_queue_bodies
     from rmqstore.tools.bench import generate_messages
 
     msgs = generate_messages(1500, 37, 3, "T")
@@ -50,8 +50,8 @@ def test_batch_read_mixed_lengths_ipv6_hosts_and_damaged_units(tmp_path):
     hosts (BODYLENGTH 12 or 24 bytes further on), and a unit whose record was overwritten: skipped, counted."""
     import random
 
-    from rmqstore.store.batch_read import read_queue_bodies
-    from rmqstore.store.message import Message
+    from rmqstore.store.reads.batch_read import read_queue_bodies
+    from rmqstore.store.format.message import Message
 
     rnd = random.Random(7)
     hosts = ["127.0.0.1:10911", "[2001:db8::1]:10911"]
@@ -80,7 +80,7 @@ def test_batch_read_mixed_lengths_ipv6_hosts_and_damaged_units(tmp_path):
 def test_bodies_list_and_buffer_equal_slices(cuts, extra):
     import numpy as np
 
-    from rmqstore.store.batch_read import bodies_buffer, bodies_list
+    from rmqstore.store.reads.batch_read import bodies_buffer, bodies_list
 
     data = bytes(range(256)) * 20
     cuts = [(a, n) for a, n in cuts] + [(17, 3)] * extra      # a length many bodies share
@@ -98,7 +98,7 @@ def test_bodies_of_64_kib_and_more():
     """Lengths past 16 bits are ordered without the 16-bit radix key."""
     import numpy as np
 
-    from rmqstore.store.batch_read import bodies_buffer, bodies_list
+    from rmqstore.store.reads.batch_read import bodies_buffer, bodies_list
 
     data = bytes(range(251)) * 2000
     cuts = [(5, 70_000), (3, 2), (9, 70_000), (1, 65_536), (0, 65_535)] + [(11, 2)] * 20

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from rmqstore.store import codec
-from rmqstore.store import scanner
-from rmqstore.store.check import check_store
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.reader import CommitLogReader
-from rmqstore.store.message import Message
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
+from rmqstore.store.check.check import check_store
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.reads.reader import CommitLogReader
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 
 SET = "rmq440-clean"
@@ -215,7 +215,7 @@ def test_not_a_store_is_one_line_exit_2(tmp_path):
 CHILD = """
 import sys, time
 from rmqstore.store.store import MessageStore
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 s = MessageStore.open(sys.argv[1], StoreConfig.load(sys.argv[2]))
 print("READY", flush=True)
 time.sleep(60)
@@ -263,7 +263,7 @@ def test_repair_moves_a_cut_index_file_aside(tmp_path):
     """An index file cut short is refused at open (a wrong configuration is likelier), and `check --repair`,
     asked with this configuration, moves it aside and indexes its keys again (found by the outside tester:
     open, dump and check --repair all refused, and nothing repaired the derived file)."""
-    from rmqstore.store.message import Message
+    from rmqstore.store.format.message import Message
     path = tmp_path / "store"
     cfg = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600}
     with MessageStore.open(path, StoreConfig.from_dict(cfg)) as s:
@@ -343,7 +343,7 @@ def test_a_live_stores_newest_files_still_empty_are_being_created_not_damage(tmp
 def test_a_new_store_file_appears_whole(tmp_path):
     """A mapped file is created at its full size under a hidden name and renamed into place: no reader
     ever sees it empty, and no temporary is left (a stale one from a crash is overwritten)."""
-    from rmqstore.store.mapped_file import MappedFile
+    from rmqstore.store.files.mapped_file import MappedFile
     p = tmp_path / f"{0:020d}"
     (tmp_path / f".{p.name}.new").write_bytes(b"stale")
     mf = MappedFile(p, 8192)
@@ -360,8 +360,8 @@ def test_opening_a_store_removes_files_a_crash_left_half_made(tmp_path, caplog):
     and refuses the store for it. Opening the store removes them, saying so; a read-only open changes nothing,
     and a link at that name (or anything else hidden) is left alone."""
     import logging
-    from rmqstore.store.message import Message
-    from rmqstore.store.store_reader import StoreReader
+    from rmqstore.store.format.message import Message
+    from rmqstore.store.reads.store_reader import StoreReader
     path = tmp_path / "store"
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600})
     with MessageStore.open(path, cfg) as s:
@@ -423,7 +423,7 @@ def test_repair_never_writes_through_a_symlink_out_of_the_store(tmp_path):
     """A consume queue file that is a symbolic link to a file outside the store: `check` names it, `check
     --repair` refuses (exit 2, one line naming it) and the file outside is untouched (the repair rebuilt
     the queue through the link before)."""
-    from rmqstore.store.message import Message
+    from rmqstore.store.format.message import Message
     path = tmp_path / "store"
     cfg = {"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 600}
     with MessageStore.open(path, StoreConfig.from_dict(cfg)) as s:

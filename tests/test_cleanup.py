@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
-from rmqstore.store.cleanup import CleanCommitLogService, CleanupService, clean_store, disk_used_ratio, parse_delete_when
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.durability.cleanup import CleanCommitLogService, CleanupService, clean_store, disk_used_ratio, parse_delete_when
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import fill_to, make_message, small_config, small_filesystem, verify_store
 
@@ -284,8 +284,8 @@ def test_a_file_not_yet_dispatched_is_never_deleted(tmp_path):
 
 ENOSPC_CHILD = r"""
 import sys
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 # commitlog files of 32 MiB on a 4 MiB filesystem: the disk fills inside a file, under the put; the index
 # file (2 MiB, sparse) fills up with it
@@ -312,8 +312,8 @@ store.close()
 
 REOPEN_FULL_CHILD = r"""
 import sys
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 32 << 20, "maxHashSlotNum": 1000, "maxIndexNum": 100000,
                              "mappedFileSizeConsumeQueue": 6000, "cleanResourceInterval": 3600000})

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from conftest import golden_store, read_jsonl, run_cli
-from rmqstore.store import codec
-from rmqstore.store import scanner
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.reads.reader import CommitLogReader
 
 
 def lines(b: bytes) -> list[dict]:

@@ -66,7 +66,7 @@ def test_second_process_gets_clear_lock_error(clean_copy):
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
         "from rmqstore.store.store import MessageStore\n"
-        "from rmqstore.store.config import StoreConfig\n"
+        "from rmqstore.store.conf.config import StoreConfig\n"
         f"s = MessageStore.open({str(clean_copy)!r}, StoreConfig.load({CONF!r}))\n"
         "print('open', flush=True)\n"
         "sys.stdin.read()\n"

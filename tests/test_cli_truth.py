@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from conftest import read_jsonl, rmqstore_cmd, run_cli
-from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.reads.reader import CommitLogReader
 
 
 def _records(store: Path, conf: Path | None = None) -> list[dict]:
-    from rmqstore.store.config import StoreConfig
+    from rmqstore.store.conf.config import StoreConfig
 
     cfg = StoreConfig.load(str(conf)) if conf else None
     with CommitLogReader(store, cfg) as r:

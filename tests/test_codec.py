@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.store import codec, scanner
-from rmqstore.store.validation import topic_problem
+from rmqstore.store.format import codec, scanner
+from rmqstore.store.format.validation import topic_problem
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)

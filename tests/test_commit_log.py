@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from conftest import golden_store, read_jsonl
-from rmqstore.store import codec
-from rmqstore.store.commit_log import CommitLog
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message, PutMessageStatus
-from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.format import codec
+from rmqstore.store.commitlog.commit_log import CommitLog
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message, PutMessageStatus
+from rmqstore.store.reads.reader import CommitLogReader
 
 
 def open_log(store: Path, cfg: StoreConfig) -> CommitLog:
@@ -256,7 +256,7 @@ def test_prepared_and_rollback_take_no_queue_offset(tmp_path):
 
 def test_flush_and_commit_walk_thousands_of_full_files(tmp_path):
     """One flush (and one commit of the write buffer) over more full files than Python's recursion limit."""
-    from rmqstore.store.message_batch import MessageBatch
+    from rmqstore.store.format.message_batch import MessageBatch
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 4096, "transientStorePoolEnable": "true"})
     cl = CommitLog(tmp_path, cfg)
     cl.load()

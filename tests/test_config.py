@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import ConfigError
 
 

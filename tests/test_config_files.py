@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import CorruptStoreError
 from rmqstore.messaging.local_broker import LocalBroker
-from rmqstore.store.message import Message
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 
 CFG = {"mappedFileSizeCommitLog": 1 << 20, "mapedFileSizeConsumeQueue": 6000}
@@ -148,8 +148,8 @@ def test_empty_file_and_no_bak_means_defaults(tmp_path):
 
 # --- writing -----------------------------------------------------------------------------------------------
 def test_writes_keep_the_previous_good_content_as_bak(tmp_path):
-    from rmqstore.store.config_file import load_config_file, string_to_file
-    from rmqstore.store.config_tables import decode_offsets
+    from rmqstore.store.conf.config_file import load_config_file, string_to_file
+    from rmqstore.store.conf.config_tables import decode_offsets
 
     p = tmp_path / "config" / "consumerOffset.json"
 

@@ -1,6 +1,6 @@
 """Every broker.conf key is honoured, or refused naming it (an outside audit: `aclEnable=true` was accepted
 without a word and nothing was enforced; an unsigned UPDATE_BROKER_CONFIG then deleted 6 of 7 commitlog
-files). The registry is store/config_keys.py; README's list is checked against it."""
+files). The registry is store/conf/config_keys.py; README's list is checked against it."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,7 @@ import pytest
 
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.errors import ConfigError
-from rmqstore.store import config_keys as K
+from rmqstore.store.conf import config_keys as K
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "rmqstore"
 README = Path(__file__).resolve().parent.parent / "README.md"

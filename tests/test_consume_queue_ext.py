@@ -1,4 +1,4 @@
-"""The consume queue extension (store/consume_queue_ext.py) against the files RocketMQ 4.4.0 wrote (recorded in
+"""The consume queue extension (store/consumequeue/consume_queue_ext.py) against the files RocketMQ 4.4.0 wrote (recorded in
 tests/data/sql92/rocketmq440-ext-queue0.json): the same units laid out byte for byte, RocketMQ's files read
 back, the same filter bit maps computed; then a store writing it, pulls skipping what the bit map rules
 out, reopening, and the delay queue reading its delivery times through it."""
@@ -13,8 +13,8 @@ import pytest
 from rmqstore import Message, MessageStore, StoreConfig
 from rmqstore.filter.consumer_filter import ConsumerFilterManager, ExpressionMessageFilter
 from rmqstore.messaging.consumer import SubscriptionData
-from rmqstore.store import codec
-from rmqstore.store.consume_queue_ext import EXT_DIR, ConsumeQueueExt, CqExtUnit, is_ext_addr
+from rmqstore.store.format import codec
+from rmqstore.store.consumequeue.consume_queue_ext import EXT_DIR, ConsumeQueueExt, CqExtUnit, is_ext_addr
 from sql92_cases import DATA, sqltool_all_props
 
 REC = json.loads((DATA / "rocketmq440-ext-queue0.json").read_text())

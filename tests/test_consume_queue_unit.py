@@ -3,7 +3,7 @@ power-loss model found a queue whose empty last file stopped the cut, leaving a 
 then swallowed the next put's unit: PUT_OK, read back as OFFSET_OVERFLOW_ONE)."""
 from __future__ import annotations
 
-from rmqstore.store.consume_queue import UNIT, ConsumeQueue
+from rmqstore.store.consumequeue.consume_queue import UNIT, ConsumeQueue
 
 
 def _queue(tmp_path, units: int, file_units: int = 10) -> ConsumeQueue:
@@ -40,7 +40,7 @@ def test_fill_queue_is_bounded_by_what_was_lost(tmp_path):
     """Filler units stand for messages lost in a skipped range; a jump larger than the lost bytes can hold is
     a damaged QUEUEOFFSET field, not lost messages: nothing is filled (the fuzzer's flipped bit asked for
     65,536 filler units and exhausted the open files)."""
-    from rmqstore.store.dispatch import fill_queue
+    from rmqstore.store.consumequeue.dispatch import fill_queue
     cq = _queue(tmp_path, 12)
     assert fill_queue(cq, 100_000, bound=5) is False
     assert cq.get_max_offset_in_queue() == 12 and len(cq.queue.files) == 2
@@ -55,7 +55,7 @@ def test_fill_queue_is_bounded_by_what_was_lost(tmp_path):
 def test_cut_removes_zero_units_and_trailing_fillers(tmp_path):
     """A power cut leaves zero units at a queue's end (and the power-loss model found units past the
     commitlog's end kept in front of them): the cut keeps real units below the end only."""
-    from rmqstore.store.dispatch import FILLER_UNIT
+    from rmqstore.store.consumequeue.dispatch import FILLER_UNIT
     cq = _queue(tmp_path, 25)
     cq.queue.last.append(FILLER_UNIT * 5)          # units 25..29: fillers, the third file is full
     cq.queue.get_last_mapped_file(30 * UNIT).append(bytes(UNIT * 4))    # a fourth file of zero units
@@ -108,7 +108,7 @@ def test_read_only_queue_cuts_and_appends_in_memory_only(tmp_path):
 def test_read_only_table_reads_a_short_only_file_as_extended(tmp_path):
     """A queue whose only file was cut mid-unit (#7355): the read-write table extends it, the read-only one
     reads it as extended and records the same repair, without touching it."""
-    from rmqstore.store.consume_queue import ConsumeQueueTable
+    from rmqstore.store.consumequeue.consume_queue import ConsumeQueueTable
     root = tmp_path / "store"
     for q, n in ((0, 25), (1, 7)):
         cq = ConsumeQueue("T", q, root / "consumequeue", 10 * UNIT)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.messaging.consumer import CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, ConsumeFromWhere, PullConsumer, PullStatus, PushConsumer, measure_long_polling_latency
 from rmqstore.messaging.local_broker import LocalBroker
 from rmqstore.messaging.producer import Producer

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from kill_child import Zygote, read_side, wait_ready
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import Acked, WalkCache, body_for, small_config, verify_store
 

@@ -1,4 +1,4 @@
-"""store/damage.py: the accepted-damage record `check --repair` writes (config/damagedRanges.json)."""
+"""store/commitlog/damage.py: the accepted-damage record `check --repair` writes (config/damagedRanges.json)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store import damage
-from rmqstore.store.damage import DamagedRange
+from rmqstore.store.commitlog import damage
+from rmqstore.store.commitlog.damage import DamagedRange
 
 
 def _r(off, n):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import GetMessageStatus, Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import GetMessageStatus, Message
 from rmqstore.store.store import MessageStore
 
 FILE_SIZE = 256 * 1024
@@ -38,8 +38,8 @@ def _body(i: int) -> bytes:
 
 _CHILD = r"""
 import json, os, signal, sys
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 path, n, file_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 topics = ("TopicA", "TopicB")

@@ -17,7 +17,7 @@ def test_delete_topic_removes_queues_the_dispatcher_has_not_built(tmp_path):
     """A batch, then delete_topic at once while the dispatcher has not reached the batch (held at its door
     here; the audit: 200,000 messages, 39 MB behind): every queue of the topic goes, none comes back when
     the dispatcher gets there, nor after a reopen; the other topic is whole; the next put starts at 0."""
-    from rmqstore.store.dispatch import Dispatcher
+    from rmqstore.store.consumequeue.dispatch import Dispatcher
     gate, at_door = threading.Event(), threading.Event()
     orig = Dispatcher.dispatch
 
@@ -56,7 +56,7 @@ _BATCH_DELETE_KILL = """
 import os, signal, sys, threading
 sys.path.insert(0, {tests!r})
 from rmqstore import Message, MessageBatch, MessageStore
-from rmqstore.store.dispatch import Dispatcher
+from rmqstore.store.consumequeue.dispatch import Dispatcher
 from store_checks import small_config
 s = MessageStore.open({root!r}, small_config())
 for i in range(5):
@@ -132,7 +132,7 @@ def test_check_repair_never_turns_a_torn_deletion_record_into_nothing_deleted(tm
 
 
 def test_deletions_derived_from_restarts_are_pure():
-    from rmqstore.store.deleted_queues import derive_from_restarts
+    from rmqstore.store.consumequeue.deleted_queues import derive_from_restarts
     q = {("A", 0): ([0, 10, 20, 30, 40], [0, 1, 2, 0, 1]),          # restarts at 30
          ("A", 1): ([0, 10, 20, 30], [0, 1, 0, 1]),                  # ... at 20
          ("B", 0): ([0, 10, 20], [0, 1, 2]),                         # never
@@ -174,7 +174,7 @@ def test_a_deleted_queues_files_go_before_its_next_generation_is_written(tmp_pat
     locks were released, so the topic written again at once could have its new queue's first file (the same
     name) deleted by the old queue's destroy: acknowledged messages unreadable, 'its head is lost'. The
     old queue's destroy is held here until the new message is dispatched (or 2 s)."""
-    from rmqstore.store.consume_queue import ConsumeQueue
+    from rmqstore.store.consumequeue.consume_queue import ConsumeQueue
     from store_checks import wait_until
     new_unit = threading.Event()
     orig = ConsumeQueue.destroy
@@ -216,7 +216,7 @@ def test_a_remote_copy_knows_its_deleted_queues(tmp_path):
     fsspec = pytest.importorskip("fsspec")
     import pyarrow.fs as pafs
     from rmqstore.errors import CorruptStoreError
-    from rmqstore.store import view as V
+    from rmqstore.store.recovery import view as V
     root = tmp_path / "store"
     with MessageStore.open(root, small_config()) as s:
         for i in range(5):
@@ -226,7 +226,7 @@ def test_a_remote_copy_knows_its_deleted_queues(tmp_path):
     mem = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("memory")))
     pafs.copy_files(str(root), "/w36-del/b/store", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=mem)
     try:
-        from rmqstore.store import deleted_queues
+        from rmqstore.store.consumequeue import deleted_queues
         assert V.load_view("memory://w36-del/b/store").deleted == deleted_queues.load(root) != {}
         fsspec.filesystem("memory").pipe("/w36-del/b/store/config/deletedQueues.json", b'{"queues": [')
         with pytest.raises(CorruptStoreError, match="deletedQueues.json"):

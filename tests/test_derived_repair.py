@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from conftest import golden_store, read_jsonl, run_cli
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.tools.dump import dump_lines
-from rmqstore.store.message import GetMessageStatus, Message
+from rmqstore.store.format.message import GetMessageStatus, Message
 from rmqstore.spark import storeview as SV
 from rmqstore.store.store import MessageStore
 
@@ -123,7 +123,7 @@ def test_unit_pointing_at_another_topics_record_is_rebuilt(store_dir: Path, tmp_
     so only the topic tells them apart) is found at open and rebuilt; get_message answers T's own message.
     Open checks every unit of a queue's last file and a sample of the older ones against their records (the
     read path and `check` cover every unit): unit 580 is in the last file, unit 120 in the sample."""
-    from rmqstore.store import recovery
+    from rmqstore.store.recovery import recovery
     if hasattr(recovery, "_checked_positions"):        # (the code before the fix has no sample)
         assert 120 in recovery._checked_positions(N, N - PER_FILE, recovery.CQ_CHECK_SAMPLE)
     with MessageStore.open(store_dir, _config()) as s:

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from conftest import run_cli
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store.message import Message
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 
 CFG = {"mappedFileSizeCommitLog": 64 * 1024, "mappedFileSizeConsumeQueue": 20 * 100}

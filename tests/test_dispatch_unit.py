@@ -1,4 +1,4 @@
-"""The dispatcher (store/dispatch.py) on its own: a commitlog the store wrote, copied, and dispatched by a
+"""The dispatcher (store/consumequeue/dispatch.py) on its own: a commitlog the store wrote, copied, and dispatched by a
 Dispatcher over fresh consume queues and a fresh index. It must rebuild exactly what the store's own
 dispatcher built (units, filler units, index entries), leave prepared and rolled-back transaction records
 out of the queues (and rolled-back ones out of the index), handle IPv6 (v2 host) records and batches, and
@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from rmqstore import Message, MessageStore
-from rmqstore.store import codec, scanner
-from rmqstore.store.commit_log import CommitLog
-from rmqstore.store.consume_queue import ConsumeQueueTable
-from rmqstore.store.dispatch import Dispatcher
-from rmqstore.store.failure import FailureChannel, FailureKind
-from rmqstore.store.index_file import IndexService
-from rmqstore.store.message_batch import MessageBatch
+from rmqstore.store.format import codec, scanner
+from rmqstore.store.commitlog.commit_log import CommitLog
+from rmqstore.store.consumequeue.consume_queue import ConsumeQueueTable
+from rmqstore.store.consumequeue.dispatch import Dispatcher
+from rmqstore.store.state.failure import FailureChannel, FailureKind
+from rmqstore.store.index.index_file import IndexService
+from rmqstore.store.format.message_batch import MessageBatch
 
 from store_checks import small_config
 

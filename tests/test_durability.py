@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store import codec
+from rmqstore.store.format import codec
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import (Acked, Child, file_bytes, make_message, records_in_dir, small_config, verify_store)
 

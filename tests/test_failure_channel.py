@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.failure import FailureChannel, FailureKind
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.state.failure import FailureChannel, FailureKind
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore, StoreDispatchError
 from store_checks import small_filesystem
 

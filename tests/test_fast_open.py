@@ -1,5 +1,5 @@
-"""The fast open (issue 39): what the store verified is recorded at close (store/verified_state.py), a clean
-open re-checks only what changed, the background check (store/background_check.py) checks the rest once the
+"""The fast open (issue 39): what the store verified is recorded at close (store/recovery/verified_state.py), a clean
+open re-checks only what changed, the background check (store/check/background_check.py) checks the rest once the
 store serves.
 
 The promises kept: damage in a file the fast open does not read (an old consume queue file, a commitlog
@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store import background_check, codec, verified_state
-from rmqstore.store.check import check_store
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.failure import FailureKind
-from rmqstore.store.message import GetMessageStatus, Message
-from rmqstore.store.recovery import read_inputs
+from rmqstore.store.check import background_check
+from rmqstore.store.format import codec
+from rmqstore.store.recovery import verified_state
+from rmqstore.store.check.check import check_store
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.state.failure import FailureKind
+from rmqstore.store.format.message import GetMessageStatus, Message
+from rmqstore.store.recovery.recovery import read_inputs
 from rmqstore.store.store import MessageStore
 
 CL_FILE = 64 * 1024
@@ -302,7 +304,7 @@ _CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 from test_fast_open import _cfg, _put, N
-from rmqstore.store.background_check import NAME
+from rmqstore.store.check.background_check import NAME
 from rmqstore.store.store import MessageStore
 s = MessageStore.open(sys.argv[1], _cfg())
 _put(s, N, 200)

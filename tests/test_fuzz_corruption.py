@@ -51,9 +51,9 @@ from pathlib import Path
 import pytest
 
 from conftest import _make_writable, golden_store, run_cli
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.messaging.local_broker import LocalBroker
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import make_message, records_in_dir
 

@@ -15,10 +15,10 @@ import types
 
 import pytest
 
-from rmqstore.store.config import SYNC_FLUSH, StoreConfig
-from rmqstore.store.flush import GroupCommitService
-from rmqstore.store.lock import AbortFile
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.conf.config import SYNC_FLUSH, StoreConfig
+from rmqstore.store.durability.flush import GroupCommitService
+from rmqstore.store.state.lock import AbortFile
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore, RunningFlags
 
 NEVER = 600_000          # sync flush timeout (ms) no test waits for

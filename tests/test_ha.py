@@ -20,10 +20,10 @@ import pytest
 
 from rmqstore import Message, MessageBatch, MessageStore, StoreConfig
 from rmqstore.broker.process import free_port
-from rmqstore.store.failure import FailureKind
+from rmqstore.store.state.failure import FailureKind
 from rmqstore.store.ha import protocol
 from rmqstore.store.ha.transfer import GroupTransfer
-from rmqstore.store.message import PutMessageStatus as S
+from rmqstore.store.format.message import PutMessageStatus as S
 
 from conftest import run_cli
 

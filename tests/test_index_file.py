@@ -19,15 +19,15 @@ import pytest
 
 from conftest import golden_dir
 
-from rmqstore.store import codec
-from rmqstore.store import scanner
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, IndexService, key_hash, key_hashes, time_millis_to_human_string
+from rmqstore.store.index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, IndexService, key_hash, key_hashes, time_millis_to_human_string
 
 GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 SETS = ["rmq440-clean", "rmq440-crash"]
-LOGGER = "rmqstore.store.index_file"
+LOGGER = "rmqstore.store.index.index_file"
 FOREVER = 2 ** 63 - 1
 
 needs_golden = pytest.mark.usefixtures("golden")     # fails (never skips) when the golden data is missing
@@ -151,7 +151,7 @@ def test_key_hashes_match_java_string_hash():
 def test_key_hashes_of_batches_in_one_piece_and_in_chunks(lengths, chunk, monkeypatch):
     """A batch hashes in one cumulative sum, or in pieces of about `chunk` units when it is long (a key
     longer than a piece alone in its piece): all equal Java's String.hashCode, ASCII and not."""
-    from rmqstore.store import index_file
+    from rmqstore.store.index import index_file
 
     monkeypatch.setattr(index_file, "_HASH_CHUNK_UNITS", chunk)
     rng = random.Random(len(lengths))
@@ -578,7 +578,7 @@ def test_first_entry_after_recovery_removed_every_entry_is_found_at_its_time(tmp
     header keeps the removed first entry's time. The next first put must still be found by a query whose
     range ends at its store time (RocketMQ's formula put it there 3 s late after a SIGKILL in the kill loop:
     a time-ranged queryMessage missed an acknowledged message)."""
-    from rmqstore.store.index_file import cut_entries
+    from rmqstore.store.index.index_file import cut_entries
     t0 = 1_700_000_000_000
     f = IndexFile(tmp_path / "f", 4, 8)
     assert f.put_key("T#a", 100, t0) and f.put_key("T#b", 200, t0 + 500)
@@ -739,8 +739,8 @@ from pathlib import Path
 import numpy as np
 sys.path.insert(0, sys.argv[2])
 from store_checks import fill_up
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.index_file import IndexFile, IndexService, key_hash
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.index.index_file import IndexFile, IndexService, key_hash
 mnt = Path(sys.argv[1])
 out = {}
 f = IndexFile(mnt / "20260101000000000", 1000, 1_000_000)      # 20 MB, sparse, on an 8 MB disk

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from kill_child import Zygote, check_acked, read_side, wait_ready
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import Acked, WalkCache, body_for, small_config, verify_store
 

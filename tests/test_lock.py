@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import StoreLockedError
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 
 CONF = {"mappedFileSizeCommitLog": 1 << 20, "mappedFileSizeConsumeQueue": 6000}
 
 WRITER = r"""
 import sys
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 store = MessageStore.open(sys.argv[1], StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20,
                                                              "mappedFileSizeConsumeQueue": 6000}))
@@ -39,9 +39,9 @@ print("ACKED", acked, flush=True)
 
 SECOND = r"""
 import sys
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import StoreLockedError
-from rmqstore.store.message import Message
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 try:
     store = MessageStore.open(sys.argv[1], StoreConfig.from_dict({"mappedFileSizeCommitLog": 1 << 20,

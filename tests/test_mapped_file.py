@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store.mapped_file import MappedFile, MappedFileQueue, ReadOnlyMappedFile, offset_to_file_name
+from rmqstore.store.files.mapped_file import MappedFile, MappedFileQueue, ReadOnlyMappedFile, offset_to_file_name
 
 SIZE = 4096
 

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.lock import AbortFile, boot_id
-from rmqstore.store.message import Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.state.lock import AbortFile, boot_id
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 from store_checks import small_filesystem
 
@@ -26,7 +26,7 @@ N = 200
 
 OPEN_CHILD = r"""
 import sys
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.errors import RmqStoreError
 from rmqstore.store.store import MessageStore
 conf = {"mappedFileSizeCommitLog": 1 << 20, "mappedFileSizeConsumeQueue": 6000, "maxHashSlotNum": 4000,

@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 
 from kill_child import Zygote, check_acked, read_side, wait_acked, wait_ready
-from rmqstore.store import codec
-from rmqstore.store import scanner
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
+from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import Acked, WalkCache, small_config, verify_store
 

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.messaging.local_broker import LocalBroker
-from rmqstore.store.message import PutMessageStatus
+from rmqstore.store.format.message import PutMessageStatus
 from rmqstore.messaging.producer import Producer, SendError, SendStatus, TopicNotExistError, client_ip, create_uniq_id, select_queue_by_hash
 from rmqstore.store.store import MessageStore
 from rmqstore.messaging.topic_config import MessageQueue

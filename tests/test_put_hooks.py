@@ -1,4 +1,4 @@
-"""Put-message hooks (store/hooks.py, RocketMQ 5's putMessageHookList) and the import structure they allow:
+"""Put-message hooks (store/commitlog/hooks.py, RocketMQ 5's putMessageHookList) and the import structure they allow:
 the engine runs hooks and never imports the messaging layer; the delay rewrite is a hook the schedule
 extension registers."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from rmqstore.store import codec
-from rmqstore.store.message import Message, PutMessageResult, PutMessageStatus
-from rmqstore.store.message_batch import MessageBatch
+from rmqstore.store.format import codec
+from rmqstore.store.format.message import Message, PutMessageResult, PutMessageStatus
+from rmqstore.store.format.message_batch import MessageBatch
 from rmqstore.store.store import MessageStore
 from store_checks import small_config
 
@@ -111,9 +111,10 @@ def _imports(path: Path, package: str) -> set[str]:
 
 
 def test_engine_does_not_import_messaging_and_services_do_not_import_the_facade():
-    for name in ("store", "commit_log", "flush", "cleanup", "hooks", "parts", "message", "message_batch",
-                 "validation", "running_flags"):
-        got = _imports(SRC / "store" / f"{name}.py", "rmqstore.store")
+    for name in ("store", "commitlog/commit_log", "durability/flush", "durability/cleanup", "commitlog/hooks",
+                 "durability/parts", "format/message", "format/message_batch", "format/validation",
+                 "state/running_flags"):
+        got = _imports(SRC / "store" / f"{name}.py", "rmqstore.store." + name.replace("/", "."))
         assert not any(m.startswith("rmqstore.messaging") for m in got), (name, got)
         if name != "store":
             assert "rmqstore.store.store" not in got, name     # services get their parts, not the facade

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from conftest import golden_store, read_jsonl
 
-from rmqstore.store import codec
-from rmqstore.store import scanner
-from rmqstore.store.commit_log import CommitLog
-from rmqstore.store.message_batch import MessageBatch
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message, PutMessageStatus
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
+from rmqstore.store.commitlog.commit_log import CommitLog
+from rmqstore.store.format.message_batch import MessageBatch
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message, PutMessageStatus
 
 SETS = ["rmq440-clean", "rmq440-crash"]
 
@@ -358,7 +358,7 @@ def test_columnar_results_are_a_lazy_sequence(tmp_path):
     """The columnar path answers a PutMessageResults: each way of reading it says what the per-message
     results say, and a failed sync flush turns every appended message into FLUSH_DISK_TIMEOUT."""
     from rmqstore.tools import bench
-    from rmqstore.store.message import PutMessageResults
+    from rmqstore.store.format.message import PutMessageResults
     cl = CommitLog(tmp_path, StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024}))
     cl.load()
     try:

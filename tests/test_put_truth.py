@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.store.message_batch import COLUMNAR_MIN, MessageBatch
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.format.message_batch import COLUMNAR_MIN, MessageBatch
 from rmqstore.store.store import MessageStore
 from store_checks import fill_up, small_config, small_filesystem, walk_commitlog
 

@@ -9,8 +9,9 @@ import random
 
 import numpy as np
 
-from rmqstore.store import codec, queue_check as QC
-from rmqstore.store.scanner import walk_positions
+from rmqstore.store.format import codec
+from rmqstore.store.recovery import queue_check as QC
+from rmqstore.store.format.scanner import walk_positions
 
 
 def _files(rng: random.Random):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.store.store import MessageStore
 from rmqstore.tools.dump import dump_lines, read_keys
 

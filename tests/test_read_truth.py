@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import GetMessageStatus, Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import GetMessageStatus, Message
 from rmqstore.store.store import MessageStore
 
 CFG = {"mappedFileSizeCommitLog": 64 * 1024}
@@ -50,7 +50,7 @@ def test_damaged_queue_offset_in_a_header_makes_no_fillers(tmp_path, queue_kept)
     queue with filler units up to the offset the record claims: 65,536 units in 6,554 files of 10 units,
     then "Too many open files" (found by the corruption fuzzer). The jump is bounded by what lost ranges
     can hold; the damaged record is reported, the others keep their offsets."""
-    from rmqstore.store import codec
+    from rmqstore.store.format import codec
 
     cfg = {"mappedFileSizeCommitLog": 64 * 1024, "mappedFileSizeConsumeQueue": 200}
     path = tmp_path / "store"
@@ -79,7 +79,7 @@ def test_damaged_header_is_not_answered_by_id(tmp_path):
     """A bit flipped in a record's QUEUEOFFSET (not covered by the body CRC) of a cleanly closed store:
     view_message_by_id answered TopicB/2/4611686018427387907 for the message stored as TopicB/2/3 (found by
     the corruption fuzzer). A dispatched message is answered by offset only where its queue says it is."""
-    from rmqstore.store import codec
+    from rmqstore.store.format import codec
 
     path = tmp_path / "store"
     with MessageStore.open(path, StoreConfig.from_dict(CFG)) as s:
@@ -100,7 +100,7 @@ def test_damaged_header_is_not_answered_by_id(tmp_path):
 
 def _topic_flipped_store(tmp_path, crashed: bool):
     """3 queues of T0, a record's topic byte damaged (T0 -> X0); as after a reboot (abort kept, no note)."""
-    from rmqstore.store import codec
+    from rmqstore.store.format import codec
     path = tmp_path / "store"
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024, "mappedFileSizeConsumeQueue": 600})
     with MessageStore.open(path, cfg) as s:

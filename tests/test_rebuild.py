@@ -10,9 +10,9 @@ import pytest
 
 from conftest import golden_dir
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.rebuild import rebuild_store
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.repair.rebuild import rebuild_store
 
 GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)
 
@@ -71,13 +71,13 @@ def test_dispatcher_parses_up_to_the_next_hinted_batch(tmp_path, monkeypatch):
     """Records without columns (a put of the general path; batches put while DISPATCH_HINTS_MAX batches
     waited) are parsed, and the parse stops where the next batch with columns starts, so that the dispatcher
     takes the columns again from there; the queues and index equal a rebuild's."""
-    from rmqstore.store import commit_log
+    from rmqstore.store.commitlog import commit_log
     from rmqstore.tools.bench import generate_messages
-    from rmqstore.store.message import Message
+    from rmqstore.store.format.message import Message
     from rmqstore.store.store import MessageStore
 
     try:                                 # the columnar append path moved to its own module
-        from rmqstore.store import columnar_append as holder
+        from rmqstore.store.commitlog import columnar_append as holder
     except ImportError:
         holder = commit_log
     monkeypatch.setattr(holder, "DISPATCH_HINTS_MAX", 4)
@@ -113,8 +113,8 @@ def test_dispatch_from_the_writers_columns_equals_a_rebuild(tmp_path):
     import random
 
     from rmqstore.tools.bench import generate_messages
-    from rmqstore.store.message import Message
-    from rmqstore.store.message_batch import MessageBatch
+    from rmqstore.store.format.message import Message
+    from rmqstore.store.format.message_batch import MessageBatch
     from rmqstore.store.store import MessageStore
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeConsumeQueue": 300 * 20,
                                  "maxHashSlotNum": 512, "maxIndexNum": 2048})
@@ -146,7 +146,7 @@ def test_dispatch_from_the_writers_columns_equals_a_rebuild(tmp_path):
 
 
 def _small_store(path: Path, n: int = 600) -> StoreConfig:
-    from rmqstore.store.message import Message
+    from rmqstore.store.format.message import Message
     from rmqstore.store.store import MessageStore
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 64 * 1024, "mappedFileSizeConsumeQueue": 300 * 20})
     with MessageStore.open(path, cfg) as s:
@@ -162,7 +162,7 @@ def test_rebuild_leaves_a_crc_damaged_record_out_of_its_queue(tmp_path):
     every body's CRC first, leaves the damaged record out (its queue offset reads as a removed message, the
     next ones read) and reports the skipped range, in its result and on stderr from the CLI."""
     from conftest import run_cli
-    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.reads.reader import CommitLogReader
     from rmqstore.store.store import MessageStore
     path = tmp_path / "store"
     cfg = _small_store(path, 1500)            # 5 files: recovery checks only the last 3
@@ -186,7 +186,7 @@ def test_rebuild_leaves_a_crc_damaged_record_out_of_its_queue(tmp_path):
         assert s.find_messages_by_key("T", "k101") == []
     p = run_cli("rebuild", "-c", _conf(tmp_path, cfg), path)
     assert p.returncode == 0, p.stderr.decode()
-    err = [e for e in p.stderr.decode().splitlines() if "rmqstore.store.rebuild" in e or "not dispatched" in e]
+    err = [e for e in p.stderr.decode().splitlines() if "rmqstore.store.repair.rebuild" in e or "not dispatched" in e]
     assert len(err) == 1 and f"{m.commit_log_offset}..{m.commit_log_offset + m.store_size}" in err[0], err
     assert json.loads(p.stdout)["skipped"][0]["offset"] == m.commit_log_offset
 
@@ -201,8 +201,8 @@ def _conf(tmp_path: Path, cfg: StoreConfig) -> Path:
 def test_rebuild_skips_accepted_damage(tmp_path):
     """A range recorded as accepted damage (config/damagedRanges.json, written by check --repair) is not
     dispatched by a rebuild, even when its bytes look like a valid record."""
-    from rmqstore.store.damage import DamagedRange, record_ranges
-    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.commitlog.damage import DamagedRange, record_ranges
+    from rmqstore.store.reads.reader import CommitLogReader
     from rmqstore.store.store import MessageStore
     path = tmp_path / "store"
     cfg = _small_store(path)
@@ -232,8 +232,8 @@ def test_open_never_dispatches_accepted_damage_again(tmp_path):
     """A range check --repair accepted (config/damagedRanges.json) stays out of its queue when an open after
     a crash dispatches it again, as it stays out of a rebuild."""
     import shutil
-    from rmqstore.store.damage import DamagedRange, record_ranges
-    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.commitlog.damage import DamagedRange, record_ranges
+    from rmqstore.store.reads.reader import CommitLogReader
     from rmqstore.store.store import MessageStore
     path = tmp_path / "store"
     cfg = _small_store(path)

@@ -1,4 +1,4 @@
-"""The record scanner (store/scanner.py): one rule, one outcome vocabulary, and its back-ends held equal.
+"""The record scanner (store/format/scanner.py): one rule, one outcome vocabulary, and its back-ends held equal.
 
 Random commitlog buffers (v1 and v2 records, IPv4 and IPv6 hosts, every transaction type, a blank, zeros,
 a torn tail or garbage after them, bytes flipped and lengths rewritten anywhere) go through every back-end:
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.store import codec, scanner
-from rmqstore.store.scanner import Outcome, RecordError
+from rmqstore.store.format import codec, scanner
+from rmqstore.store.format.scanner import Outcome, RecordError
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)

@@ -1,5 +1,5 @@
 """Recovery as plan, then apply (recovery.plan_recovery / apply_plan): the plan is pure (reads only), each
-golden set's plan leads to what RocketMQ recovered (its dump.jsonl), and the read-only path (store.view,
+golden set's plan leads to what RocketMQ recovered (its dump.jsonl), and the read-only path (store.recovery.view,
 StoreReader) and the read-write path (MessageStore.open) cannot disagree: for the golden sets and for
 stores crashed here with SIGKILL, the view's queues and units equal what open() yields on a copy."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.recovery import RecoveryPlan, plan_recovery, read_inputs
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.recovery.recovery import RecoveryPlan, plan_recovery, read_inputs
 from rmqstore.store.store import MessageStore
-from rmqstore.store.store_reader import StoreReader
-from rmqstore.store.view import RecoveredStore, load_view
+from rmqstore.store.reads.store_reader import StoreReader
+from rmqstore.store.recovery.view import RecoveredStore, load_view
 from rmqstore.tools.dump import dump_lines, read_keys
 
 from conftest import golden_store, read_jsonl
@@ -60,7 +60,7 @@ def open_answer(path: Path, cfg: StoreConfig) -> dict:
 
 
 def view_answer(path: Path, cfg: StoreConfig) -> dict:
-    """The same from the read-only view (store.view.load_view)."""
+    """The same from the read-only view (store.recovery.view.load_view)."""
     view = load_view(str(path), cfg, live=False)
     out = {}
     for key, qv in sorted(view.queues.items()):

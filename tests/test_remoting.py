@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rmqstore.store import scanner
+from rmqstore.store.format import scanner
 from rmqstore.remoting import FrameDecoder, FrameError, FrameTooLarge, RemotingCommand, fastjson
 from rmqstore.remoting.body import BodyError, UniqIdGenerator, decode_batch, encode_batch
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType, code_name

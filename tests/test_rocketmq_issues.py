@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store.cleanup import CleanCommitLogService, clean_store
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.durability.cleanup import CleanCommitLogService, clean_store
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 from store_checks import (Acked, body_for, failing_filesystem, fill_to, small_config, small_filesystem,
                           verify_store)
@@ -156,7 +156,7 @@ def test_issue_678_checkpoint_logics_timestamp_only_after_consume_queue_flush(tm
     assert _step(steps, "closed")["abort"] is True
     # after a failed fsync the kernel may have dropped dirty pages: the next open must not trust the page
     # cache of this boot (lock.AbortFile.distrust), whatever process ends up opening the store
-    from rmqstore.store.lock import AbortFile
+    from rmqstore.store.state.lock import AbortFile
     assert AbortFile(store).read_note() is None
     assert (store / "abort").read_text().startswith("rmqstore-abort " + "-" * 36)
     # the disk is gone (unmounted): the queues are rebuilt from the commitlog at the next open
@@ -195,7 +195,7 @@ def test_issue_2706_sync_flush_with_failing_msync_answers_an_error(tmp_path):
     assert _step(steps, "closed")["abort"] is True
     # after a failed fsync the kernel may have dropped dirty pages: the next open must not trust the page
     # cache of this boot (lock.AbortFile.distrust), whatever process ends up opening the store
-    from rmqstore.store.lock import AbortFile
+    from rmqstore.store.state.lock import AbortFile
     assert AbortFile(store).read_note() is None
     assert (store / "abort").read_text().startswith("rmqstore-abort " + "-" * 36)
 
@@ -344,7 +344,7 @@ def test_issue_3613_8438_query_by_key_checks_topic_and_key_and_drops_duplicates(
     KEYS come back as extra or duplicate results. The raw lookup keeps that (it is RocketMQ's contract,
     checked against the golden dumps); the user-facing queries (store.find_messages_by_key,
     Producer.query_message, `rmqstore query`) must not. A naive query returning the raw matches fails."""
-    from rmqstore.store import codec
+    from rmqstore.store.format import codec
     from rmqstore.messaging.producer import Producer
 
     assert codec.java_string_hash("T#Aa") == codec.java_string_hash("T#BB")
@@ -392,7 +392,7 @@ def test_issue_1258_recovery_after_sigkill_redoes_only_the_tail(tmp_path):
     index checkpoint only moves when an index file fills). After SIGKILL the page cache still holds all
     the dead process wrote: rmqstore notes the boot and the dispatched offset in the abort file, keeps the
     index and re-dispatches only what was not dispatched. (`make bench` times it on 1,000,000 messages.)"""
-    from rmqstore.store.lock import boot_id
+    from rmqstore.store.state.lock import boot_id
     path, acked = _killed_child_store(tmp_path, 3000)
     tag, boot, noted = (path / "abort").read_text().split()
     assert (tag, boot) == ("rmqstore-abort", boot_id())
@@ -435,9 +435,9 @@ def test_issue_1258_index_puts_killed_before_the_header_write(tmp_path):
 import os, signal, sys
 sys.path.insert(0, {str(HERE)!r})
 import numpy as np
-from rmqstore.store.index_file import key_hash
+from rmqstore.store.index.index_file import key_hash
 from rmqstore.store.store import MessageStore
-from rmqstore.store.message import Message
+from rmqstore.store.format.message import Message
 from store_checks import small_config, body_for
 s = MessageStore.open({str(path)!r}, small_config(), start_services=False)
 s.put_messages([Message("TopicA", body_for(f"k{{i}}", 100), queue_id=i % 2, properties={{"KEYS": f"k{{i}}"}})

@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from rmqstore.store import codec, resync, scanner
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
+from rmqstore.store.format import codec, resync, scanner
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 
 SEED = random.randrange(1 << 30)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.java_map import JavaHashMap, as_broker_map, hashmap_order
-from rmqstore.store.message import Message
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.java_map import JavaHashMap, as_broker_map, hashmap_order
+from rmqstore.store.format.message import Message
 from rmqstore.messaging.producer import Producer
 from rmqstore.messaging.schedule import SCHEDULE_TOPIC, rewrite_delayed
 from rmqstore.store.store import MessageStore

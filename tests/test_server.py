@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.store import codec
-from rmqstore.store import scanner
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
 from rmqstore.remoting import FrameDecoder, RemotingCommand, fastjson
 from rmqstore.remoting.body import encode_batch
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType

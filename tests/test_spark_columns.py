@@ -14,8 +14,8 @@ pytest.importorskip("pyarrow")
 
 from rmqstore.spark import options as O  # noqa: E402
 from rmqstore.spark import plan  # noqa: E402
-from rmqstore.store.config import StoreConfig  # noqa: E402
-from rmqstore.store.message import Message  # noqa: E402
+from rmqstore.store.conf.config import StoreConfig  # noqa: E402
+from rmqstore.store.format.message import Message  # noqa: E402
 from rmqstore.store.store import MessageStore  # noqa: E402
 from conftest import load_store as load
 

@@ -10,7 +10,7 @@ pytest.importorskip("pyspark")
 
 from conftest import load_store, local_spark, run_cli
 from rmqstore import Message, MessageStore
-from rmqstore.store.check import check_store
+from rmqstore.store.check.check import check_store
 from store_checks import small_config
 
 

@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
-from rmqstore.store.rebuild import rebuild_store
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
+from rmqstore.store.repair.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
 
 from conftest import golden_store, local_spark, read_jsonl

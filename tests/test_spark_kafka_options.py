@@ -16,8 +16,8 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from rmqstore.spark import skipped_data
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 from conftest import load_store as load
 
@@ -264,10 +264,10 @@ def test_pieces_are_cut_only_where_a_record_starts(store, tmp_path, caplog, monk
     warning naming the file and byte."""
     import struct
     import numpy as np
-    from rmqstore.store import codec
+    from rmqstore.store.format import codec
     from rmqstore.spark.pieces import cut_pieces
     from rmqstore.spark.plan import commitlog_items
-    from rmqstore.store.view import load_view
+    from rmqstore.store.recovery.view import load_view
     root = _copy(store, tmp_path / "p")
     view = load_view(str(root), CFG)
     items = commitlog_items(view)
@@ -299,7 +299,7 @@ def test_pieces_are_cut_only_where_a_record_starts(store, tmp_path, caplog, monk
 
 
 def _records(root):
-    from rmqstore.store.reader import CommitLogReader
+    from rmqstore.store.reads.reader import CommitLogReader
     with CommitLogReader(root, CFG) as r:
         return list(r.messages())
 

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.reads.reader import CommitLogReader
 from rmqstore.store.store import MessageStore
 
 from conftest import golden_store, local_spark, read_jsonl

@@ -18,9 +18,9 @@ pytest.importorskip("pyspark")
 
 from rmqstore.errors import StoreLockedError
 from rmqstore.spark import staging
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message_batch import MessageBatch
-from rmqstore.store.rebuild import rebuild_store
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message_batch import MessageBatch
+from rmqstore.store.repair.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
 from store_checks import index_parts, tree_files
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 pa = pytest.importorskip("pyarrow")
 
 from rmqstore.spark import records as R  # noqa: E402
-from rmqstore.store import codec, scanner  # noqa: E402
+from rmqstore.store.format import codec, scanner  # noqa: E402
 
 v4_hosts = st.builds(lambda ip, port: f"{ip}:{port}", st.ip_addresses(v=4), st.integers(0, 65535))
 v6_hosts = st.builds(lambda ip, port: f"[{ip}]:{port}", st.ip_addresses(v=6), st.integers(0, 65535))

@@ -24,7 +24,8 @@ from rmqstore import MessageBatch, MessageStore, StoreConfig  # noqa: E402
 from rmqstore.spark import skipped_data  # noqa: E402
 from rmqstore.spark import options as O  # noqa: E402
 from rmqstore.spark import plan, records as R, scan  # noqa: E402
-from rmqstore.store import store_fs, view as V  # noqa: E402
+from rmqstore.store.files import store_fs  # noqa: E402
+from rmqstore.store.recovery import view as V
 
 from conftest import local_spark  # noqa: E402
 

@@ -12,8 +12,8 @@ from conftest import local_spark
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import Message
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import Message
 from rmqstore.store.store import MessageStore
 from conftest import load_store as load  # noqa: E402
 

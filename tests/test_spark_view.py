@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from rmqstore.store import codec
-from rmqstore.store import scanner
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.format import scanner
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.tools.dump import queue_messages
-from rmqstore.store.message import Message
-from rmqstore.store.reader import CommitLogReader, find_commitlog_dir, list_commitlog_files
+from rmqstore.store.format.message import Message
+from rmqstore.store.reads.reader import CommitLogReader, find_commitlog_dir, list_commitlog_files
 from rmqstore.spark import options as O
 from rmqstore.spark import plan as P
 from rmqstore.spark import records as R

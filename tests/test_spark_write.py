@@ -21,9 +21,9 @@ pytest.importorskip("pyarrow")
 
 import pyarrow as pa  # noqa: E402
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.reader import CommitLogReader
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.reads.reader import CommitLogReader
 from rmqstore.store.store import MessageStore
 
 pytestmark = pytest.mark.spark
@@ -271,7 +271,7 @@ def test_stream_sink_exactly_once_across_replayed_batch(spark, tmp_path):
 def test_committed_write_id_is_skipped_before_any_message_is_built(tmp_path):
     """two_phase_append: a write whose writeId (or a sink batch that) is committed is skipped before its
     messages are made (a re-run of a 1M-row job costs no Message objects); the others are built and put."""
-    from rmqstore.store.message import Message
+    from rmqstore.store.format.message import Message
     from rmqstore.spark.transaction import two_phase_append
 
     def never():
@@ -304,7 +304,7 @@ def test_writer_keeps_each_queues_order_and_every_field_across_topics_and_chunks
     import pyarrow as pa
     from rmqstore.spark.transaction import CHUNK, two_phase_append
     from rmqstore.spark.writer import to_chunks
-    from rmqstore.store.message_batch import MessageBatch
+    from rmqstore.store.format.message_batch import MessageBatch
     n = 2 * CHUNK + 2000            # topics A and B: more than a chunk each; C: less, with other property names
     topics = [("A", "B", "C")[i % 3 if i < n // 2 else i % 2] for i in range(n)]
     rows = {"topic": topics, "body": [b"%d" % i for i in range(n)],
@@ -507,7 +507,7 @@ def test_rows_the_store_would_grow_past_the_limit_are_refused_by_their_task(tmp_
     finish). A row just at the limit is appended."""
     from rmqstore.spark.transaction import two_phase_append
     from rmqstore.spark.writer import WriteError, to_chunks
-    from rmqstore.store.codec import MAX_PROPERTIES_LENGTH
+    from rmqstore.store.format.codec import MAX_PROPERTIES_LENGTH
     mtype = pa.map_(pa.string(), pa.string())
 
     def row(pad: int, delay: bool):
@@ -525,7 +525,7 @@ def test_rows_the_store_would_grow_past_the_limit_are_refused_by_their_task(tmp_
 
 def test_a_failed_halves_phase_is_rolled_back_at_once(tmp_path, monkeypatch):
     """A write failing before its commit point rolls its halves back before raising (not at the next write)."""
-    from rmqstore.store.message import Message
+    from rmqstore.store.format.message import Message
     from rmqstore.spark import transaction as T
     put_all, calls = T._put_all, []
 

@@ -13,7 +13,7 @@ from rmqstore import MessageSelector, SelectorError
 from rmqstore.messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PullConsumer, PullStatus, PushConsumer
 from rmqstore.messaging.local_broker import LocalBroker
 from rmqstore.messaging.producer import Producer
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.store.store import MessageStore
 from sql92_cases import sqltool_props, sqltool_record, sqltool_tag
 from store_checks import wait_until
@@ -98,7 +98,7 @@ def test_spark_batch_mask_gives_rocketmq_delivered_sets():
     pa = pytest.importorskip("pyarrow")
     from rmqstore.spark.records import parse_properties
     from rmqstore.spark.scan import selector_mask
-    from rmqstore.store import codec
+    from rmqstore.store.format import codec
     from sql92_cases import sqltool_all_props
     props = parse_properties(pa.array([codec.properties_to_string(sqltool_all_props(i)) for i in range(2000)]))
     for r in VALID:

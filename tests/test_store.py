@@ -11,10 +11,10 @@ import pytest
 
 from conftest import golden_dir
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.tools.dump import dump_lines, read_keys
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
 
 GOLDEN = golden_dir()     # $RMQSTORE_GOLDEN, else ../shared/golden (conftest)

@@ -1,14 +1,14 @@
-"""Timer messages (rmqstore.store.timer, RIP-43): parked in rmq_sys_wheel_timer by the put-message hook,
+"""Timer messages (rmqstore.store.timer.timer, RIP-43): parked in rmq_sys_wheel_timer by the put-message hook,
 delivered to the real topic no earlier than their time, refused when malformed or too far, and kept across
-a restart (delivered once after a clean close; store/timer_service.py keeps the progress in RocketMQ 5's
+a restart (delivered once after a clean close; store/timer/timer_service.py keeps the progress in RocketMQ 5's
 files)."""
 from __future__ import annotations
 
 import time
 
 from rmqstore import Message, MessageStore
-from rmqstore.store.message import PutMessageStatus
-from rmqstore.store.timer import TIMER_TOPIC
+from rmqstore.store.format.message import PutMessageStatus
+from rmqstore.store.timer.timer import TIMER_TOPIC
 from store_checks import wait_count
 
 

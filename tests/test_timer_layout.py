@@ -1,4 +1,4 @@
-"""RocketMQ 5's timer file layouts (store/timer_codec.py, timer_wheel.py, timer_log.py, timer_checkpoint.py):
+"""RocketMQ 5's timer file layouts (store/timer/timer_codec.py, timer_wheel.py, timer_log.py, timer_checkpoint.py):
 constants as in RocketMQ 5's Slot / TimerLog / TimerWheel / TimerCheckpoint, byte round trips, and the files
 a store with a parked timer message has where RocketMQ 5 puts them."""
 from __future__ import annotations
@@ -10,16 +10,16 @@ import pytest
 
 from rmqstore import Message, MessageStore
 from rmqstore.errors import CorruptStoreError
-from rmqstore.store.timer import TIMER_TOPIC, timer_out_ms
-from rmqstore.store.timer_checkpoint import TimerCheckpointFile, read_timer_checkpoint
-from rmqstore.store.timer_codec import (BLANK_MAGIC_CODE, CHECKPOINT_FILE_SIZE, EMPTY_SLOT, MAGIC_DEFAULT,
+from rmqstore.store.timer.timer import TIMER_TOPIC, timer_out_ms
+from rmqstore.store.timer.timer_checkpoint import TimerCheckpointFile, read_timer_checkpoint
+from rmqstore.store.timer.timer_codec import (BLANK_MAGIC_CODE, CHECKPOINT_FILE_SIZE, EMPTY_SLOT, MAGIC_DEFAULT,
                                         MAGIC_ROLL, MIN_BLANK_LEN, SLOT_SIZE, SLOTS_TOTAL, UNIT_PRE_SIZE_FOR_MSG,
                                         UNIT_SIZE, Slot, TimerCheckpoint, TimerLogUnit, decode_checkpoint,
                                         decode_slot, decode_unit, encode_checkpoint, encode_slot, encode_unit,
                                         is_magic_ok, java_string_hash, offset_for_last_unit, slot_index,
                                         wheel_file_size)
-from rmqstore.store.timer_log import TimerLog
-from rmqstore.store.timer_wheel import TimerWheel
+from rmqstore.store.timer.timer_log import TimerLog
+from rmqstore.store.timer.timer_wheel import TimerWheel
 
 
 def java_int(v: int) -> int:

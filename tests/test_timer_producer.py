@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from rmqstore import Message, MessageStore, Producer, StoreConfig
-from rmqstore.store.timer import TIMER_TOPIC
+from rmqstore.store.timer.timer import TIMER_TOPIC
 from store_checks import wait_count
 
 

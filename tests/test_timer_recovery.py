@@ -1,4 +1,4 @@
-"""Timer messages across crashes and versions (store/timer_service.py): a store SIGKILLed with parked timer
+"""Timer messages across crashes and versions (store/timer/timer_service.py): a store SIGKILLed with parked timer
 messages delivers every one after it is reopened (at least once, never early); a store of the earlier
 design (config/timerProgress.json) is continued without redelivering what it delivered; a message due
 beyond the roll window is rolled through the timer topic and still delivered on time."""
@@ -13,8 +13,8 @@ import textwrap
 import time
 
 from rmqstore import Message, MessageStore, StoreConfig
-from rmqstore.store.timer import TIMER_TOPIC
-from rmqstore.store.timer_checkpoint import read_timer_checkpoint
+from rmqstore.store.timer.timer import TIMER_TOPIC
+from rmqstore.store.timer.timer_checkpoint import read_timer_checkpoint
 
 
 def now_ms() -> int:

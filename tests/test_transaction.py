@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from rmqstore.store import codec
-from rmqstore.store.config import StoreConfig
+from rmqstore.store.format import codec
+from rmqstore.store.conf.config import StoreConfig
 from rmqstore.messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
 from rmqstore.messaging.local_broker import LocalBroker
 from rmqstore.store.store import MessageStore

@@ -11,15 +11,15 @@ import pyarrow as pa
 import pytest
 
 from conftest import run_cli
-from rmqstore.store.config import StoreConfig
-from rmqstore.store.message import GetMessageStatus, Message, PutMessageStatus
-from rmqstore.store.message_batch import COLUMNAR_MIN, MessageBatch
+from rmqstore.store.conf.config import StoreConfig
+from rmqstore.store.format.message import GetMessageStatus, Message, PutMessageStatus
+from rmqstore.store.format.message_batch import COLUMNAR_MIN, MessageBatch
 from rmqstore.messaging.producer import Producer
 from rmqstore.store.store import MessageStore
 from store_checks import small_config, walk_commitlog
 
 try:
-    from rmqstore.store import validation
+    from rmqstore.store.format import validation
     MAX_QUEUE_ID, Invalid = validation.MAX_QUEUE_ID, validation.InvalidMessageError
 except ImportError:     # the code before issue 15 (PYTHONPATH=/tmp/base/src): the tests fail on their asserts
     validation, MAX_QUEUE_ID, Invalid = None, 65535, ValueError

@@ -20,12 +20,12 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree th
 # public name -> module that defines it
 _EXPORTS = {
     "MessageStore": ".store.store",
-    "StoreConfig": ".store.config",
-    "Message": ".store.message",
-    "MessageExt": ".store.message",
-    "PutMessageStatus": ".store.message",
-    "GetMessageStatus": ".store.message",
-    "MessageBatch": ".store.message_batch",
+    "StoreConfig": ".store.conf.config",
+    "Message": ".store.format.message",
+    "MessageExt": ".store.format.message",
+    "PutMessageStatus": ".store.format.message",
+    "GetMessageStatus": ".store.format.message",
+    "MessageBatch": ".store.format.message_batch",
     "Producer": ".messaging.producer",
     "PushConsumer": ".messaging.consumer",
     "PullConsumer": ".messaging.consumer",
@@ -47,20 +47,20 @@ __all__ = ["__version__", *_EXPORTS]
 
 def _install_schedule(store) -> None:
     """The default store extension: delayed messages (DELAY rewrite hook + ScheduleMessageService), as
-    RocketMQ 4.4.0's store did itself; the engine never imports the messaging layer (store/hooks.py)."""
+    RocketMQ 4.4.0's store did itself; the engine never imports the messaging layer (store/commitlog/hooks.py)."""
     from .messaging.schedule import install
     install(store)
 
 
 def _install_timer(store) -> None:
-    """Timer messages (RIP-43): TIMER_DELIVER_MS / __STARTDELIVERTIME parked until due (store/timer.py,
-    store/timer_service.py)."""
-    from .store.timer_service import install
+    """Timer messages (RIP-43): TIMER_DELIVER_MS / __STARTDELIVERTIME parked until due (store/timer/timer.py,
+    store/timer/timer_service.py)."""
+    from .store.timer.timer_service import install
     install(store)
 
 
 def _register_default_extensions() -> None:
-    from .store.hooks import register_default_extension
+    from .store.commitlog.hooks import register_default_extension
     register_default_extension("schedule", _install_schedule)
     register_default_extension("timer", _install_timer)
 

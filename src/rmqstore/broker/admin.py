@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from ..remoting import fastjson
 from ..remoting.codes import RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand
-from ..store import queue_clean
+from ..store.consumequeue import queue_clean
 from .admin_stats import message_queue_key
 from .context import BrokerContext
 from .header import Header

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..acl import AclGate, inner_client_signer
-from ..store.config import StoreConfig
+from ..store.conf.config import StoreConfig
 from .admin import load_persisted_config
 from .core import Broker
 from .namesrv import NameServer

@@ -18,7 +18,7 @@ _enc = json.encoder.encode_basestring
 @dataclass
 class BrokerContext:
     store: object                    # rmqstore.store.store.MessageStore
-    cfg: object                      # rmqstore.store.config.StoreConfig
+    cfg: object                      # rmqstore.store.conf.config.StoreConfig
     local: object                    # rmqstore.messaging.local_broker.LocalBroker: topics, offsets, send-back
     groups: object                   # .state.SubscriptionGroupManager
     region_id: str = "DefaultRegion"

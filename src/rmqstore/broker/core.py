@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..remoting.codes import RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand
-from ..store.message import Message, PutMessageResult
+from ..store.format.message import Message, PutMessageResult
 from .admin import AdminBrokerProcessor
 from .admin_stats import AdminStatsProcessor
 from .client_manage import ClientManageProcessor

@@ -10,7 +10,7 @@ from ..messaging.local_broker import broker_setting
 from ..messaging.transaction import LocalTransactionState
 from ..remoting.codes import PROPERTY_PRODUCER_GROUP, RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand
-from ..store import codec
+from ..store.format import codec
 from .context import BrokerContext
 from .header import Header
 from .net import Channel

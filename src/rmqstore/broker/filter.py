@@ -22,7 +22,7 @@ import logging
 from ..filter import SQL92, SelectorError, compile_sql92, is_tag_type
 from ..filter.consumer_filter import ConsumerFilterManager, ExpressionMessageFilter, build_filter_data
 from ..remoting.codes import ResponseCode
-from ..store.config_file import as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.conf.config_file import as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..remoting.codes import (MASTER_ID, PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND,
                               ResponseCode)
 from ..remoting.command import RemotingCommand
-from ..store.message import GetMessageStatus
+from ..store.format.message import GetMessageStatus
 from .clients import SubscriptionData, TagFilter
 from ..filter import is_tag_type
 from .context import BrokerContext

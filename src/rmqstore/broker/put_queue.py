@@ -18,10 +18,10 @@ from typing import Callable, NamedTuple
 
 from ..remoting.codes import PROPERTY_TRANSACTION_PREPARED, ResponseCode
 from ..remoting.command import RemotingCommand
-from ..store import codec
-from ..store.message import Message, PutMessageResult, PutMessageResults, PutMessageStatus
+from ..store.format import codec
+from ..store.format.message import Message, PutMessageResult, PutMessageResults, PutMessageStatus
 from ..store.ha.transfer import wants_of
-from ..store.message_batch import COLUMNAR_MIN, MessageBatch
+from ..store.format.message_batch import COLUMNAR_MIN, MessageBatch
 from .context import BrokerContext
 from .net import Channel
 

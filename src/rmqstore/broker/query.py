@@ -6,8 +6,8 @@ import struct
 
 from ..remoting.codes import UNIQUE_MSG_QUERY_FLAG, ResponseCode
 from ..remoting.command import RemotingCommand
-from ..store import codec
-from ..store import scanner
+from ..store.format import codec
+from ..store.format import scanner
 from .context import BrokerContext
 from .header import Header
 from .net import Channel

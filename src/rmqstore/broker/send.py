@@ -17,9 +17,9 @@ from ..remoting.codes import (DEFAULT_TOPIC, DLQ_GROUP_TOPIC_PREFIX, PERM_READ, 
                               PROPERTY_TRANSACTION_PREPARED, RETRY_GROUP_TOPIC_PREFIX, V3_4_9, RequestCode,
                               ResponseCode)
 from ..remoting.command import RemotingCommand
-from ..store import codec, validation
-from ..store.message import Message, PutMessageResult, PutMessageStatus
-from ..store.message_batch import MessageBatch
+from ..store.format import codec, validation
+from ..store.format.message import Message, PutMessageResult, PutMessageStatus
+from ..store.format.message_batch import MessageBatch
 from .context import BrokerContext
 from .header import FAQ, INT_MAX, INT_MIN, LONG_MAX, V2_ALIAS, Header
 from .net import Channel

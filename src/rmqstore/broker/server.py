@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .process import ServerProcess, free_port, free_port_pair  # noqa: F401  (where tests and benchmarks find them)
-from ..store.config import StoreConfig
+from ..store.conf.config import StoreConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import BrokerServer

@@ -17,11 +17,11 @@ import asyncio
 import logging
 import time
 
-from ..store.config_tables import decode_delay_offsets
+from ..store.conf.config_tables import decode_delay_offsets
 from ..remoting import fastjson
 from ..remoting.codes import RequestCode, ResponseCode
 from ..remoting.command import RemotingCommand
-from ..store.config_file import config_dir, dumps_pretty, string_to_file
+from ..store.conf.config_file import config_dir, dumps_pretty, string_to_file
 from .outer import BrokerOuterAPI, split_addr
 
 log = logging.getLogger(__name__)

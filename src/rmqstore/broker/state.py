@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..store.config_file import as_object, load_config_file, string_to_file
+from ..store.conf.config_file import as_object, load_config_file, string_to_file
 from ..remoting import fastjson
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from ..acl.signature import RemotingSigner, SessionCredentials
-from ..store import codec
+from ..store.format import codec
 from ..remoting import fastjson
 from ..remoting.codes import (DEFAULT_TOPIC, PERM_READ, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, UNIQUE_MSG_QUERY_FLAG,
                               RequestCode, ResponseCode)

@@ -6,8 +6,8 @@ import enum
 import zlib
 from dataclasses import dataclass, field
 
-from ..store import codec
-from ..store import scanner
+from ..store.format import codec
+from ..store.format import scanner
 from ..remoting.codes import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, ResponseCode)
 

@@ -25,7 +25,7 @@ import time
 import zlib
 from typing import Callable
 
-from ..store import codec
+from ..store.format import codec
 from ..acl.signature import RemotingSigner, SessionCredentials
 from ..remoting.body import UniqIdGenerator, encode_batch_entry
 from ..remoting.codes import (CURRENT_VERSION, DEFAULT_TOPIC, PROPERTY_TRANSACTION_PREPARED,

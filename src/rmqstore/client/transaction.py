@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..remoting.codes import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, RequestCode
 from ..remoting.command import RemotingCommand
-from ..store import codec
+from ..store.format import codec
 from .message import (LocalTransactionState, Message, MessageQueue, MQClientError, SendResult, SendStatus,
                       TransactionSendResult, decode_messages)
 

@@ -50,7 +50,7 @@ selector.py (compiled selectors, their cache and batches; MessageSelector), bloo
 bloom filter), consumer_filter.py (registered selectors per topic and group, bit maps at dispatch, the
 store's MessageFilter). Used by the 4.x broker (broker/filter.py), the gRPC endpoint (proxy/pull.py), the
 in-process consumers (messaging/consumer.py), the Spark source (option messageSelector) and the store's
-consume queue extension (store/consume_queue_ext.py).
+consume queue extension (store/consumequeue/consume_queue_ext.py).
 """
 from .parser import SelectorError
 from .selector import SQL92, TAG, MessageSelector, SqlExpression, compile_sql92, is_tag_type

@@ -13,7 +13,7 @@ import re
 import struct
 import unicodedata
 
-from ..store.codec import java_string_hash
+from ..store.format.codec import java_string_hash
 
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1

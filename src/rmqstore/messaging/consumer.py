@@ -54,11 +54,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..store import codec
+from ..store.format import codec
 from ..errors import StoreClosedError
 from ..filter import MessageSelector, SqlExpression, compile_sql92
 from .local_broker import PROPERTY_RETRY_TOPIC, LocalBroker
-from ..store.message import GetMessageStatus, MessageExt
+from ..store.format.message import GetMessageStatus, MessageExt
 from .topic_config import MessageQueue, retry_topic
 
 log = logging.getLogger(__name__)
@@ -967,7 +967,7 @@ def measure_long_polling_latency(store_path: str | Path, n: int = 200, config=No
     Opens (or creates) the store at store_path, sends n messages one at a time to a 1-queue topic, each
     after the consumer has gone back to waiting, and measures from just before send() to the listener
     being called. Returns {"n", "median_ms", "p99_ms", "mean_ms", "min_ms", "max_ms"}."""
-    from ..store.config import StoreConfig
+    from ..store.conf.config import StoreConfig
     from .producer import Producer
     from ..store.store import MessageStore
     cfg = config or StoreConfig(mapped_file_size_commit_log=64 << 20, mapped_file_size_consume_queue=300000 * 20)

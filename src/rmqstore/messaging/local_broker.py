@@ -24,10 +24,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-from ..store import codec
-from ..store.java_map import as_broker_map
+from ..store.format import codec
+from ..store.format.java_map import as_broker_map
 from .long_polling import ArrivalHub
-from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
+from ..store.format.message import Message, MessageExt, PutMessageResult, PutMessageStatus
 from .offset_store import DEFAULT_FLUSH_INTERVAL_MS, ConsumerOffsetManager
 from .rebalance import ConsumerRegistry
 from .schedule import _java_int

@@ -13,8 +13,8 @@ import logging
 import threading
 from pathlib import Path
 
-from ..store.config_tables import decode_offsets
-from ..store.config_file import PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.conf.config_tables import decode_offsets
+from ..store.conf.config_file import PeriodicPersister, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..store.message import GetMessageStatus, MessageExt
+from ..store.format.message import GetMessageStatus, MessageExt
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ autoCreateTopicEnable (min(default_topic_queue_nums = 4, the store's defaultTopi
 as the broker's createTopicInSendMessageMethod), else send raises TopicNotExistError.
 
 send(..., deliver_at=t) sends a timer message (RocketMQ 5's delivery timestamp: TIMER_DELIVER_MS, parked
-by store/timer.py until t): t is an aware datetime or epoch ms; a naive datetime, deliver_at with
+by store/timer/timer.py until t): t is an aware datetime or epoch ms; a naive datetime, deliver_at with
 delay_level, or a time beyond the store's timerMaxDelaySec is a ValueError naming it; a time already past
 sends a plain message (delivered now).
 
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
-from ..store import codec, validation
+from ..store.format import codec, validation
 from ..errors import RmqStoreError
-from ..store.java_map import JavaHashMap
+from ..store.format.java_map import JavaHashMap
 from .local_broker import PROPERTY_WAIT_STORE_MSG_OK, LocalBroker
-from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
-from ..store.timer import PROPERTY_TIMER_DELIVER_MS
+from ..store.format.message import Message, MessageExt, PutMessageResult, PutMessageStatus
+from ..store.timer.timer import PROPERTY_TIMER_DELIVER_MS
 from .topic_config import AUTO_CREATE_TOPIC_KEY_TOPIC, PERM_WRITE, MessageQueue, TopicNotExistError
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class Producer:
         hooks = {h.hook_name: h for h in self.store.put_message_hook_list}
         timer = hooks.get("timer")
         if timer is None:
-            raise ValueError("deliver_at: this store has no timer extension (store/timer.py) installed")
+            raise ValueError("deliver_at: this store has no timer extension (store/timer/timer.py) installed")
         if delay_level:
             raise ValueError("deliver_at and delay_level together: a message has one delivery time")
         deliver_ms = deliver_at_ms(deliver_at)

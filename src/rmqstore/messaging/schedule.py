@@ -15,7 +15,7 @@ reports new schedule messages and when the next message is due; a failed put is 
 Progress per level is kept in `{store}/config/delayOffset.json` ({"offsetTable": {"1": 12, ...}}),
 written every flushDelayOffsetInterval ms when changed and at shutdown; a restart resumes from it.
 
-Both are installed into a store by `install(store)` (a store extension, store/hooks.py): the rewrite as a
+Both are installed into a store by `install(store)` (a store extension, store/commitlog/hooks.py): the rewrite as a
 put-message hook (ScheduleMessageHook, RocketMQ 5's HookUtils.handleScheduleMessage), the service as a
 store service started and stopped with the store's services. The top-level package registers `install`
 as a default extension, so every MessageStore delays DELAY messages and delivers them whether or not a
@@ -31,13 +31,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..store import codec
-from ..store.consume_queue_ext import MAX_ADDR as MAX_EXT_ADDR, delivery_time_of_ext
-from ..store.config_tables import decode_delay_offsets
-from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
-from ..store.java_map import as_broker_map
-from ..store import validation
-from ..store.message import Message, MessageExt, PutMessageResult, PutMessageStatus
+from ..store.format import codec
+from ..store.consumequeue.consume_queue_ext import MAX_ADDR as MAX_EXT_ADDR, delivery_time_of_ext
+from ..store.conf.config_tables import decode_delay_offsets
+from ..store.conf.config_file import config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.format.java_map import as_broker_map
+from ..store.format import validation
+from ..store.format.message import Message, MessageExt, PutMessageResult, PutMessageStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.store import MessageStore
@@ -102,7 +102,7 @@ def rewrite_delayed(msgs: list[Message], max_level: int) -> list[Message]:
 
 
 class ScheduleMessageHook:
-    """The delay rewrite as a put-message hook (store/hooks.py): a message with a DELAY property goes to
+    """The delay rewrite as a put-message hook (store/commitlog/hooks.py): a message with a DELAY property goes to
     SCHEDULE_TOPIC_XXXX (rewrite_delayed). Its real topic and queue id are checked first: a message the
     store would refuse at delivery is refused now (MESSAGE_ILLEGAL), not answered PUT_OK and lost later."""
     hook_name = "schedule"

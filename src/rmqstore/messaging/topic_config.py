@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..store.config import StoreConfig
-from ..store.config_tables import (DEFAULT_READ_QUEUE_NUMS, DEFAULT_WRITE_QUEUE_NUMS, PERM_INHERIT, PERM_PRIORITY,
-                                    PERM_READ, PERM_WRITE, TopicConfig, decode_topics)
-from ..store.config_file import PeriodicPersister, as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.conf.config import StoreConfig
+from ..store.conf.config_tables import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicConfig, decode_topics
+from ..store.conf.config_file import PeriodicPersister, config_dir, dumps_pretty, load_config_file, string_to_file
 
 log = logging.getLogger(__name__)
 

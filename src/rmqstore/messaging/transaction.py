@@ -33,8 +33,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
-from ..store import codec
-from ..store.message import Message, MessageExt, PutMessageResult
+from ..store.format import codec
+from ..store.format.message import Message, MessageExt, PutMessageResult
 from .producer import Producer, SendResult, SendStatus, TopicNotExistError
 from .settings import broker_setting
 from .topic_config import MessageQueue

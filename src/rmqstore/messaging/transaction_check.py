@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..store import codec
-from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
-from ..store.java_map import as_broker_map
-from ..store.message import Message, MessageExt, PutMessageResult
+from ..store.format import codec
+from ..store.conf.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.format.java_map import as_broker_map
+from ..store.format.message import Message, MessageExt, PutMessageResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.store import MessageStore

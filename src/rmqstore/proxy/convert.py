@@ -16,9 +16,9 @@ import zlib
 from dataclasses import dataclass
 
 from ..messaging.pop import PROPERTY_SHARDING_KEY
-from ..store import codec
-from ..store.message import Message, MessageExt
-from ..store.timer import PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS
+from ..store.format import codec
+from ..store.format.message import Message, MessageExt
+from ..store.timer.timer import PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS
 from .message_id import next_message_id
 from .protocol import DigestType, MessageType, definition
 

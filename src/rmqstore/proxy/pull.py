@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from ..filter import SelectorError, compile_sql92
-from ..store import codec
-from ..store.message import GetMessageStatus
+from ..store.format import codec
+from ..store.format.message import GetMessageStatus
 from .convert import to_protocol
 from .protocol import Code, definition, service, status
 

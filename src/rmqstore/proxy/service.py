@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from ..messaging.pop import AckResult, InvalidReceiptHandle, PopService, ReceiptHandle
 from ..messaging.topic_config import PERM_READ, PERM_WRITE
-from ..store import codec
+from ..store.format import codec
 from ..store.ha.transfer import wants_of
-from ..store.message import PutMessageStatus
+from ..store.format.message import PutMessageStatus
 from .arrivals import Arrivals
 from .convert import BadMessageError, from_protocol, message_id_of, peer_address, to_protocol
 from .protocol import Code, MessageType, Permission, TransactionResolution, definition, service

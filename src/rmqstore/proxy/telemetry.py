@@ -11,7 +11,7 @@ import random
 
 from ..messaging.settings import broker_setting
 from ..messaging.transaction import LocalTransactionState
-from ..store.message import MessageExt
+from ..store.format.message import MessageExt
 from .convert import message_id_of, to_protocol
 from .protocol import service
 

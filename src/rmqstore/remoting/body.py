@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..store import codec
-from ..store import scanner
+from ..store.format import codec
+from ..store.format import scanner
 
 _BATCH_HEAD = struct.Struct(">iiiii")
 _H = struct.Struct(">h")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..store import codec
+from ..store.format import codec
 
 SUB_ALL = "*"
 

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 
-from ..store.config import StoreConfig
+from ..store.conf.config import StoreConfig
 
 TOPICS = ("BenchA", "BenchB", "BenchC", "BenchD")
 
@@ -30,7 +30,7 @@ def bench_config() -> StoreConfig:
 def write_store(path: str, scale: int, config: StoreConfig, body_size: int = 512, seed: int = 7) -> dict:
     """A store of `scale` messages: 4 topics x 4 queues, bodies of body_size/2..3*body_size/2 bytes, tags,
     keys on half of them, UNIQ_KEY on all."""
-    from ..store.message import Message
+    from ..store.format.message import Message
     from ..store.store import MessageStore
     rnd = random.Random(seed)
     blob = random.Random(seed).randbytes(4 << 20)      # bodies do not compress (as real payloads mostly do not)
@@ -129,7 +129,7 @@ def _rates(out: dict, prefix: str, seconds: float, n: int) -> None:
 def _bench_local(out: dict, store: str, config, scale: int, repeat: int) -> None:
     """Without Spark: reader.py (a MessageExt per message, body included), and the data source's batch
     parser (headers only, as stats(engine=local))."""
-    from ..store.reader import CommitLogReader
+    from ..store.reads.reader import CommitLogReader
     from .stats import local_scan
 
     def local_reader():
@@ -151,7 +151,7 @@ def _bench_triggers(out: dict, store: str, conf_path: str, config, triggers: int
     Medians in milliseconds; the store gets triggers * 100 more messages (measured after every read)."""
     import statistics
 
-    from ..store.message import Message
+    from ..store.format.message import Message
     from ..store.store import MessageStore
     from .stream import RocketMQStreamReader
 
@@ -341,7 +341,7 @@ class ArrowFloorSource(DataSource):
 
 def _bench_rebuild(out: dict, spark, work: str, store: str, config) -> None:
     """Rebuilding consume queues and index: the local engine and Spark, on copies of the store."""
-    from ..store.rebuild import rebuild_store
+    from ..store.repair.rebuild import rebuild_store
     from .rebuild import rebuild_spark
     a, b = os.path.join(work, "rebuild-local"), os.path.join(work, "rebuild-spark")
     shutil.copytree(store, a)

@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..store.config import StoreConfig
+from ..store.conf.config import StoreConfig
 from ..errors import ConfigError
 from . import storeview as SV
 from .records import COLUMNS, ms_from_datetime

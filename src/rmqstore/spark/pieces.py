@@ -16,7 +16,7 @@ import struct
 
 import numpy as np
 
-from ..store import codec, scanner
+from ..store.format import codec, scanner
 from . import storeview as SV
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-from ..store import codec
+from ..store.format import codec
 from . import storeview as SV
 from .loss import data_loss
 from .options import OptionError, ReadOptions

@@ -2,7 +2,7 @@
 
 1. driver: take the store's lock (held to the end), finish or remove what a killed rebuild left
    (staging.recover_stale), recover the commitlog as MessageStore.open does
-   (rmqstore.store.recovery.recover_commit_log: invalid data after the last valid record is cut off);
+   (rmqstore.store.recovery.recovery.recover_commit_log: invalid data after the last valid record is cut off);
 2. one task per commitlog file parses it (scanner.parse_dispatch_columns, the local dispatcher's parser) and
    writes its pieces into the staging directory `{store}/.rebuild-<pid>/parts/<file>/`: per (topic,
    queue) the units in commitlog order, and its index entries (key hash, offset, store time); it returns
@@ -24,7 +24,7 @@ Driver memory: the task summaries and the cut entries (a few hundred bytes per c
 consume queue); an executor holds one commitlog file's columns (about 80 bytes per record) while parsing,
 one queue's pieces one at a time, or one index file's entries (24 bytes each).
 
-Consume queues are byte-identical to the local engine's (rmqstore.store.rebuild.rebuild_store) and RocketMQ's;
+Consume queues are byte-identical to the local engine's (rmqstore.store.repair.rebuild.rebuild_store) and RocketMQ's;
 index files have the same headers, slots and entries. Index file NAMES differ: the local engine (like
 RocketMQ) names a file by the clock when it creates it; this engine names it, deterministically, by the
 store time of its first message (yyyyMMddHHmmssSSS, local time; one more than the previous name when that
@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store import scanner
-from ..store.config import StoreConfig
-from ..store.index_file import time_millis_to_human_string
+from ..store.format import scanner
+from ..store.conf.config import StoreConfig
+from ..store.index.index_file import time_millis_to_human_string
 from . import staging
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def _segments(base: int, limit: int, skip: list[tuple[int, int]]) -> list[tuple[
 def _parse_columns(path: str, base: int, limit: int, delay_levels, skip=()):
     """scanner.parse_dispatch_columns over one commitlog file (read-only map), around the skip ranges:
     (columns, summary); the summary's pos and outcome are the last parsed piece's (or the first failing)."""
-    from ..store.codec import DispatchBatch
+    from ..store.format.codec import DispatchBatch
     from .storeview import map_read_only
     mm = map_read_only(path)
     if mm is None:
@@ -102,7 +102,7 @@ def _parse_columns(path: str, base: int, limit: int, delay_levels, skip=()):
 def _index_keys(batch, tids: np.ndarray, sfs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """IndexService.build_index_columns' keys: UNIQ_KEY, then each KEYS word, as topic#key; none for
     rolled-back messages. (hashes, per-record key counts)"""
-    from ..store.index_file import key_hashes
+    from ..store.index.index_file import key_hashes
     keys: list[str] = []
     counts = np.zeros(len(tids), dtype=np.int64)
     names = batch.topic_names
@@ -167,8 +167,8 @@ def parse_file(task: tuple) -> dict:
 def write_queue(task: tuple) -> dict:
     """Task of step 4: one consume queue, from its pieces (in commitlog order)."""
     root, file_size, topic, qid, pieces, fill_bound = task
-    from ..store.consume_queue import ConsumeQueue
-    from ..store.dispatch import fill_queue
+    from ..store.consumequeue.consume_queue import ConsumeQueue
+    from ..store.consumequeue.dispatch import fill_queue
     cq = ConsumeQueue(topic, qid, Path(root) / "consumequeue", file_size)
     units = 0
     try:
@@ -189,7 +189,7 @@ def write_queue(task: tuple) -> dict:
 def write_index_file(task: tuple) -> dict:
     """Task of step 4: one index file, from slices of the pieces' entries."""
     path, slots, num, prev_phy, prev_ts, slices = task
-    from ..store.index_file import IndexFile
+    from ..store.index.index_file import IndexFile
     cols = np.concatenate([np.load(p, mmap_mode="r")[:, lo:hi] for p, lo, hi in slices], axis=1)
     hashes, phys, stamps = (np.ascontiguousarray(c) for c in cols)
     f = IndexFile(path, slots, num, prev_phy, prev_ts)
@@ -247,7 +247,7 @@ def usable_parts(parts: list[dict], tasks: list[tuple], end: int) -> list[dict]:
 def queue_tasks(stage: Path, config: StoreConfig, parts: list[dict], skip: list = ()) -> list[tuple]:
     """Step 3a: one task per (topic, queue): its pieces in commitlog order, and how many queue offsets the
     skipped ranges can have held (dispatch.fill_queue's bound, as the dispatcher computes it)."""
-    from ..store.dispatch import FILL_SLACK, MIN_RECORD_SIZE
+    from ..store.consumequeue.dispatch import FILL_SLACK, MIN_RECORD_SIZE
     bound = sum(b - a for a, b in skip) // MIN_RECORD_SIZE + FILL_SLACK
     pieces: dict[tuple[str, int], list[str]] = {}
     for r in parts:
@@ -298,12 +298,12 @@ def _run(sc, fn, items: list) -> list:
 def rebuild_spark(store_path, config: StoreConfig | None = None, master: str | None = None, spark=None,
                   conf: dict | None = None) -> dict:
     """Rebuild the consume queues and index of the store at store_path with Spark tasks, aside, and swap
-    them in on success; returns counts like rmqstore.store.rebuild.rebuild_store (plus engine, tasks).
+    them in on success; returns counts like rmqstore.store.repair.rebuild.rebuild_store (plus engine, tasks).
     conf: Spark settings for the session made here (ignored with spark=)."""
-    from ..store.checkpoint import StoreCheckpoint
-    from ..store.commit_log import CommitLog
-    from ..store.lock import AbortFile, StoreLock
-    from ..store.recovery import RecoveryReport, recover_commit_log
+    from ..store.state.checkpoint import StoreCheckpoint
+    from ..store.commitlog.commit_log import CommitLog
+    from ..store.state.lock import AbortFile, StoreLock
+    from ..store.recovery.recovery import RecoveryReport, recover_commit_log
 
     path = Path(store_path).resolve()
     config = config or StoreConfig()
@@ -316,7 +316,8 @@ def rebuild_spark(store_path, config: StoreConfig | None = None, master: str | N
     made = False
     stages: dict[str, float] = {}
     try:
-        from ..store import damage, deleted_queues
+        from ..store.commitlog import damage
+        from ..store.consumequeue import deleted_queues
         # what the local engine leaves out too: accepted damage (check --repair) and deleted queues
         # (deleteTopic); an unusable record of either refuses the rebuild, naming its file
         skip = damage.merged(damage.load_ranges(path))

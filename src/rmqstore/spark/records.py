@@ -7,7 +7,7 @@ are parsed with Arrow compute kernels. No Python object is made per record, exce
 holds data the fast path cannot represent exactly (invalid UTF-8, a property key written twice):
 those batches fall back to codec's own decoding, row by row, so the answer is always codec's.
 
-The validity rule is the record scanner's (store/scanner.py: RecordColumns, walk_positions); a record
+The validity rule is the record scanner's (store/format/scanner.py: RecordColumns, walk_positions); a record
 that fails it is reported, not parsed.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import codec, scanner
-from ..store.scanner import Outcome
+from ..store.format import codec, scanner
+from ..store.format.scanner import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Three kinds of partition:
   everything else is parsed in batch);
 * offsets: records at given commitlog offsets (key lookups answered by the index).
 
-A store on a remote filesystem (StoreRef.fs, store.store_fs) is read with ranged reads instead of mmap:
+A store on a remote filesystem (StoreRef.fs, store.files.store_fs) is read with ranged reads instead of mmap:
 the spans of each commitlog file the records of a queue slice lie in (store_fs.read_spans), a commitlog
 range REMOTE_CHUNK bytes per read, consume queue units likewise (QueueView.units). Every record is checked
 as a local one is (Records.valid, then BODYCRC with checkCRC), so a damaged copy is data loss, never rows.
@@ -27,8 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..filter import compile_sql92
-from ..store import codec, scanner, store_fs
-from ..store.scanner import Outcome
+from ..store.files import store_fs
+from ..store.format import codec, scanner
+from ..store.format.scanner import Outcome
 from . import records as R
 from . import storeview as SV
 from .loss import data_loss, describe

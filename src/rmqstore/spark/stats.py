@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-from ..store import store_fs
-from ..store.config import StoreConfig
+from ..store.files import store_fs
+from ..store.conf.config import StoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..store import codec
-from ..store.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
-from ..store.message import Message, MessageExt
-from ..store.message_batch import MessageBatch
+from ..store.format import codec
+from ..store.conf.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
+from ..store.format.message import Message, MessageExt
+from ..store.format.message_batch import MessageBatch
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def half_of(msg: Message) -> Message:
 
 def _records(store, start: int, end: int, tran: int) -> Iterator[MessageExt]:
     """The records of transaction type `tran` in [start, end) of the store's commitlog, in order."""
-    from ..store.reader import CommitLogReader
+    from ..store.reads.reader import CommitLogReader
     store.commit_log.queue.commit()
     with CommitLogReader(store.path) as r:
         for m in r.messages(from_offset=start):
@@ -296,7 +296,7 @@ def _broker_order(props: dict) -> dict:
     names = tuple(props)
     order = _ORDERS.get(names)
     if order is None:
-        from ..store.java_map import hashmap_order
+        from ..store.format.java_map import hashmap_order
         order = list(hashmap_order(dict.fromkeys(names, "")))
         if len(_ORDERS) > 4096:
             _ORDERS.clear()
@@ -321,7 +321,7 @@ def wait_visible(store, timeout: float = 600.0) -> None:
 
 def recover_writes(store_path, config=None) -> list[dict]:
     """Open the store (taking its lock), end what a dead Spark writer left open (recover), close it."""
-    from ..store.config import StoreConfig
+    from ..store.conf.config import StoreConfig
     from ..store.store import MessageStore
     store = MessageStore.open(store_path, config or StoreConfig(), start_services=False)
     try:

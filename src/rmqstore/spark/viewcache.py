@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..store import store_fs
+from ..store.files import store_fs
 from . import storeview as SV
 
 _MAX = 16

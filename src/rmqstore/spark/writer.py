@@ -46,9 +46,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from ..store import codec, store_fs, validation
-from ..store.store_dir import not_a_store_to_write
-from ..store.config import StoreConfig
+from ..store.files import store_fs
+from ..store.format import codec, validation
+from ..store.files.store_dir import not_a_store_to_write
+from ..store.conf.config import StoreConfig
 from ..errors import ConfigError, StoreLockedError
 from . import handoff, storeview as SV
 from .records import COLUMNS
@@ -549,8 +550,8 @@ def to_chunks(msgs: list[EncodedRows], queues: dict[str, list[int]], default_que
 
 def _chunk(t: pa.Table, topic: str, qids: np.ndarray):
     """One chunk of rows of one topic (to_chunks)."""
-    from ..store.message import DEFAULT_HOST, Message
-    from ..store.message_batch import MessageBatch
+    from ..store.format.message import DEFAULT_HOST, Message
+    from ..store.format.message_batch import MessageBatch
     n = t.num_rows
     flags = t.column("flag").to_numpy()
     hosts = t.column("bornHost").to_pylist()

@@ -17,33 +17,33 @@ import logging
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from . import background_check
-from .checkpoint import StoreCheckpoint
-from .commit_log import AppendFailed, CommitLog, log_refused
-from . import queue_clean
-from .config import StoreConfig
-from .config_keys import check_store_paths
-from .consume_queue import ConsumeQueueTable
-from .dispatch import Dispatcher
+from .check import background_check
+from .state.checkpoint import StoreCheckpoint
+from .commitlog.commit_log import AppendFailed, CommitLog, log_refused
+from .consumequeue import queue_clean
+from .conf.config import StoreConfig
+from .conf.config_keys import check_store_paths
+from .consumequeue.consume_queue import ConsumeQueueTable
+from .consumequeue.dispatch import Dispatcher
 from ..errors import StoreClosedError
-from .failure import FailureChannel
-from .hooks import PutMessageHook, PutMessageHooks, default_extensions, merge_refused
-from .index_file import IndexService
-from .lock import AbortFile, StoreLock
-from .parts import StoreParts
-from .running_flags import RunningFlags
-from .message_batch import MessageBatch
-from .message import Message, PutMessageResult, PutMessageStatus
-from .cleanup import CleanupService
-from .flush import flush_failed, install_flush_services
-from .read_api import StoreReadAPI
+from .state.failure import FailureChannel
+from .commitlog.hooks import PutMessageHook, PutMessageHooks, default_extensions, merge_refused
+from .index.index_file import IndexService
+from .state.lock import AbortFile, StoreLock
+from .durability.parts import StoreParts
+from .state.running_flags import RunningFlags
+from .format.message_batch import MessageBatch
+from .format.message import Message, PutMessageResult, PutMessageStatus
+from .durability.cleanup import CleanupService
+from .durability.flush import flush_failed, install_flush_services
+from .reads.read_api import StoreReadAPI
 # the read API's names, where they were before it moved out (broker, store_reader, tests)
-from .read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
-from .recovery import RecoveryReport, recover_store
+from .reads.read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
+from .recovery.recovery import RecoveryReport, recover_store
 from .ha import HAService, HAStatus, listen_port
 from .ha import role as ha_role
 from .ha.transfer import wants_of
-from .consume_queue_ext import ConsumeQueueExtService, ConsumeQueueExtTable
+from .consumequeue.consume_queue_ext import ConsumeQueueExtService, ConsumeQueueExtTable
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ class MessageStore(StoreReadAPI):
         return ok
 
     def check(self, repair: bool = False):
-        """A full consistency check of this open store (rmqstore.store.check.check_store: every record with its
+        """A full consistency check of this open store (rmqstore.store.check.check.check_store: every record with its
         CRC, every consume queue unit against its record, index entries, checkpoint, config files), after
         the dispatcher caught up. Returns a check.CheckReport (`ok`, `problems`, `summary()`).
 
@@ -464,8 +464,8 @@ class MessageStore(StoreReadAPI):
         store. Commitlog damage stays in the returned report (not ok): quarantining it needs the closed
         store (`rmqstore check --repair`, which records it in config/damagedRanges.json). Nothing in the
         commitlog is ever deleted."""
-        from .check import check_store
-        from .check_files import repair_config
+        from .check.check import check_store
+        from .check.check_files import repair_config
         self._check_open()
         self.wait_dispatched()
         report = check_store(self.path, self.config, live=True)
@@ -480,7 +480,7 @@ class MessageStore(StoreReadAPI):
 
     def _repair_queues(self) -> list[str]:
         """Cut every consume queue at its first damaged unit (all units checked) and re-dispatch from there."""
-        from .recovery import _commitlog_sources, check_queue, repair_queues_live
+        from .recovery.recovery import _commitlog_sources, check_queue, repair_queues_live
         cl = self.commit_log
         with self.dispatcher._lock:          # the dispatcher thread waits: no unit is appended meanwhile
             sources = _commitlog_sources(cl)

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..store.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from ..store.message import Message, PutMessageResults
-from ..store.message_batch import MessageBatch
+from ..store.conf.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from ..store.format.message import Message, PutMessageResults
+from ..store.format.message_batch import MessageBatch
 
 SCALES = {"small": 100_000, "full": 1_000_000}
 DEFAULT_WORKLOADS = "put,put_batch,put_columns,e2e"
@@ -162,12 +162,12 @@ def open_commit_log(ctx: BenchContext, name: str) -> PutTarget:
     run: each put is answered by its GroupCommitService once an msync covers it (RocketMQ's group commit:
     one msync serves every put waiting), the dispatcher builds queues and index meanwhile."""
     if ctx.config.flush_disk_type == SYNC_FLUSH:
-        from ..store.flush import GroupCommitService
+        from ..store.durability.flush import GroupCommitService
         from ..store.store import MessageStore
         store = MessageStore.open(ctx.store_dir(name), ctx.config)
         svc = next(s for s in store.services if isinstance(s, GroupCommitService))
         return PutTarget(store.commit_log, svc, store.close)
-    from ..store.commit_log import CommitLog
+    from ..store.commitlog.commit_log import CommitLog
     cl = CommitLog(ctx.store_dir(name), ctx.config)
     cl.load()
     return PutTarget(cl, None, cl.shutdown)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..store.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from ..store.conf.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
 from ..errors import RmqStoreError
-from ..store.message import Message, PutMessageStatus
+from ..store.format.message import Message, PutMessageStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 # packages of the extras (pyproject.toml) a command may need: a missing one is named with its extra
@@ -44,9 +44,9 @@ def _open_store(store: Path, cfg: StoreConfig, services: bool = False):
 
 def _open_reader(store: Path, cfg: StoreConfig):
     """A read command's store (dump, get, query): recovered in memory, never written, created or locked
-    (store.store_reader.StoreReader: MessageStore's answers); a context manager. Reads a store another
+    (store.reads.store_reader.StoreReader: MessageStore's answers); a context manager. Reads a store another
     process holds open as well."""
-    from ..store.store_reader import StoreReader
+    from ..store.reads.store_reader import StoreReader
 
     return StoreReader.open(store, cfg)
 
@@ -55,7 +55,7 @@ def _require_store(store: str | Path) -> Path:
     """The store directory of a command that must not create one (get, dump, query, stats, clean, rebuild,
     check): CliError "not a store directory: PATH" (exit 2) unless PATH is a directory holding commitlog/,
     consumequeue/ or checkpoint; a PATH holding a store in store/ says so. Looks only."""
-    from ..store.store_dir import not_a_store
+    from ..store.files.store_dir import not_a_store
 
     why = not_a_store(store)
     if why:
@@ -68,7 +68,7 @@ def _check_store_arg(command: "Command", args: argparse.Namespace, cfg: StoreCon
     ("write": not a file, nor a folder holding a store in store/) whose commitlog files are the configured
     size (a forgotten -c broker.conf, said before recovery says anything; a read command meets it as an
     error: _error_line)."""
-    from ..store.store_dir import not_a_store_to_write
+    from ..store.files.store_dir import not_a_store_to_write
 
     if command.store == "read":
         _require_store(args.store)
@@ -84,7 +84,7 @@ def _check_store_arg(command: "Command", args: argparse.Namespace, cfg: StoreCon
 def _store_geometry(store: str, cfg: StoreConfig) -> str | None:
     """The one line for a store whose commitlog files are all of another size than cfg's (check_geometry:
     the file, its size, the key and the value to pass with -c), or None."""
-    from ..store.check import NotAStoreError, check_geometry
+    from ..store.check.check import NotAStoreError, check_geometry
 
     if not (Path(store) / "commitlog").is_dir():
         return None
@@ -414,8 +414,8 @@ CAT_CHUNK = 512
 
 def cmd_cat(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Print the commitlog's message records in physical order, one JSON object a line."""
-    from ..store.reader import CommitLogReader, find_commitlog_dir
-    from ..store.store_dir import not_a_store
+    from ..store.reads.reader import CommitLogReader, find_commitlog_dir
+    from ..store.files.store_dir import not_a_store
 
     try:
         find_commitlog_dir(args.store)
@@ -554,10 +554,10 @@ def cmd_rebuild(args: argparse.Namespace, cfg: StoreConfig) -> int:
                   f"of {args.store}: rebuild it with --engine local", file=sys.stderr)
             return 1
     else:
-        from ..store.rebuild import rebuild_store
+        from ..store.repair.rebuild import rebuild_store
         from .progress import ProgressBar
 
-        from ..store.check import NotAStoreError
+        from ..store.check.check import NotAStoreError
 
         bar = ProgressBar("rebuild")
         try:
@@ -588,10 +588,10 @@ def _spark_conf(text: str) -> tuple[str, str]:
 
 # ==== check =========================================================================================
 def cmd_check(args: argparse.Namespace, cfg: StoreConfig) -> int:
-    """A full consistency check (rmqstore.store.check): one line per problem, then a summary line; exit 0 when
+    """A full consistency check (rmqstore.store.check.check): one line per problem, then a summary line; exit 0 when
     clean, 1 when not. Read only, unless --repair (which takes the store's lock)."""
-    from ..store.check import NotAStoreError, check_store
-    from ..store.check_repair import repair_store
+    from ..store.check.check import NotAStoreError, check_store
+    from ..store.repair.check_repair import repair_store
     from .progress import ProgressBar
 
     bar = ProgressBar("check")
@@ -627,7 +627,7 @@ def _check_args(p: argparse.ArgumentParser) -> None:
 # ==== clean =========================================================================================
 def cmd_clean(args: argparse.Namespace, cfg: StoreConfig) -> int:
     """Delete expired commitlog files (and the queue and index files below them) now."""
-    from ..store.cleanup import clean_store
+    from ..store.durability.cleanup import clean_store
 
     with _open_store(Path(args.store), cfg) as st:
         print(_dumps(clean_store(st, force=args.force)))

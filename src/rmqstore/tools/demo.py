@@ -119,9 +119,9 @@ def library_tour() -> None:
 
     import time
 
-    from ..store.config import StoreConfig
+    from ..store.conf.config import StoreConfig
     from ..messaging.consumer import CONSUME_SUCCESS, ConsumeFromWhere, PushConsumer
-    from ..store.message_batch import MessageBatch
+    from ..store.format.message_batch import MessageBatch
     from ..messaging.producer import Producer
     from ..store.store import MessageStore
 

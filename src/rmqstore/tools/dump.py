@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from ..store.read_api import StoreReadAPI
+from ..store.reads.read_api import StoreReadAPI
 
 DUMP_GROUP = "rmqstore-dump"
 MAX_TIME = 2 ** 63 - 1

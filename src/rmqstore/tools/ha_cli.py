@@ -5,8 +5,8 @@ import argparse
 import json
 
 from ..errors import ConfigError
-from ..store.commit_log import CommitLog
-from ..store.config import StoreConfig
+from ..store.commitlog.commit_log import CommitLog
+from ..store.conf.config import StoreConfig
 from ..store.ha import truncate
 
 
@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, cfg: StoreConfig) -> int:
-    from ..store.recovery import plan_recovery, read_inputs
+    from ..store.recovery.recovery import plan_recovery, read_inputs
     end = plan_recovery(read_inputs(args.store), cfg).commitlog.end     # where the valid log ends (read only)
     cl = CommitLog(args.store, cfg)
     cl.load()

@@ -24,9 +24,9 @@ import struct
 import time
 from typing import Callable
 
-from .. import codec
-from ..commit_log import CommitLog
-from ..failure import FailureChannel, FailureKind
+from ..format import codec
+from ..commitlog.commit_log import CommitLog
+from ..state.failure import FailureChannel, FailureKind
 from . import protocol
 from .transfer import GroupTransfer
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import struct
 
-from .. import codec
-from ..commit_log import CommitLog
+from ..format import codec
+from ..commitlog.commit_log import CommitLog
 
 log = logging.getLogger(__name__)
 

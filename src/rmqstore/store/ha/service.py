@@ -13,10 +13,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..commit_log import CommitLog
-from ..config import BrokerRole, StoreConfig
-from ..failure import FailureChannel
-from ..message import PutMessageStatus
+from ..commitlog.commit_log import CommitLog
+from ..conf.config import BrokerRole, StoreConfig
+from ..state.failure import FailureChannel
+from ..format.message import PutMessageStatus
 from .master import HAConnection, HAServer
 from .slave import HAClient
 from .transfer import GroupTransfer, wait_end, with_status

@@ -22,8 +22,8 @@ import logging
 import time
 from typing import Callable
 
-from ..commit_log import CommitLog
-from ..failure import FailureChannel, FailureKind
+from ..commitlog.commit_log import CommitLog
+from ..state.failure import FailureChannel, FailureKind
 from . import protocol, replica_log
 from .replica_log import ReplicaError
 

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
-from ..message import PutMessageResult, PutMessageResults, PutMessageStatus
+from ..format.message import PutMessageResult, PutMessageResults, PutMessageStatus
 
 log = logging.getLogger(__name__)
 

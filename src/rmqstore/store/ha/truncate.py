@@ -23,10 +23,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..commit_log import CommitLog
-from ..config import StoreConfig
-from ..damage import quarantine_range
-from ..lock import StoreLock
+from ..commitlog.commit_log import CommitLog
+from ..conf.config import StoreConfig
+from ..commitlog.damage import quarantine_range
+from ..state.lock import StoreLock
 from . import protocol, replica_log
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import time
 import zlib
 
 from ..bench import batch_columns, generate_messages, ok_count
-from ...store import codec
-from ...store.message_batch import MessageBatch
-from ...store.config import SYNC_FLUSH
+from ...store.format import codec
+from ...store.format.message_batch import MessageBatch
+from ...store.conf.config import SYNC_FLUSH
 from .common import (TOPIC, QUEUES, BATCH, Table, _rate, _fmt_rate, _NoGC, _rmq_config, _open, _dispatch_all,
                      _commitlog_chunks)
 

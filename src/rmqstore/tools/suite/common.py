@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...store.config import StoreConfig
+from ...store.conf.config import StoreConfig
 
 
 TOPIC = "BenchTopic"

@@ -18,7 +18,7 @@ class FilterWorkloads:
     def sql92(self):
         from ...filter.consumer_filter import ConsumerFilterManager, ExpressionMessageFilter
         from ...messaging.consumer import SubscriptionData
-        from ...store.message import Message
+        from ...store.format.message import Message
         n = max(2000, self.p["n_100"] // 10)
         t = Table("sql92", f"SQL92 filtering: pulls of a 1 % selector over {n:,} messages (32 at a time, "
                   "every queue to its end)", "msg/s", True)

@@ -82,8 +82,8 @@ def bench_pair(work: Path, kind: str, role: str, n_sync: int, n_async: int, size
 def put_cost(work: Path, n: int = 200_000) -> dict:
     """msg/s of MessageBatch puts into an ASYNC_MASTER store, alone and with a slave process replicating."""
     from ...broker.process import free_port
-    from ...store.config import StoreConfig
-    from ...store.message_batch import MessageBatch
+    from ...store.conf.config import StoreConfig
+    from ...store.format.message_batch import MessageBatch
     from ...store.store import MessageStore
 
     out = {}

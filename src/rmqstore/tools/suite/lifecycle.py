@@ -11,7 +11,7 @@ import threading
 import time
 
 from ..bench import batch_columns, generate_messages
-from ...store.message_batch import MessageBatch
+from ...store.format.message_batch import MessageBatch
 from .common import TOPIC, QUEUES, BATCH, Table, _rate, _fmt_rate, _NoGC, _rmq_config, _open
 
 
@@ -37,7 +37,7 @@ class LifecycleWorkloads:
         code = (
             "import sys\n"
             "from rmqstore.store.store import MessageStore\n"
-            "from rmqstore.store.config import StoreConfig\n"
+            "from rmqstore.store.conf.config import StoreConfig\n"
             "from rmqstore.tools.bench import generate_messages\n"
             f"cfg = StoreConfig(mapped_file_size_commit_log={cfg.mapped_file_size_commit_log})\n"
             f"s = MessageStore.open({str(path)!r}, cfg)\n"

@@ -16,7 +16,7 @@ class ReadWorkloads:
 
     # --- consume ---------------------------------------------------------------------------------
     def consume(self):
-        from ...store.batch_read import read_queue_bodies
+        from ...store.reads.batch_read import read_queue_bodies
         s = self.state["rmq"]
         n = self.p["n_100"]
         t = Table("consume", f"Consume everything by queue: {n:,} messages of 100 B (append_100B's data)",
@@ -114,7 +114,7 @@ class ReadWorkloads:
     def _consume_mixed_lengths(self, n):
         """(n, seconds) to read back, by queue, a store of n messages whose bodies have random lengths of
         1-400 B: batch_read's case when bodies do not share one length."""
-        from ...store.batch_read import read_queue_bodies
+        from ...store.reads.batch_read import read_queue_bodies
         rnd = random.Random(1)
         msgs = generate_messages(n, 1, QUEUES, TOPIC)
         blob = os.urandom(400)

@@ -285,8 +285,8 @@ def _disk_note(work: Path) -> str:
 # --- the child processes ----------------------------------------------------------------------------------
 def _write(path: str, n: int) -> dict:
     import numpy as np
-    from ...store.config import StoreConfig
-    from ...store.message_batch import MessageBatch
+    from ...store.conf.config import StoreConfig
+    from ...store.format.message_batch import MessageBatch
     from ...store.store import MessageStore
     s = MessageStore.open(path, StoreConfig())
     body = os.urandom(BODY)
@@ -304,8 +304,8 @@ def _write(path: str, n: int) -> dict:
 
 
 def _open(path: str, wait_check: bool) -> dict:
-    from ...store.background_check import NAME
-    from ...store.config import StoreConfig
+    from ...store.check.background_check import NAME
+    from ...store.conf.config import StoreConfig
     from ...store.store import MessageStore
     t0 = time.perf_counter()
     s = MessageStore.open(path, StoreConfig())
@@ -324,8 +324,8 @@ def _open(path: str, wait_check: bool) -> dict:
 
 
 def _killed(path: str) -> None:
-    from ...store.config import StoreConfig
-    from ...store.message_batch import MessageBatch
+    from ...store.conf.config import StoreConfig
+    from ...store.format.message_batch import MessageBatch
     from ...store.store import MessageStore
     s = MessageStore.open(path, StoreConfig())
     body = os.urandom(BODY)
