@@ -12,8 +12,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 import rmqstore
 
 SRC = Path(rmqstore.__file__).resolve().parent
@@ -159,7 +157,6 @@ def test_the_engine_imports_no_layer_above_it():
     assert upward == []
 
 
-@pytest.mark.xfail(strict=True, reason="IndexFile, MessageStore, Dispatcher, client's _ConsumerBase and Producer: split next")
 def test_no_class_over_400_lines():
     assert long_classes() == []
 
