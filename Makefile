@@ -53,11 +53,11 @@ test: $(VENV)/.stamp-spark,test,bench,grpc node-client
 	@echo "make test: about 8 minutes on 2 cores; golden data from RMQSTORE_GOLDEN=$(RMQSTORE_GOLDEN)"
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The official Node 5.x client for tests/test_grpc_node.py, when npm is there (else that test skips).
+# The official Node 5.x client for tests/proxy/test_grpc_node.py, when npm is there (else that test skips).
 node-client:
 	@if command -v npm >/dev/null 2>&1 && [ ! -d .node/node_modules/rocketmq-client-nodejs ]; then \
 		npm install --prefix .node --no-audit --no-fund --silent rocketmq-client-nodejs@1.0.8 \
-		|| echo "npm install of rocketmq-client-nodejs failed: tests/test_grpc_node.py will skip"; fi
+		|| echo "npm install of rocketmq-client-nodejs failed: tests/proxy/test_grpc_node.py will skip"; fi
 
 demo: $(VENV)/.stamp-spark
 	$(PY) -m rmqstore.tools.demo

@@ -1,6 +1,6 @@
 """A recording relay between RocketMQ 4.4.0's Java clients and RocketMQ's own broker: how
 tests/data/acl/java-4.4.0.jsonl.gz was made (the Java side cannot be built in CI, so what it sent and what
-RocketMQ answered is replayed from that file by tests/test_acl_replay.py).
+RocketMQ answered is replayed from that file by tests/acl/test_acl_replay.py).
 
     python tests/acl_relay.py --namesrv 127.0.0.1:32876 --ns-listen 32877 \
         --broker 127.0.0.1:32911 --listen 32951 --acl-file HOME/conf/plain_acl.yml --out DIR

@@ -1,5 +1,12 @@
 """Shared fixtures: the golden stores written by RocketMQ 4.4.0, and writable copies of them.
 
+The suite follows the package's folders: tests/store/ covers src/rmqstore/store/, tests/broker/ the broker,
+and so on (`pytest tests/store` runs what covers the engine); the tests of the whole package (its import
+graph and class sizes, README, packaging) stay here. What several folders use lives in this directory: this
+conftest (golden fixtures, run_cli, local_spark, the `server` fixture, the order modules run in), store_checks
+and sql92_cases, the child processes tests start, and data/. pyproject.toml puts tests/ on sys.path, so a test
+in any folder imports them by name (`from conftest import run_cli`, `from store_checks import small_config`).
+
 The golden data lives in $RMQSTORE_GOLDEN, else <repo>/../shared/golden. It is required: a missing
 directory fails the tests that use it (it is never skipped).
 """

@@ -1,4 +1,4 @@
-"""The worker of the corruption fuzzer (tests/test_fuzz_corruption.py), and the mutations it applies.
+"""The worker of the corruption fuzzer (tests/store/test_fuzz_corruption.py), and the mutations it applies.
 
     python tests/fuzz_child.py JOB.json START
 

@@ -1,10 +1,10 @@
-"""The writer that tests/test_kill_loop.py SIGKILLs and tests/test_power_loss.py cuts, and the zygote that forks it.
+"""The writer that tests/store/test_kill_loop.py SIGKILLs and tests/store/test_power_loss.py cuts, and the zygote that forks it.
 
     python tests/kill_child.py            # a zygote: one job a line on stdin, answers on stdout
 
 The zygote imports rmqstore once, then for `RUN STORE FLUSH RUN_ID SEED MAX_SECONDS SIDE_FILE` forks a
 writer and answers `PID n`; for `CRASH STORE FLUSH RUN_ID SEED MAX_SECONDS SIDE_FILE` it forks
-tests/crash_child.py's main() instead (the single-threaded writer of tests/test_crash.py, unchanged: its
+tests/crash_child.py's main() instead (the single-threaded writer of tests/store/test_crash.py, unchanged: its
 stdout, the READY and PUT_OK lines, goes to SIDE_FILE opened O_APPEND, its stderr to SIDE_FILE.err) and
 answers `PID n`; for `WAIT n` it reaps writer n and answers `EXIT n code` (code as
 os.waitstatus_to_exitcode: -9 after a SIGKILL). Forking an interpreter that has imported everything

@@ -1,7 +1,7 @@
 // The official Node 5.x client (rocketmq-client-nodejs) against `rmqstore serve`'s gRPC endpoint:
 // a Producer sends N messages with tags and keys, a SimpleConsumer receives and acks them all.
 // Prints one JSON line: {"sent": [ids], "received": [ids], "bodies": [...], "views": [what the client reports
-// of each message: corrupted, tag, keys, properties]}. Used by tests/test_grpc_node.py.
+// of each message: corrupted, tag, keys, properties]}. Used by tests/proxy/test_grpc_node.py.
 const path = require('path');
 const { Producer, SimpleConsumer } = require(path.join(process.env.RMQ_NODE_MODULES, 'rocketmq-client-nodejs'));
 const [endpoints, topic, group, n] = [process.argv[2], process.argv[3], process.argv[4], Number(process.argv[5])];

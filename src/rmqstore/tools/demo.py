@@ -65,7 +65,7 @@ def run(args: list[str], stdin_file: Path | None = None, out=print) -> str:
 def command_tour(store: Path = STORE, out=print) -> dict:
     """The command-line part of the demo, in the current directory: writes STORE/messages.jsonl, then runs
     and shows `rmqstore load`, `rmqstore cat --limit 3` and `rmqstore stats` on it. Every line after a `$`
-    line is that command's own output (tests/test_demo.py re-runs them and compares)."""
+    line is that command's own output (tests/tools/test_demo.py re-runs them and compares)."""
     if store.exists():
         shutil.rmtree(store)
     store.mkdir()

@@ -5,7 +5,7 @@ Record layout: see codec. The put path assigns, under one lock, the physical off
 CRC, hosts) is encoded before the lock is taken. A record that does not fit the current file leaves an
 END_OF_FILE blank record there and goes to the next file.
 
-Three ways in, one byte layout (tests/test_put_path.py holds them to RocketMQ's files and to each other):
+Three ways in, one byte layout (tests/store/test_put_path.py holds them to RocketMQ's files and to each other):
 
 - put_message: one message, encoded by put_encoder.MessageEncoder (topic, hosts and "topic-queueId" keys
   come from caches), packed with the header Struct and copied into the mapping where the file is allocated

@@ -8,7 +8,7 @@ registration (cluster view), N sync sends (SEND_OK), topics and a committed offs
 (SlaveSynchronize), a send straight to the slave (refused), the slave frozen (FLUSH_SLAVE_TIMEOUT), the
 slave caught up, the master's SIGKILL and every key consumed from the slave, then both commitlogs byte for
 byte and both stores' dumps. --capture writes a pcap per pair (tcpdump on lo): the Java side's bytes that
-tests/test_ha_interop.py replays.
+tests/store/test_ha_interop.py replays.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ SYNC_CODES = (103, 21, 43, 45, 201)      # REGISTER_BROKER and SlaveSynchronize'
 def extract(pcap: Path, out: Path) -> dict:
     """From a capture of a pair: the HA link's two directions (ha-stream.bin.gz: the master's frames;
     ha-reports.bin: the slave's offsets) and the remoting frames of registration and slave sync, with their
-    answers (remoting.jsonl: {"src", "dst", "frame"} with the frame in hex), for tests/test_ha_interop.py."""
+    answers (remoting.jsonl: {"src", "dst", "frame"} with the frame in hex), for tests/store/test_ha_interop.py."""
     import gzip
     from ...remoting.pcap import read_frames, read_streams
     out.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ def test_delivered_sets_equal_rocketmq_broker_push_and_pull():
                 compile_sql92(r.selector)
             assert r.push_status == "refused 23 " + folded(e.value.remark), r.id
             # RocketMQ 4.4.0's pull path ignores a selector that does not compile (an assert): it delivered
-            # everything; rmqstore refuses such a pull (tests/test_sql92_broker.py)
+            # everything; rmqstore refuses such a pull (tests/broker/test_sql92_broker.py)
             assert r.pull == frozenset(range(2000)), r.id
     assert sum(r.valid for r in rec) == 56
     assert sum(len(r.push) for r in rec if r.valid) > 20000

@@ -32,7 +32,7 @@ from rmqstore.remoting import fastjson
 from rmqstore.remoting.command import decode_frame
 from rmqstore.store.ha import protocol
 
-DATA = Path(__file__).parent / "data" / "ha"
+DATA = Path(__file__).resolve().parents[1] / "data" / "ha"
 FILE = 64 * 1024
 N = 1000
 

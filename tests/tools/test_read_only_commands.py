@@ -17,7 +17,7 @@ from rmqstore.tools.dump import dump_lines, read_keys
 
 from conftest import read_jsonl, run_cli
 from store_checks import Child
-from test_recovery_plan import snapshot
+from store.test_recovery_plan import snapshot
 
 UNIT = codec.CQ_STORE_UNIT_SIZE
 CONF = "rmq440-crash"

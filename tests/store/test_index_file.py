@@ -796,7 +796,7 @@ def test_index_on_a_full_disk_is_an_oserror_not_sigbus(tmp_path):
     from store_checks import small_filesystem
     mnt = tmp_path / "mnt"
     with small_filesystem(mnt, 8):
-        r = subprocess.run([sys.executable, "-c", _FULL_DISK_CHILD, str(mnt), str(Path(__file__).parent)],
+        r = subprocess.run([sys.executable, "-c", _FULL_DISK_CHILD, str(mnt), str(Path(__file__).resolve().parents[1])],
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"child died ({r.returncode}): {r.stderr[-3000:]}"
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -303,7 +303,7 @@ def test_a_bad_record_is_refused_whole(store_dir: Path):
 _CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
-from test_fast_open import _cfg, _put, N
+from store.test_fast_open import _cfg, _put, N
 from rmqstore.store.check.background_check import NAME
 from rmqstore.store.store import MessageStore
 s = MessageStore.open(sys.argv[1], _cfg())
@@ -321,7 +321,7 @@ time.sleep(60)
 def _killed_child(path: Path, mode: str) -> int | None:
     """A child opens the store, puts 300 messages (in mode 'refresh' it notes the record after the first 200),
     and is SIGKILLed. Returns the commitlog end the refresh noted."""
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode, str(Path(__file__).parent)],
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode, str(Path(__file__).resolve().parents[1])],
                          stdout=subprocess.PIPE, text=True)
     noted = None
     try:

@@ -23,7 +23,7 @@ from rmqstore.remoting.codes import RequestCode, ResponseCode
 from rmqstore.remoting.command import FrameDecoder, RemotingCommand
 
 from conftest import run_cli
-from test_server import Conn
+from broker.test_server import Conn
 
 R = RequestCode
 ACL_EXCEPTION = "org.apache.rocketmq.acl.common.AclException: "

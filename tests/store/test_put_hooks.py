@@ -13,7 +13,7 @@ from rmqstore.store.format.message_batch import MessageBatch
 from rmqstore.store.store import MessageStore
 from store_checks import small_config
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "rmqstore"
+SRC = Path(__file__).resolve().parents[2] / "src" / "rmqstore"
 
 
 class Redirect:

@@ -118,14 +118,14 @@ def has_records(store: Path) -> bool:
         return False
 
 
-GATE_DIR = Path(__file__).resolve().parent / "spark_kill_gate"
+GATE_DIR = Path(__file__).resolve().parents[1] / "spark_kill_gate"
 
 
 def start_killed_writer(stores: dict, n: int, write_id: str) -> tuple:
     """Start DRIVER in a child process writing n rows to each store of stores ({phase: (store, conf)}), each
     write stopping in the middle of its phase of the two-phase append (see kill_writer); returns (process,
     {phase: gate file})."""
-    src = Path(__file__).resolve().parent.parent / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     top = next(iter(stores.values()))[0].parent.parent
     gates = {phase: store.parent / f"gate-{phase}" for phase, (store, _) in stores.items()}
     fake = top / "bin"

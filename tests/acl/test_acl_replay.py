@@ -19,9 +19,9 @@ from rmqstore.broker.server import ServerProcess
 from rmqstore.remoting.command import FrameDecoder
 from rmqstore.remoting.codes import RequestCode
 
-from test_server import Conn
+from broker.test_server import Conn
 
-DATA = Path(__file__).parent / "data" / "acl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "acl"
 RELOAD_LAG_MS = 1000      # RocketMQ looks at the file every 500 ms: answers this soon after a change may be either
 
 

@@ -13,8 +13,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 from rmqstore.store.conf.config import StoreConfig
 from rmqstore.messaging.consumer import CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, ConsumeFromWhere, PullConsumer, PullStatus, PushConsumer, measure_long_polling_latency
 from rmqstore.messaging.local_broker import LocalBroker
@@ -23,7 +21,7 @@ from rmqstore.store.store import MessageStore
 from rmqstore.messaging.topic_config import MessageQueue
 from store_checks import wait_until
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]     # tests/: the helpers
 REPO = HERE.parent
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
 
@@ -33,13 +31,6 @@ def cfg(**kw) -> StoreConfig:
                 message_delay_level=" ".join(["1s"] * 18))
     base.update(kw)
     return StoreConfig(**base)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = MessageStore.open(tmp_path / "store", cfg())
-    yield s
-    s.close()
 
 
 def topic(store, name: str, queues: int) -> None:

@@ -23,13 +23,6 @@ def cfg(**kw) -> StoreConfig:
     return StoreConfig(**base)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = MessageStore.open(tmp_path / "store", cfg())
-    yield s
-    s.close()
-
-
 def test_uniq_key_format():
     before = int(time.time() * 1000)
     ids = [create_uniq_id() for _ in range(3)]

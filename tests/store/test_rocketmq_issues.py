@@ -22,7 +22,7 @@ from store_checks import (Acked, body_for, failing_filesystem, fill_to, small_co
                           verify_store)
 
 CL = 65536
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]     # tests/: the helpers
 
 
 def _msg(key: str, topic: str = "TopicA", queue: int = 0, n: int = 1000) -> Message:

@@ -67,7 +67,7 @@ N_MUTATIONS = int(os.environ.get("RMQSTORE_FUZZ_MUTATIONS", "300"))
 ONLY = {int(i) for i in os.environ.get("RMQSTORE_FUZZ_ONLY", "").split(",") if i.strip()}
 WORKERS = 2
 PHASE_TIMEOUT_S = 40.0
-CHILD = Path(__file__).with_name("fuzz_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "fuzz_child.py"
 SMALL_CONF = {"mappedFileSizeCommitLog": 32768, "mappedFileSizeConsumeQueue": 200, "maxHashSlotNum": 16,
               "maxIndexNum": 64, "flushDiskType": "ASYNC_FLUSH"}     # every kind of file rolls over
 

@@ -353,13 +353,13 @@ sys.exit(0)
 
 def _run(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])})
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
 
 
 def test_second_process_is_refused_at_once_and_changes_nothing(templates, tmp_path):
     path, acked = _copy(templates, "clean", tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=env)
     try:

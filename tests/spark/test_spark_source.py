@@ -53,7 +53,7 @@ def test_own_session_reads_and_a_reused_dataframe_gives_each_query_its_rows(spar
 
 
 def test_pushfilters_true_is_refused_saying_why(spark, store):
-    """It returned wrong rows on a reused DataFrame (tests/test_spark_pushdown.py); false is accepted."""
+    """It returned wrong rows on a reused DataFrame (tests/spark/test_spark_pushdown.py); false is accepted."""
     from pyspark.errors import PySparkException
     with pytest.raises(PySparkException, match="option pushFilters=true was removed: it returned wrong rows"):
         load(spark, store, pushFilters="true").count()
@@ -73,7 +73,7 @@ EMPTY = [
     ({"subscribePattern": "Nothing.*"}, None),
     ({"queueIds": "99"}, None),
     # startingOffsets past a queue's end, or after endingOffsets, fail the read as Kafka's batch source does
-    # (issue 40): tests/test_spark_kafka_habits.py
+    # (issue 40): tests/spark/test_spark_kafka_habits.py
     ({"startingTimestamp": _future_iso(), "startingOffsetsByTimestampStrategy": "latest"}, None),
     ({"endingTimestamp": "1000"}, None),
     ({"endingOffsetsByTimestamp": json.dumps({"TopicA": {"0": 1000, "1": 1000}}), "topics": "TopicA"}, None),

@@ -358,7 +358,7 @@ def test_topic_deleted_and_written_again_recovers_without_false_damage(tmp_path,
     import os
     root = tmp_path / "store"
     proc = subprocess.run([sys.executable, "-c", _DELETE_AND_DIE.format(
-        tests=os.path.dirname(__file__), root=str(root))], capture_output=True, timeout=120)
+        tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), root=str(root))], capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     from store_checks import small_config
     with caplog.at_level("WARNING"):
@@ -401,7 +401,7 @@ _DELETE_UNDISPATCHED = """
 import os, signal, sys, threading, time
 sys.path.insert(0, {tests!r})
 from rmqstore import Message, MessageStore
-from rmqstore.store import consume_queue
+from rmqstore.store.consumequeue import consume_queue
 from store_checks import small_config
 st = MessageStore.open({root!r}, small_config())
 for i in range(30):
@@ -438,7 +438,7 @@ def test_deleted_topic_stays_deleted_after_sigkill(tmp_path, rewrite):
     import os
     root = tmp_path / "store"
     proc = subprocess.run([sys.executable, "-c", _DELETE_UNDISPATCHED.format(
-        tests=os.path.dirname(__file__), root=str(root), rewrite=rewrite)], capture_output=True, timeout=120)
+        tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), root=str(root), rewrite=rewrite)], capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert '"topic": "TA"' in (root / "config" / "deletedQueues.json").read_text()
     from store_checks import small_config

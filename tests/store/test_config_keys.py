@@ -14,8 +14,8 @@ from rmqstore import MessageStore, StoreConfig
 from rmqstore.errors import ConfigError
 from rmqstore.store.conf import config_keys as K
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "rmqstore"
-README = Path(__file__).resolve().parent.parent / "README.md"
+SRC = Path(__file__).resolve().parents[2] / "src" / "rmqstore"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_a_key_not_honoured_stops_serve_naming_it(tmp_path):

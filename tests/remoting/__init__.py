@@ -1,0 +1,1 @@
+"""Tests of RocketMQ 4.x remoting (src/rmqstore/remoting/): frames, headers, fastjson, bodies."""

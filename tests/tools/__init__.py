@@ -1,0 +1,1 @@
+"""Tests of the command line and `make bench`/`make demo` tools (src/rmqstore/tools/), as subprocesses."""
