@@ -231,8 +231,8 @@ def test_a_5x_client_reads_from_the_slave_over_grpc(cluster):
 
 
 def test_the_documented_pair_runs(tmp_path):
-    """The pair of docs/replication.md, its commands as written (the default ports swapped for free ones), in a shell: the
-    slave registers, takes the master's sends and holds them."""
+    """The pair of docs/replication.md, its commands as written (the default ports swapped for free ones), in a
+    shell: the slave registers, takes the master's sends and holds them."""
     import re
     import subprocess
     import sys
