@@ -41,6 +41,8 @@ def test_the_site_builds_strictly_offline(tmp_path):
     api = (site / "api" / "rmqstore" / "index.html").read_text(encoding="utf-8")
     for name in ("MessageStore.put_message", "MessageStore.get_message", "StoreConfig", "MessageBatch"):
         assert f'id="rmqstore.{name}"' in api, name          # generated from the docstrings
+    spark = (site / "api" / "spark" / "index.html").read_text(encoding="utf-8")
+    assert re.search(r"<code>=+ +=+\nmode +queue", spark), "the options table, preformatted (PlainTables)"
 
 
 def _api_directives() -> list[tuple[str, str, dict]]:
