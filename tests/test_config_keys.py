@@ -1,6 +1,6 @@
 """Every broker.conf key is honoured, or refused naming it (an outside audit: `aclEnable=true` was accepted
 without a word and nothing was enforced; an unsigned UPDATE_BROKER_CONFIG then deleted 6 of 7 commitlog
-files). The registry is store/config_keys.py; README's list is checked against it."""
+files). The registry is store/config_keys.py; the list of docs/broker.md is checked against it."""
 from __future__ import annotations
 
 import re
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import doc_section
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.errors import ConfigError
 from rmqstore.store import config_keys as K
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "rmqstore"
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def test_a_key_not_honoured_stops_serve_naming_it(tmp_path):
@@ -102,10 +102,8 @@ def test_store_path_keys_must_name_the_store_being_opened(tmp_path):
 
 
 def test_readme_lists_every_key_as_the_registry_says():
-    """README's "broker.conf keys" section names every key under its support."""
-    text = README.read_text()
-    section = text[text.index("### broker.conf keys"):]
-    section = section[:section.index("\n## ")]
+    """The documentation's "broker.conf keys" section names every key under its support."""
+    section = doc_section("broker.conf keys")
     for support in K.Support:
         listed = re.search(rf"\*\*{re.escape(support.value)}\*\*[^:]*:(.*?)(?=\n- \*\*|\Z)", section, re.S)
         assert listed, support

@@ -4,7 +4,7 @@ then refused Overwrite without saying why); startingOffsets past a queue's end f
 Kafka's does (it read an empty queue silently) and is data loss for a stream; subscribe, subscribePattern
 and assign select as Kafka's do; Kafka-only options say what serves instead; an option error is one line,
 and nothing more where Spark allows it (hideTraceback); PushedFilters are shown by explain("formatted"), as
-the README now says, not by explain()."""
+the documentation says, not by explain()."""
 from __future__ import annotations
 
 import json
@@ -188,6 +188,6 @@ def test_pushed_filters_are_in_the_formatted_explain(spark, store):
     pushed = next(line for line in formatted.splitlines() if line.startswith("PushedFilters:"))
     assert "EqualTo(topic,A)" in pushed and "EqualTo(queueId,1)" in pushed, formatted
     assert "PushedFilters" not in explain(df._jdf.queryExecution(), "simple")
-    from conftest import REPO
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert '`explain("formatted")` lists them under `PushedFilters` (the plain `explain()`' in readme
+    from conftest import doc_pages
+    docs = " ".join(" ".join(page.read_text().split()) for page in doc_pages())
+    assert '`explain("formatted")` lists them under `PushedFilters` (the plain `explain()`' in docs
