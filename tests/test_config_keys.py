@@ -143,3 +143,29 @@ def test_a_read_only_command_or_spark_read_only_names_what_serving_would_refuse(
     assert run_cli("rebuild", "-c", conf, store).returncode == 0
     r = run_cli("load", "-c", conf, store, input=b"")
     assert r.returncode == 2 and b"useTLS" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("key,value", [
+    ("mappedFileSizeCommitLog", "99999999999999999999"), ("deleteWhen", "25"), ("deleteWhen", "abc"),
+    ("serverFrameMemoryMax", "0"), ("serverFrameMemoryMax", "-1"), ("serverFrameTimeoutSeconds", "-1"),
+    ("serverChannelMaxIdleTimeSeconds", "-3"), ("flushIntervalCommitLog", "0"), ("flushIntervalCommitLog", "-1"),
+    ("defaultTopicQueueNums", "0"), ("defaultTopicQueueNums", "100000"), ("maxMessageSize", "99999999999999999999"),
+    ("shortPollingTimeMills", "-1"), ("defaultQueryMaxNum", "0"), ("accessMessageInMemoryMaxRatio", "500"),
+    ("maxTransferCountOnMessageInMemory", "0"), ("messageDelayLevel", ""), ("aclEnable", "maybe"),
+    ("grpcListenPort", "70000")])
+def test_a_value_out_of_its_range_is_refused_naming_it(key, value):
+    """An outside audit's values, each accepted without a word before: a file size that crashed the first put,
+    an hour that never comes, budgets and intervals of 0 or below (a flush thread spinning), more queues than
+    queue ids."""
+    with pytest.raises(ConfigError) as e:
+        StoreConfig.from_dict({key: value}, "broker.conf")
+    assert key in str(e.value) and "broker.conf" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("value,on", [("true", True), ("yes", True), ("1", True), ("TRUE", True), ("false", False),
+                                      ("0", False), ("no", False)])
+def test_acl_enable_is_a_boolean_read_as_it_is_accepted(value, on):
+    """aclEnable=yes was accepted as a boolean and then read as off (the gate compared with "true"): every
+    spelling a boolean key accepts turns ACL on or off as it says."""
+    from rmqstore.acl.gate import acl_enabled
+    assert acl_enabled(StoreConfig.from_dict({"aclEnable": value})) is on
