@@ -39,7 +39,7 @@ $(VENV)/.stamp-%: pyproject.toml | $(PY)
 	else echo "installing with pip"; $(PY) -m pip install --disable-pip-version-check -q -e "$$spec"; fi
 	@touch $@
 
-install: $(VENV)/.stamp-spark,test,bench,grpc
+install: $(VENV)/.stamp-spark,test,bench,grpc,docs
 
 # Two workers (pytest-xdist), a test module per worker at a time: the suite's Spark sessions, child
 # processes and tmpfs mounts stay within their module; the longest modules start first (tests/conftest.py
@@ -49,7 +49,7 @@ install: $(VENV)/.stamp-spark,test,bench,grpc
 # beside the repository.
 RMQSTORE_GOLDEN ?= $(abspath ../shared/golden)
 export RMQSTORE_GOLDEN
-test: $(VENV)/.stamp-spark,test,bench,grpc node-client
+test: $(VENV)/.stamp-spark,test,bench,grpc,docs node-client
 	@echo "make test: about 8 minutes on 2 cores; golden data from RMQSTORE_GOLDEN=$(RMQSTORE_GOLDEN)"
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

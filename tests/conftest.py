@@ -26,6 +26,34 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN_SETS = ("rmq440-clean", "rmq440-crash", "rocketmq-sample-commitlog")
 
 
+def doc_pages() -> list[Path]:
+    """README.md (the front page) and the documentation site's pages (docs/**/*.md), in that order."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def doc_section(heading: str) -> str:
+    """The text under the Markdown heading `heading` (any level) of README or a docs/ page, up to the next
+    heading of its level or above (lines in code blocks are not headings). One page holds it."""
+    found = []
+    for page in doc_pages():
+        lines, level, fence = page.read_text(encoding="utf-8").splitlines(), 0, False
+        for i, line in enumerate(lines):
+            fence ^= line.startswith("```")
+            hashes = len(line) - len(line.lstrip("#"))
+            if fence or not hashes or line[hashes:hashes + 1] != " ":
+                continue
+            if level and hashes <= level:
+                found[-1] = (page, "\n".join(lines[start:i]))
+                level = 0
+            if not level and line[hashes + 1:].strip() == heading:
+                level, start = hashes, i
+                found.append((page, None))
+        if level:
+            found[-1] = (page, "\n".join(lines[start:]))
+    assert len(found) == 1, f"heading {heading!r} in {[str(p.relative_to(REPO)) for p, _ in found] or 'no page'}"
+    return found[0][1]
+
+
 def golden_dir() -> Path:
     env = os.environ.get("RMQSTORE_GOLDEN")
     return Path(env) if env else (REPO / ".." / "shared" / "golden").resolve()
@@ -178,7 +206,7 @@ MODULE_SECONDS = {
     "test_consume_queue_ext": 5,
     "test_spark_kafka_habits": 40, "test_package": 25, "test_cli_mistakes": 12,
     "test_spark_deleted": 15, "test_frame_limits": 10, "test_spark_pushdown": 8, "test_delete_topic": 8,
-    "test_damaged_topic": 8, "test_config_keys": 3,
+    "test_damaged_topic": 8, "test_config_keys": 3, "test_docs": 20,
 }
 
 

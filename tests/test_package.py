@@ -129,7 +129,7 @@ def test_the_wheel_installs_into_a_clean_venv_and_runs(dist, tmp_path):
     assert meta["License-Expression"] == ["Apache-2.0"] and meta["Summary"]
     assert any(c.startswith("Programming Language :: Python :: 3.11") for c in meta["Classifier"])
     assert meta["Project-URL"] and meta["Description-Content-Type"] == ["text/markdown"]
-    assert {e.split(";")[0].strip() for e in meta["Provides-Extra"]} == {"spark", "test", "bench", "grpc"}
+    assert {e.split(";")[0].strip() for e in meta["Provides-Extra"]} == {"spark", "test", "bench", "grpc", "docs"}
     assert got["scripts"] == ["rmqstore.tools.cli:main"]
     first = re.findall(r"^```python\n(.*?)^```", (REPO / "README.md").read_text(), re.S | re.M)[0]
     r = _run(bin_dir, bin_dir / "python", "-c", first, cwd=tmp_path)
@@ -146,7 +146,8 @@ def test_the_sdist_installs_into_a_clean_venv(dist, tmp_path):
     _, sdist = dist
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"README.md", "pyproject.toml", "src/rmqstore/__init__.py", "tests/conftest.py", "Makefile"} <= names
+    assert {"README.md", "pyproject.toml", "src/rmqstore/__init__.py", "tests/conftest.py", "Makefile",
+            "mkdocs.yml", "docs/index.md"} <= names
     bin_dir = _venv_with(tmp_path, sdist)
     r = _run(bin_dir, bin_dir / "rmqstore", "--version")
     assert r.returncode == 0 and r.stdout.startswith("rmqstore "), r.stderr

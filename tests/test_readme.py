@@ -1,10 +1,11 @@
-"""The README's code runs as written: every ```python block in order, each in a fresh interpreter; the
-shell session under "Command line" (its `$` lines run by bash from the repository, in the virtualenv its
-first line activates, as a newcomer's shell would: nothing else puts `rmqstore` on the PATH; what each prints,
-stdout and stderr as a terminal shows them, checked against the README); and the ```sh blocks that run
-against a broker (`rmqstore admin`, here against a `rmqstore serve` of the test's own). The golden data is
-found where the README says (../shared/golden) or through $RMQSTORE_GOLDEN; the session's /tmp/s becomes a
-temporary directory."""
+"""The code of README.md and of the documentation (docs/**/*.md) runs as written: every ```python block, each
+in a fresh interpreter; the shell session of docs/cli.md (its `$` lines run by bash from the repository, in
+the virtualenv its first line activates, as a newcomer's shell would: nothing else puts `rmqstore` on the
+PATH; what each prints, stdout and stderr as a terminal shows them, checked against the page); and the ```sh
+blocks that run against a broker (`rmqstore admin`, here against a `rmqstore serve` of the test's own).
+Blocks of other kinds show what is not run here: file contents (```properties, ```yaml) and, untagged, a
+layout or a command's synopsis. The golden data is found where the pages say (../shared/golden) or through
+$RMQSTORE_GOLDEN; the session's /tmp/s becomes a temporary directory."""
 from __future__ import annotations
 
 import os
@@ -15,17 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, doc_pages, doc_section
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
-PYTHON = [code for lang, code in BLOCKS if lang == "python"]
-SESSIONS = [code for lang, code in BLOCKS if not lang and code.lstrip().startswith("$ ")]
-SH = [code for lang, code in BLOCKS if lang == "sh"]
+# (page, kind, code) of every fenced block, README first
+BLOCKS = [(str(page.relative_to(REPO)), lang, code) for page in doc_pages()
+          for lang, code in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M)]
+PYTHON = [(page, code) for page, lang, code in BLOCKS if lang == "python"]
+SESSIONS = [code for page, lang, code in BLOCKS if not lang and code.lstrip().startswith("$ ")]
+SH = [code for page, lang, code in BLOCKS if lang == "sh"]
+SHOWN = {"", "properties", "yaml"}      # kinds of block that only show (see the module docstring)
 # ```sh blocks the suite cannot run as written, and why (any other sh block must run: test_sh_blocks_run)
 NOT_RUN = {"mqadmin ": "RocketMQ's own Java tool (checked live against the real RocketMQ, not in the suite)",
-           "rmqstore namesrv ": "the replication pair, run as written by test_ha_faults.test_the_readme_pair_runs",
-           "printf ": "the replication pair's broker.conf files (test_ha_faults.test_the_readme_pair_runs)",
+           "rmqstore namesrv ": "the replication pair, run as written by test_ha_faults.test_the_documented_pair_runs",
+           "printf ": "the replication pair's broker.conf files (test_ha_faults.test_the_documented_pair_runs)",
            "pip install ": "would reinstall the checkout into the suite's own virtualenv; "
                            "test_package installs built wheels into fresh ones"}
 ACTIVATE = "source .venv/bin/activate"
@@ -51,20 +54,31 @@ def _env(path_python: bool = True) -> dict:
 
 
 def test_readme_has_the_blocks_this_test_runs():
-    assert len(PYTHON) >= 4 and SESSIONS
+    assert len(PYTHON) >= 4 and SESSIONS and PYTHON[0][0] == "README.md"
 
 
-@pytest.mark.parametrize("n", range(len(PYTHON)), ids=lambda n: f"python-block-{n + 1}")
+def test_every_block_is_run_or_only_shows():
+    """A block of a kind this module neither runs nor counts as showing (```bash, ```console ...) would be
+    passed over silently: name it sh or python, or add its kind to SHOWN with the reason."""
+    assert {(page, lang) for page, lang, _ in BLOCKS if lang not in {"python", "sh"} | SHOWN} == set()
+
+
+def _python_id(n: int) -> str:
+    page = PYTHON[n][0]
+    return f"{page}-{sum(1 for p, _ in PYTHON[:n + 1] if p == page)}"
+
+
+@pytest.mark.parametrize("n", range(len(PYTHON)), ids=_python_id)
 def test_python_block_runs_as_written(n, tmp_path):
-    code = PYTHON[n]
+    page, code = PYTHON[n]
     if "pyspark" in code or "rmqstore.spark" in code:
         pytest.importorskip("pyspark")
     if "from rocketmq import" in code:
         pytest.importorskip("rocketmq.grpc_protocol")          # the `grpc` extra (RocketMQ 5 section)
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0, f"README python block {n + 1} failed:\n{code}\n--- stderr ---\n{r.stderr[-3000:]}"
-    assert r.stdout.strip(), f"README python block {n + 1} printed nothing"
+    assert r.returncode == 0, f"{_python_id(n)} failed:\n{code}\n--- stderr ---\n{r.stderr[-3000:]}"
+    assert r.stdout.strip(), f"{_python_id(n)} printed nothing"
 
 
 def _steps(session: str) -> list[tuple[str, list[str]]]:
@@ -80,10 +94,10 @@ def _steps(session: str) -> list[tuple[str, list[str]]]:
 def test_shell_session_runs_as_written(golden, tmp_path):
     """Each `$` line in bash from the repository, after the session's `source .venv/bin/activate` (the only
     way `rmqstore` is on its PATH: an un-activated shell has no `rmqstore`, issue 40); what it prints on
-    stdout and stderr, in a terminal's order, is the README's sample (the store time aside)."""
+    stdout and stderr, in a terminal's order, is the page's sample (the store time aside)."""
     steps = _steps(SESSIONS[0])
     assert steps and steps[0] == (ACTIVATE, []), "the session starts by activating the virtualenv"
-    assert (REPO / ".venv" / "bin" / "activate").is_file(), "no .venv: the README's commands run after `make`"
+    assert (REPO / ".venv" / "bin" / "activate").is_file(), "no .venv: the pages' commands run after `make`"
     store = tmp_path / "s"
     for cmd, shown in steps[1:]:
         real = cmd.replace("/tmp/s", str(store)).replace("../shared/golden", str(golden))
@@ -93,7 +107,7 @@ def test_shell_session_runs_as_written(golden, tmp_path):
         assert r.returncode == 0, f"{cmd}\n{r.stdout}"
         printed = STORE_TIME.sub('"storeTimestamp":T', r.stdout).splitlines()
         assert printed == [STORE_TIME.sub('"storeTimestamp":T', x) for x in shown], \
-            f"{cmd}: the README shows\n{shown}\nthe command prints\n{r.stdout}"
+            f"{cmd}: the page shows\n{shown}\nthe command prints\n{r.stdout}"
 
 
 def test_without_activation_the_command_is_not_there():
@@ -102,8 +116,8 @@ def test_without_activation_the_command_is_not_there():
     r = subprocess.run(["bash", "-c", "command -v rmqstore"], cwd=REPO, env=_env(path_python=False),
                        capture_output=True, text=True)
     assert r.returncode != 0, r.stdout
-    intro = README.split("## The store")[0]
-    assert ".venv/bin/rmqstore --help" in intro and ACTIVATE in intro
+    install = doc_section("Install")
+    assert ".venv/bin/rmqstore --help" in install and ACTIVATE in install
 
 
 def _sh_commands(block: str) -> list[str]:
@@ -112,7 +126,7 @@ def _sh_commands(block: str) -> list[str]:
 
 def test_sh_blocks_run(tmp_path):
     """Every ```sh block runs as written, its addresses those of a `rmqstore serve` started here (the
-    README's are the defaults, 127.0.0.1:9876 and :10911), in the activated virtualenv; blocks of
+    pages' are the defaults, 127.0.0.1:9876 and :10911), in the activated virtualenv; blocks of
     NOT_RUN's kinds are the exception, each for its reason."""
     from rmqstore.broker.server import ServerProcess
     runnable = [b for b in SH if not any(c.startswith(tuple(NOT_RUN)) for c in _sh_commands(b))]

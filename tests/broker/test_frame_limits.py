@@ -61,10 +61,37 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_unfinished_frames_across_connections_are_bounded(tmp_path):
-    """Six peers each send 3 MiB of a 15 MiB frame against an 8 MiB budget: the two that fit stay, the
-    others are closed; the server's memory grows by about the budget, not by 18 MiB; it still answers."""
+    """Six peers each send 3 MiB of a 15 MiB frame against an 8 MiB budget: two stay, the others are
+    closed; the server's memory grows by about the budget, not by 18 MiB; it still answers. Then an honest
+    2 MiB request arriving in many reads is answered: the largest holder is closed to make room (an outside
+    audit: the newcomer was closed, so parked frames shut every large request out)."""
     with _server(tmp_path, serverFrameMemoryMax=8 * MIB, serverFrameTimeoutSeconds=600) as server:
         _bounded(server)
+        _large_request_evicts_the_largest_holder(server)
+
+
+def _large_request_evicts_the_largest_holder(server) -> None:
+    parked = []
+    try:
+        for size in (3 * MIB, 3 * MIB + 4096):
+            s = _connect(server.broker_addr)
+            _partial_frame(s, 15 * MIB, size)
+            parked.append(s)
+        assert [_closed_by_server(s, 1) for s in parked] == [False, False]
+        req = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {})
+        req.body = b"x" * (2 * MIB)
+        frame = req.encode()
+        with _connect(server.broker_addr) as honest:
+            for i in range(0, len(frame), 64 * 1024):           # many reads on the server's side
+                honest.sendall(frame[i:i + 64 * 1024])
+                time.sleep(0.002)
+            honest.settimeout(30)
+            head = honest.recv(4)
+            assert len(head) == 4 and struct.unpack(">i", head)[0] > 0
+        assert [_closed_by_server(s, 2) for s in parked] == [False, True]     # the larger holder paid
+    finally:
+        for s in parked:
+            s.close()
 
 
 def _bounded(server) -> None:

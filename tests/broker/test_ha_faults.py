@@ -230,16 +230,16 @@ def test_a_5x_client_reads_from_the_slave_over_grpc(cluster):
         prod.shutdown()
 
 
-def test_the_readme_pair_runs(tmp_path):
-    """The README's pair, its commands as written (the default ports swapped for free ones), in a shell: the
-    slave registers, takes the master's sends and holds them."""
+def test_the_documented_pair_runs(tmp_path):
+    """The pair of docs/replication.md, its commands as written (the default ports swapped for free ones), in a
+    shell: the slave registers, takes the master's sends and holds them."""
     import re
     import subprocess
     import sys
     from rmqstore.broker.process import free_port, free_port_pair
-    from conftest import REPO
-    readme = (REPO / "README.md").read_text()
-    block = next(b for b in re.findall(r"^```sh\n(.*?)^```", readme, re.S | re.M) if "rmqstore namesrv" in b)
+    from conftest import doc_section
+    block = next(b for b in re.findall(r"^```sh\n(.*?)^```", doc_section("A pair of brokers"), re.S | re.M)
+                 if "rmqstore namesrv" in b)
     ns, mp, sp = free_port(), free_port_pair(), free_port_pair()
     script = block.replace("127.0.0.1:9876", f"127.0.0.1:{ns}").replace("10911", str(mp)).replace("10921", str(sp))
     script = script.replace("\\n' > master.conf", f"\\ngrpcListenPort=-1\\n' > master.conf").replace(

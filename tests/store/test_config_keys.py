@@ -1,6 +1,6 @@
 """Every broker.conf key is honoured, or refused naming it (an outside audit: `aclEnable=true` was accepted
 without a word and nothing was enforced; an unsigned UPDATE_BROKER_CONFIG then deleted 6 of 7 commitlog
-files). The registry is store/conf/config_keys.py; README's list is checked against it."""
+files). The registry is store/conf/config_keys.py; the list of docs/broker.md is checked against it."""
 from __future__ import annotations
 
 import re
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import doc_section
 from rmqstore import MessageStore, StoreConfig
 from rmqstore.errors import ConfigError
 from rmqstore.store.conf import config_keys as K
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rmqstore"
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_a_key_not_honoured_stops_serve_naming_it(tmp_path):
@@ -102,10 +102,8 @@ def test_store_path_keys_must_name_the_store_being_opened(tmp_path):
 
 
 def test_readme_lists_every_key_as_the_registry_says():
-    """README's "broker.conf keys" section names every key under its support."""
-    text = README.read_text()
-    section = text[text.index("### broker.conf keys"):]
-    section = section[:section.index("\n## ")]
+    """The documentation's "broker.conf keys" section names every key under its support."""
+    section = doc_section("broker.conf keys")
     for support in K.Support:
         listed = re.search(rf"\*\*{re.escape(support.value)}\*\*[^:]*:(.*?)(?=\n- \*\*|\Z)", section, re.S)
         assert listed, support
@@ -145,3 +143,29 @@ def test_a_read_only_command_or_spark_read_only_names_what_serving_would_refuse(
     assert run_cli("rebuild", "-c", conf, store).returncode == 0
     r = run_cli("load", "-c", conf, store, input=b"")
     assert r.returncode == 2 and b"useTLS" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("key,value", [
+    ("mappedFileSizeCommitLog", "99999999999999999999"), ("deleteWhen", "25"), ("deleteWhen", "abc"),
+    ("serverFrameMemoryMax", "0"), ("serverFrameMemoryMax", "-1"), ("serverFrameTimeoutSeconds", "-1"),
+    ("serverChannelMaxIdleTimeSeconds", "-3"), ("flushIntervalCommitLog", "0"), ("flushIntervalCommitLog", "-1"),
+    ("defaultTopicQueueNums", "0"), ("defaultTopicQueueNums", "100000"), ("maxMessageSize", "99999999999999999999"),
+    ("shortPollingTimeMills", "-1"), ("defaultQueryMaxNum", "0"), ("accessMessageInMemoryMaxRatio", "500"),
+    ("maxTransferCountOnMessageInMemory", "0"), ("messageDelayLevel", ""), ("aclEnable", "maybe"),
+    ("grpcListenPort", "70000")])
+def test_a_value_out_of_its_range_is_refused_naming_it(key, value):
+    """An outside audit's values, each accepted without a word before: a file size that crashed the first put,
+    an hour that never comes, budgets and intervals of 0 or below (a flush thread spinning), more queues than
+    queue ids."""
+    with pytest.raises(ConfigError) as e:
+        StoreConfig.from_dict({key: value}, "broker.conf")
+    assert key in str(e.value) and "broker.conf" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("value,on", [("true", True), ("yes", True), ("1", True), ("TRUE", True), ("false", False),
+                                      ("0", False), ("no", False)])
+def test_acl_enable_is_a_boolean_read_as_it_is_accepted(value, on):
+    """aclEnable=yes was accepted as a boolean and then read as off (the gate compared with "true"): every
+    spelling a boolean key accepts turns ACL on or off as it says."""
+    from rmqstore.acl.gate import acl_enabled
+    assert acl_enabled(StoreConfig.from_dict({"aclEnable": value})) is on

@@ -101,6 +101,31 @@ def test_small_runs_do_not_overwrite_the_committed_report():
     assert os.path.basename(default_outputs("small")[1]) != "results.png"
 
 
+def test_one_page_the_explanations_and_the_scale_curve_kept(tmp_path, monkeypatch):
+    """BENCHMARKS.md is one run's page: the full run writes it whole with the hand-written explanations
+    (benchmarks/explanations.md) and carries over the scale curve section; a SCALE=huge run replaces only that
+    section, in place."""
+    from rmqstore.tools import benchsuite as B
+    assert default_outputs_huge() == ("BENCHMARKS.md", "")
+    t = B.Table("scale", "Open time by store size", "s", False)
+    t.notes.append("| messages | rmqstore clean open |\n|---|---|\n| 2,000,000 | 0.4 s |")
+    sec = B.render_scale_section([t], 3600.0, ["- CPU calibration (x): 0.65 s at the end"], (1.0, 1.0, 1.0))
+    assert sec.startswith(B.SCALE_BEGIN) and sec.endswith(B.SCALE_END) and "| 2,000,000 | 0.4 s |" in sec
+    full = B.render_markdown([], "full", tmp_path, 1.0, [], (0, 0, 0), None)
+    assert "## Where the time goes" in full and B.EXPLANATIONS.read_text().splitlines()[2] in full
+    page = B.with_scale_section(full, sec)
+    assert B.scale_section(page) == sec and page.startswith("# rmqstore benchmarks")
+    newer = sec.replace("0.4 s", "0.3 s")
+    again = B.with_scale_section(page, newer)
+    assert again.count(B.SCALE_BEGIN) == 1 and "0.3 s" in again and "| 2,000,000 | 0.4 s |" not in again
+    assert again.replace(newer, "") == page.replace(sec, "")
+
+
+def default_outputs_huge():
+    from rmqstore.tools.benchsuite import default_outputs
+    return default_outputs("huge")
+
+
 # bench_spark / bench_server answers as they were in the committed full-scale run (BENCHMARKS.md)
 SPARK = {"scale": 200000, "body_size": 512, "master": "local[*]", "cores": 2, "messages": 200000,
          "bytes": 133999946, "local_reader_seconds": 2.895, "local_reader_msgs_per_s": 69077,

@@ -31,6 +31,7 @@ _UNCHECKED = f"{ACL_EXCEPTION}: the request could not be checked"
 
 
 def acl_enabled(cfg) -> bool:
+    """aclEnable (StoreConfig keeps it normalised: "true" or "false"; any other value was refused at load)."""
     return str((getattr(cfg, "extra", None) or {}).get("aclEnable", "false")).strip().lower() == "true"
 
 

@@ -77,7 +77,7 @@ def apply_runtime_properties(cfg, props: dict[str, str], source: str | None = No
         if attr is not None:
             setattr(cfg, attr, getattr(trial, attr))
         else:
-            cfg.extra[k] = props[k]
+            cfg.extra[k] = trial.extra[k]           # as the configuration keeps it (booleans normalised)
 
 
 def persisted_config_path(store_root) -> Path:

@@ -22,7 +22,7 @@ import asyncio
 import inspect
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from ..remoting.codes import ResponseCode
@@ -42,6 +42,7 @@ class FrameLimits:
     memory_max: int = 256 << 20        # serverFrameMemoryMax: bytes
     timeout: float = 30.0              # serverFrameTimeoutSeconds: without a frame completed while one is held
     held: int = 0                      # bytes held now
+    holders: set = field(default_factory=set)       # the channels holding some of them
 
     @classmethod
     def of(cls, cfg) -> "FrameLimits":
@@ -85,8 +86,7 @@ class Channel(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.server.channels.discard(self)
-        self.server.limits.held -= self._held
-        self._held = 0
+        self._release_held()
         if self._frame_timer is not None:
             self._frame_timer.cancel()
             self._frame_timer = None
@@ -133,24 +133,44 @@ class Channel(asyncio.Protocol):
 
     # --- unfinished frames (FrameLimits) ---------------------------------------------------------------
     def _count_unfinished(self, completed: bool) -> bool:
-        """Count what the decoder holds of an unfinished frame against the limits; False (and the channel
-        closed) when that would go over serverFrameMemoryMax."""
+        """Count what the decoder holds of an unfinished frame against the limits. Over serverFrameMemoryMax,
+        the connections holding the most pay: the largest holders are closed until it fits, or this one when
+        it holds the most (so peers parking big unfinished frames cannot shut out an honest request that
+        arrives in several reads). False when this channel was closed."""
         limits = self.server.limits
         held = self.decoder.buffered
         grow = held - self._held
-        if grow > 0 and limits.held + grow > limits.memory_max:
-            log.warning("closing %s: its unfinished frame (%d bytes so far) would take the unfinished frames of "
-                        "all connections to %d bytes, over serverFrameMemoryMax %d", self.remote, held,
-                        limits.held + grow, limits.memory_max)
-            self.close()
-            return False
+        while grow > 0 and limits.held + grow > limits.memory_max:
+            victim = max(limits.holders - {self}, key=lambda c: c._held, default=None)
+            if victim is None or victim._held <= held:
+                log.warning("closing %s: its unfinished frame (%d bytes so far) would take the unfinished frames "
+                            "of all connections to %d bytes, over serverFrameMemoryMax %d", self.remote, held,
+                            limits.held + grow, limits.memory_max)
+                self.close()
+                return False
+            log.warning("closing %s: it holds the largest unfinished frame (%d bytes) and the unfinished frames "
+                        "of all connections would go over serverFrameMemoryMax %d", victim.remote, victim._held,
+                        limits.memory_max)
+            victim.close()
+            victim._release_held()
         limits.held += grow
+        if held:
+            limits.holders.add(self)
+        else:
+            limits.holders.discard(self)
         if completed or not self._held:
             self._progress = time.monotonic()
         self._held = held
         if held and self._frame_timer is None and limits.timeout > 0:
             self._frame_timer = self.loop.call_later(limits.timeout, self._frame_deadline)
         return True
+
+    def _release_held(self) -> None:
+        """This channel's unfinished bytes no longer count (it is closed, or closing)."""
+        limits = self.server.limits
+        limits.held -= self._held
+        limits.holders.discard(self)
+        self._held = 0
 
     def _frame_deadline(self) -> None:
         self._frame_timer = None

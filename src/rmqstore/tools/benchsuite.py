@@ -192,46 +192,33 @@ def _machine_md(work: Path, calibration_start: float | None = None) -> list[str]
     return lines
 
 
-VARIABILITY = """Run-to-run spread: this VM's write path is bimodal. The same pwrite loop of 270 MB into a fresh
-file took 0.06 s in one run and 0.7-1.2 s in the next while another process was writing or fsyncing on the
-same disk (journal and page-cache contention; the os.write limit row moves with it: 1.2M to 12M msg/s of
-100 B across runs of this session). In quiet runs MessageBatch appends were 1.3-1.6M msg/s against sqlite's
-0.31-0.32M (4.1-4.9x), lists of Messages 0.9-1.0M. Targets within ~30% of their threshold (batched append /
-sqlite, SIGKILL restart, group commit) can flip between runs; compare the load averages above. The cores'
-speed varies too: on 2026-11-23 the calibration loop above took between 0.4 s and 1.8 s within the hour,
-and the code of the 2026-11-22 run measured 177k msg/s end to end where that run had recorded 292k; compare
-CPU-bound figures (consume, end to end, dispatch) only between runs whose calibrations agree."""
+EXPLANATIONS = Path(__file__).resolve().parents[3] / "benchmarks" / "explanations.md"
+# the scale curve (make bench SCALE=huge, suite/scale.py): its own run writes this section of BENCHMARKS.md
+# in place; a full run carries it over from the page it replaces
+SCALE_BEGIN = "<!-- scale curve: written by `make bench SCALE=huge`, kept by the full run -->"
+SCALE_END = "<!-- end of scale curve -->"
 
-HOT_SPOTS = """Hot spots (py-spy and pyinstrument on this machine; what was done about them):
 
-- put path: appends are pwrite()s (writing through the mapping faulted every fresh page in, 13x slower);
-  columnar batches answer one PutMessageResults (per-message result objects only when read); a MessageBatch
-  skips the Message objects. What is left per message of a MessageBatch (~0.65 us): the body CRC
-  (zlib-ng, ~0.06 us), the properties text (one str.join for the batch), numpy's fixed costs per batch.
-- dispatch: for columnar puts the dispatcher takes the writer's own columns (no parse); the rest is the
-  consume queue units and `IndexService.build_index_columns` (Java String.hashCode of a whole batch's keys
-  from one weighted sum over their join, slot chains). Puts and dispatch share one core's worth of Python
-  (the GIL), so end to end is about 1 / (1/put + 1/dispatch) when every batch is dispatched from its
-  columns. A writer that held the GIL most of the time left the dispatcher 256 batches behind, where it
-  lost the columns and parsed the records back (3x the cost; 25-75% of 1M messages parsed in the runs
-  before the fix): the writer now waits while the dispatcher is 128 batches behind and taking them, and the
-  dispatcher's parse stops where the next batch with columns starts.
-- consume (batch_read): the bodies of a queue are gathered by length as numpy void items and become bytes
-  in C (tolist); slicing them one by one in Python was ~0.4 us per body.
-- restart after SIGKILL: the abort file names this boot, so the page cache is trusted: the index is kept and
-  only what the dead dispatcher had not noted is re-dispatched. What is left is the CRC check of every
-  record from the checkpoint's file (a 1 GiB file here: all of them): the records' positions come from the
-  consume queues' units as a hint (each link checked against TOTALSIZE, many at a time; records no queue
-  points at are followed one by one), their headers are checked column-wise, and their body CRCs cost one
-  crc32 call each (~0.5 us, most of the walk); then each queue's units are checked against their records.
-  After a reboot recovery is RocketMQ's (index rebuilt).
-- sync flush: fdatasync releases the GIL (mmap.flush() did not); single puts from many threads are appended
-  by the flusher in one batch (a producer takes the GIL once per put, not three times); one producer leads
-  its own round (no hand-off). The python_sync_floor rows are what CPython threads can do at all on this
-  disk (16 threads: ~35 % of the grouped limit); with its dispatcher stopped rmqstore reaches ~80 % of that
-  floor: the gap is the dispatcher's Python (~30 us a message in small rounds, holding the GIL the producers
-  need, and with one producer keeping the other core busy, which slows fdatasync on this 2-vCPU VM).
-"""
+def explanations() -> list[str]:
+    """The hand-written section (benchmarks/explanations.md), or nothing outside a source checkout."""
+    try:
+        return EXPLANATIONS.read_text().rstrip().splitlines()
+    except OSError:
+        return []
+
+
+def scale_section(page: str) -> str | None:
+    """The scale curve section of a BENCHMARKS.md (markers included), or None."""
+    a, b = page.find(SCALE_BEGIN), page.find(SCALE_END)
+    return page[a:b + len(SCALE_END)] if 0 <= a < b else None
+
+
+def with_scale_section(page: str, section: str) -> str:
+    """page with its scale curve section replaced by section (appended when it has none)."""
+    old = scale_section(page)
+    if old is not None:
+        return page.replace(old, section)
+    return page.rstrip("\n") + "\n\n" + section + "\n"
 
 
 def _cmp(a, b):
@@ -373,7 +360,24 @@ def render_markdown(tables: list[Table], scale: str, work: Path, total_seconds: 
         out.append("")
         for nt in t.notes:
             out += [nt, ""]
-    out += ["## Reading", ""] + reading(tables) + ["", VARIABILITY, "", HOT_SPOTS]
+    out += ["## Reading", ""] + reading(tables) + [""] + explanations()
+    return "\n".join(out)
+
+
+def render_scale_section(tables: list[Table], total_seconds: float, machine: list[str], load_start) -> str:
+    """The scale curve's section of BENCHMARKS.md (between SCALE_BEGIN and SCALE_END), its run described."""
+    out = [SCALE_BEGIN, "## Open time by store size (the scale curve)", "",
+           f"Generated by `make bench SCALE=huge` (`python -m rmqstore.tools.benchsuite --scale huge`) on "
+           f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}, a run of its own ({total_seconds / 60:.0f} min; the stores "
+           "take up to 24 GB): rmqstore and RocketMQ 4.4.0's own store write the same number of messages, then "
+           "each opens its store clean and after a SIGKILL, in the same run, one after the other "
+           "(src/rmqstore/tools/suite/scale.py says how).", "",
+           f"Its machine: load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} at the start; "
+           + "; ".join(m.lstrip("- ") for m in machine if "load average" in m or "calibration" in m), ""]
+    for t in tables:
+        for nt in t.notes:
+            out += [nt, ""]
+    out.append(SCALE_END)
     return "\n".join(out)
 
 
@@ -484,10 +488,12 @@ def render_chart(tables: list[Table], path: Path, scale: str) -> None:
 
 
 def default_outputs(scale: str) -> tuple[str, str]:
-    """(report, chart) paths: the committed BENCHMARKS.md and benchmarks/results.png at scale full only;
-    other scales go to benchmarks/work/ (gitignored), named for the scale."""
+    """(report, chart) paths: the committed BENCHMARKS.md and benchmarks/results.png at scale full; scale huge
+    writes its section of BENCHMARKS.md (no chart); other scales go to benchmarks/work/ (gitignored)."""
     if scale == "full":
         return "BENCHMARKS.md", "benchmarks/results.png"
+    if scale == "huge":             # its own section of BENCHMARKS.md, no chart
+        return "BENCHMARKS.md", ""
     return f"benchmarks/work/BENCHMARKS-{scale}.md", f"benchmarks/work/results-{scale}.png"
 
 
@@ -524,9 +530,16 @@ def main(argv=None) -> int:
             rel = os.path.relpath(chart, out.parent)
         except ValueError:
             rel = str(chart)
-    md = render_markdown(tables, args.scale, work, total, machine, load_start, rel)
+    previous = out.read_text() if out.exists() else ""
+    if args.scale == "huge":        # the scale curve: its section of the page, the rest kept
+        md = render_scale_section(tables, total, machine, load_start)
+        page = with_scale_section(previous, md) if previous else md + "\n"
+    else:
+        md = render_markdown(tables, args.scale, work, total, machine, load_start, rel)
+        kept = scale_section(previous)
+        page = md + ("\n\n" + kept if kept else "") + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md + "\n")
+    out.write_text(page)
     print(md)
     print(f"[benchsuite] report written to {out}" + (f", chart to {chart}" if chart else ""), file=sys.stderr)
     return 0

@@ -111,7 +111,7 @@ def next_steps(out=print) -> None:
     rel = os.path.relpath(bin_dir)
     rel = rel if not rel.startswith("..") else str(bin_dir)
     out(f"\n== next: the command line is {rel}/rmqstore: run `{rel}/rmqstore --help`, or `source {rel}/activate` "
-        "once in your shell and then `rmqstore --help` (README.md, Command line)")
+        "once in your shell and then `rmqstore --help` (docs/cli.md)")
 
 
 def library_tour() -> None:

@@ -11,7 +11,7 @@ put is admitted: it registers hooks (MessageStore.register_put_message_hook) and
 every store; the top-level package registers the delay (schedule) extension there, so that a plain
 `MessageStore.open` behaves as RocketMQ 4's store, which rewrote delayed messages itself.
 
-The contract (/tmp/mv/put_hook_api.md at the time of writing, README "Layout"):
+The contract (docs/architecture.md, "Layout"):
 - hooks run in registration order, each on what the previous one returned; the first refusal stops;
 - only messages carrying one of a hook's trigger_properties are given to it (None: every message);
 - what a hook returns is validated like any other message: a hook cannot bypass validation;

@@ -169,8 +169,13 @@ class StoreConfig:
                 continue        # where the broker keeps its store: a read is of the directory it is given
             is_tuning = support is Support.TUNING
             if attr is None:
-                if name in _EXTRA_INTS or name in _EXTRA_BOOLS:
-                    _coerce("int" if name in _EXTRA_INTS else "bool", name, raw, source)
+                if name in _EXTRA_INTS:
+                    lo, hi = _EXTRA_INTS[name]
+                    v = _coerce("int", name, raw, source)
+                    if not lo <= v <= hi:
+                        raise ConfigError(name, raw, f"must be {lo}..{hi}", source)
+                elif name in _EXTRA_BOOLS:      # kept as "true"/"false": readers compare with "true"
+                    raw = "true" if _coerce("bool", name, raw, source) else "false"
                 self.extra[name] = raw
                 if is_tuning:
                     tuning.append(name)
@@ -212,7 +217,28 @@ class StoreConfig:
         def need(cond: bool, attr: str, why: str) -> None:
             if not cond:
                 raise ConfigError(self.java_name(attr), getattr(self, attr), why, source)
-        need(self.mapped_file_size_commit_log >= 4096, "mapped_file_size_commit_log", "must be at least 4096")
+        need(4096 <= self.mapped_file_size_commit_log <= _JAVA_INT_MAX, "mapped_file_size_commit_log",
+             "must be 4096..2147483647 (RocketMQ's file size is a Java int)")
+        need(self.mapped_file_size_consume_queue <= _JAVA_INT_MAX, "mapped_file_size_consume_queue",
+             "must be at most 2147483647")
+        need(self.max_message_size <= _JAVA_INT_MAX, "max_message_size", "must be at most 2147483647")
+        for attr in ("flush_interval_commit_log", "commit_interval_commit_log", "flush_interval_consume_queue",
+                     "clean_resource_interval", "flush_delay_offset_interval", "default_query_max_num",
+                     "max_transfer_count_on_message_in_memory", "max_transfer_count_on_message_in_disk",
+                     "max_transfer_bytes_on_message_in_memory", "max_transfer_bytes_on_message_in_disk",
+                     "max_msgs_num_batch"):
+            need(0 < getattr(self, attr) <= _JAVA_INT_MAX, attr, "must be 1..2147483647")
+        for attr in ("delete_commit_log_files_interval", "short_polling_time_mills",
+                     "flush_commit_log_least_pages", "flush_consume_queue_least_pages",
+                     "commit_commit_log_least_pages"):
+            need(0 <= getattr(self, attr) <= _JAVA_INT_MAX, attr, "must be 0..2147483647")
+        need(0 <= self.access_message_in_memory_max_ratio <= 100, "access_message_in_memory_max_ratio",
+             "must be 0..100 (percent of memory)")
+        need(1 <= self.default_topic_queue_nums <= 65535, "default_topic_queue_nums",
+             "must be 1..65535 (a queue id is 0..65535)")
+        hours = [h.strip() for h in str(self.delete_when).split(";")]
+        need(all(h.isdigit() and 0 <= int(h) <= 23 for h in hours), "delete_when",
+             "must be hours of the day, 00..23, separated by ';' (\"04\" or \"04;16\")")
         need(self.mapped_file_size_consume_queue >= 20 and self.mapped_file_size_consume_queue % 20 == 0,
              "mapped_file_size_consume_queue", "must be a positive multiple of 20")
         need(self.max_hash_slot_num > 0, "max_hash_slot_num", "must be positive")
@@ -251,7 +277,8 @@ class StoreConfig:
              "must be 1..99 (percent)")
         need(self.expect_consumer_num_use_filter >= 1, "expect_consumer_num_use_filter", "must be at least 1")
         try:
-            self.delay_levels_ms()
+            if not self.delay_levels_ms():
+                raise ValueError("must name at least one delay level (RocketMQ's default: 1s 5s 10s 30s 1m ...)")
         except ValueError as e:
             raise ConfigError("messageDelayLevel", self.message_delay_level, str(e), source) from None
 
@@ -297,11 +324,14 @@ class StoreConfig:
 _JAVA_NAMES = {"check_crc_on_recover": "checkCRCOnRecover", "broker_ip1": "brokerIP1", "broker_ip2": "brokerIP2"}
 _FIELDS = {f.name: f.type for f in dataclasses.fields(StoreConfig)}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name != "extra"}
-# honoured keys StoreConfig keeps in `extra` whose readers want an integer: refused at load when they are not
-_EXTRA_INTS = {"serverChannelMaxIdleTimeSeconds", "flushConsumerOffsetInterval", "transactionTimeOut",
-               "transactionCheckMax", "transactionCheckInterval", "grpcListenPort", "serverFrameMemoryMax",
-               "serverFrameTimeoutSeconds"}
-_EXTRA_BOOLS = {"autoCreateSubscriptionGroup"}
+_JAVA_INT_MAX = 2**31 - 1
+# honoured keys StoreConfig keeps in `extra` whose readers want an integer: its range, else refused at load
+_EXTRA_INTS = {"serverChannelMaxIdleTimeSeconds": (0, _JAVA_INT_MAX), "flushConsumerOffsetInterval": (1, _JAVA_INT_MAX),
+               "transactionTimeOut": (1, _JAVA_INT_MAX), "transactionCheckMax": (1, _JAVA_INT_MAX),
+               "transactionCheckInterval": (1, _JAVA_INT_MAX), "grpcListenPort": (-1, 65535),
+               "serverFrameMemoryMax": (1, 2**62), "serverFrameTimeoutSeconds": (1, _JAVA_INT_MAX)}
+# and those whose readers want a boolean (kept normalised: "true" or "false")
+_EXTRA_BOOLS = {"autoCreateSubscriptionGroup", "aclEnable"}
 
 
 def _coerce(typ, key: str, raw, source: str | None):
