@@ -87,6 +87,46 @@ def test_delete_topic_of_undispatched_messages_then_sigkill(tmp_path):
     assert not (root / "consumequeue" / "TA").exists()
 
 
+_KILL_MID_DELETE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from rmqstore import Message, MessageStore
+from rmqstore.store.consume_queue import ConsumeQueue
+from store_checks import small_config
+s = MessageStore.open({root!r}, small_config())
+for i in range(10):
+    assert s.put_message(Message("T", b"old-%d" % i, queue_id=0)).ok
+    assert s.put_message(Message("Keep", b"k-%d" % i, queue_id=0)).ok
+assert s.wait_dispatched()
+ConsumeQueue.destroy = lambda self: os.kill(os.getpid(), signal.SIGKILL)   # dies between record and effect
+s.delete_topic("T")
+"""
+
+
+def test_a_deletion_a_sigkill_interrupted_is_finished_at_open(tmp_path):
+    """SIGKILL inside delete_topic after the deletion is recorded and before the queue's files are removed:
+    the reopen served the old messages as they were, `check` said ok, and the next put got queue offset 10.
+    Now check reports the queue, the open finishes the deletion (the record first, the effect redone at
+    open), the topic starts over at 0, and the other topic is whole."""
+    from rmqstore.store.check import check_store
+    root = tmp_path / "store"
+    run_until_sigkilled(_KILL_MID_DELETE, root)
+    assert (root / "consumequeue" / "T" / "0").is_dir()              # the effect did not happen
+    report = check_store(root, small_config(), live=False)
+    assert [p.path for p in report.problems] == [str(root / "consumequeue" / "T" / "0")], report.problems
+    assert "deleted generation" in report.problems[0].what
+    with MessageStore.open(root, small_config()) as s:
+        assert s.wait_dispatched()
+        assert s.get_message("G", "T", 0, 0, 32).messages == []
+        assert s.get_max_offset_in_queue("T", 0) == 0
+        r = s.put_message(Message("T", b"new-0", queue_id=0))
+        assert r.ok and r.append_result.logics_offset == 0
+        assert s.get_max_offset_in_queue("Keep", 0) == 10
+    with MessageStore.open(root, small_config()) as s:
+        assert [m.body for m in s.get_message("G", "T", 0, 0, 32).messages] == [b"new-0"]
+    assert check_store(root, small_config(), live=False).ok
+
+
 # --- item: a torn deletedQueues.json with no backup ------------------------------------------------------
 @pytest.mark.parametrize("rewrite", [True, False], ids=["written-again", "deleted-only"])
 def test_check_repair_never_turns_a_torn_deletion_record_into_nothing_deleted(tmp_path, rewrite):
