@@ -213,7 +213,7 @@ def read_inputs(root: str | Path) -> RecoveryInputs:
     verified = verified_state.matching(root, verified_state.load(root)) if clean or note is not None else {}
     return RecoveryInputs(root, clean, None if note is None else note.dispatched,
                           read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)),
-                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root).items())), verified)
+                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root, backup_ok=False).items())), verified)
 
 
 @dataclass(frozen=True)
