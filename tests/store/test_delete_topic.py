@@ -87,6 +87,46 @@ def test_delete_topic_of_undispatched_messages_then_sigkill(tmp_path):
     assert not (root / "consumequeue" / "TA").exists()
 
 
+_KILL_MID_DELETE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from rmqstore import Message, MessageStore
+from rmqstore.store.consumequeue.consume_queue import ConsumeQueue
+from store_checks import small_config
+s = MessageStore.open({root!r}, small_config())
+for i in range(10):
+    assert s.put_message(Message("T", b"old-%d" % i, queue_id=0)).ok
+    assert s.put_message(Message("Keep", b"k-%d" % i, queue_id=0)).ok
+assert s.wait_dispatched()
+ConsumeQueue.destroy = lambda self: os.kill(os.getpid(), signal.SIGKILL)   # dies between record and effect
+s.delete_topic("T")
+"""
+
+
+def test_a_deletion_a_sigkill_interrupted_is_finished_at_open(tmp_path):
+    """SIGKILL inside delete_topic after the deletion is recorded and before the queue's files are removed:
+    the reopen served the old messages as they were, `check` said ok, and the next put got queue offset 10.
+    Now check reports the queue, the open finishes the deletion (the record first, the effect redone at
+    open), the topic starts over at 0, and the other topic is whole."""
+    from rmqstore.store.check.check import check_store
+    root = tmp_path / "store"
+    run_until_sigkilled(_KILL_MID_DELETE, root)
+    assert (root / "consumequeue" / "T" / "0").is_dir()              # the effect did not happen
+    report = check_store(root, small_config(), live=False)
+    assert [p.path for p in report.problems] == [str(root / "consumequeue" / "T" / "0")], report.problems
+    assert "deleted generation" in report.problems[0].what
+    with MessageStore.open(root, small_config()) as s:
+        assert s.wait_dispatched()
+        assert s.get_message("G", "T", 0, 0, 32).messages == []
+        assert s.get_max_offset_in_queue("T", 0) == 0
+        r = s.put_message(Message("T", b"new-0", queue_id=0))
+        assert r.ok and r.append_result.logics_offset == 0
+        assert s.get_max_offset_in_queue("Keep", 0) == 10
+    with MessageStore.open(root, small_config()) as s:
+        assert [m.body for m in s.get_message("G", "T", 0, 0, 32).messages] == [b"new-0"]
+    assert check_store(root, small_config(), live=False).ok
+
+
 # --- item: a torn deletedQueues.json with no backup ------------------------------------------------------
 @pytest.mark.parametrize("rewrite", [True, False], ids=["written-again", "deleted-only"])
 def test_check_repair_never_turns_a_torn_deletion_record_into_nothing_deleted(tmp_path, rewrite):
@@ -129,6 +169,77 @@ def test_check_repair_never_turns_a_torn_deletion_record_into_nothing_deleted(tm
         r = s.put_message(Message("TopicA", b"next", queue_id=0))
         assert r.ok and r.append_result.logics_offset == 5
     assert run_cli("check", "-c", conf, root).returncode == 0
+
+
+def _two_deletions(root, delete_b: bool):
+    """TopicA deleted twice (5 + 5 messages), written again (3); TopicB (4) deleted and not written again
+    when delete_b. The record's .bak is then the state before the last deleteTopic."""
+    with MessageStore.open(root, small_config()) as s:
+        for gen in range(2):
+            for i in range(5):
+                assert s.put_message(Message("TopicA", b"A-gen%d-%d" % (gen, i), queue_id=0)).ok
+            assert s.wait_dispatched()
+            s.delete_topic("TopicA")
+        for i in range(4 if delete_b else 0):
+            assert s.put_message(Message("TopicB", b"B-old-%d" % i, queue_id=0)).ok
+        if delete_b:
+            assert s.wait_dispatched()
+            s.delete_topic("TopicB")
+        for i in range(3):
+            assert s.put_message(Message("TopicA", b"A-live-%d" % i, queue_id=0)).ok
+    return root / "config" / "deletedQueues.json"
+
+
+@pytest.mark.parametrize("damage", ["torn", "empty", "missing"])
+def test_a_backup_or_a_lost_record_never_brings_a_deleted_generation_back(tmp_path, damage):
+    """The record damaged after a second deleteTopic: check --repair restored the .bak (the state before
+    it) and the middle generation answered at offsets 0..4 (or, emptied or removed, it read as "nothing
+    deleted"). Now the open and rebuild refuse it, check reports it, and --repair merges what is readable
+    with the last restart the commitlog shows: only the live generation answers, at 0..2."""
+    from conftest import run_cli
+    from rmqstore.errors import CorruptStoreError
+    from rmqstore.store.check.check import check_store
+    root = tmp_path / "store"
+    f = _two_deletions(root, delete_b=False)
+    assert f.with_name(f.name + ".bak").is_file()
+    {"torn": lambda: f.write_bytes(f.read_bytes()[:40]), "empty": lambda: f.write_bytes(b""),
+     "missing": f.unlink}[damage]()
+    with pytest.raises(CorruptStoreError, match="deletedQueues.json"):
+        MessageStore.open(root, small_config())
+    assert any(p.path == str(f) for p in check_store(root, small_config(), live=False).problems)
+    conf = tmp_path / "store.conf"
+    conf.write_text(small_config().to_properties())
+    r = run_cli("rebuild", "-c", conf, root)
+    assert r.returncode == 2 and str(f) in r.stderr.decode(), r.stderr.decode()
+    assert (root / "consumequeue" / "TopicA" / "0").is_dir()           # refused before anything was removed
+    r = run_cli("check", "--repair", "-c", conf, root)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    for _ in range(2):                                                  # repaired, then rebuilt
+        with MessageStore.open(root, small_config()) as s:
+            assert [m.body for m in s.get_message("G", "TopicA", 0, 0, 32).messages] == \
+                [b"A-live-%d" % i for i in range(3)]
+        assert run_cli("check", "-c", conf, root).returncode == 0
+        assert run_cli("rebuild", "-c", conf, root).returncode == 0
+
+
+def test_a_repair_from_a_backup_refuses_naming_a_queue_it_would_bring_back(tmp_path):
+    """The record torn after TopicB's deletion, its .bak from before it: check --repair said "restored from
+    deletedQueues.json.bak", exited 0 and TopicB's deleted messages answered again (a deletion not followed
+    by a write leaves no trace in the commitlog). Now it refuses (exit 2) naming the file and TopicB/0,
+    changing nothing."""
+    from conftest import run_cli
+    root = tmp_path / "store"
+    f = _two_deletions(root, delete_b=True)
+    before = f.read_bytes()[:60]
+    f.write_bytes(before)
+    conf = tmp_path / "store.conf"
+    conf.write_text(small_config().to_properties())
+    r = run_cli("check", "--repair", "-c", conf, root)
+    assert r.returncode == 2, r.stdout.decode() + r.stderr.decode()
+    err = [ln for ln in r.stderr.decode().splitlines() if "WARNING" not in ln]
+    assert len(err) == 1 and str(f) in err[0] and "TopicB/0 (4 messages)" in err[0], err
+    assert f.read_bytes() == before and not list(f.parent.glob("*.corrupt-*"))
+    assert not (root / "consumequeue" / "TopicB").exists()
 
 
 def test_deletions_derived_from_restarts_are_pure():

@@ -96,6 +96,23 @@ def _load_accepted(root: Path, report: CheckReport) -> None:
         report.deleted = {}
 
 
+def _check_deletions(root: Path, recs, report: CheckReport) -> None:
+    """Queues whose offsets start over at 0 in the commitlog (deleted and written again) that
+    config/deletedQueues.json (or the .bak open would fall back to) does not hold, or holds at an earlier
+    boundary: the record is not complete (an older .bak, an emptied or lost file), and a rebuild would bring
+    the deleted generation back. Reported on the file; the rest of the check honours the derived deletions."""
+    from ..consumequeue.deleted_queues import deleted_file, lacking, merge, restarts
+    missing = lacking(report.deleted, restarts(recs)[0])
+    if not missing:
+        return
+    listed = ", ".join(f"{t}/{q} below {b}" for (t, q), b in sorted(missing.items())[:10])
+    report.add("config", deleted_file(root), 0,
+               f"does not record deletions the commitlog shows (queue offsets starting over at 0): {listed}"
+               f"{' and more' if len(missing) > 10 else ''}; a rebuild would bring the deleted messages back "
+               "(--repair records them)")
+    report.deleted = merge(report.deleted, missing)
+
+
 def check_store(path: str | os.PathLike, config: StoreConfig | None = None, *, progress: Progress | None = None,
                 live: bool | None = None) -> CheckReport:
     """Check everything (module docstring), read-only. NotAStoreError when path is not a store directory.
@@ -119,6 +136,7 @@ def check_store(path: str | os.PathLike, config: StoreConfig | None = None, *, p
     maps = FileCache()
     try:
         recs = check_commitlog(root, cfg, report, maps, crashed or report.live, progress)
+        _check_deletions(root, recs, report)
         check_consume_queues(root, cfg, recs, report, maps, crashed or report.live)
         if cfg.message_index_enable:
             check_index(root, cfg, recs, report)

@@ -314,3 +314,15 @@ def scan_damage(root: Path, cfg: StoreConfig, accepted: list[tuple[int, int]] | 
     finally:
         maps.close()
     return report.damaged
+
+
+def commitlog_restarts(root: str | os.PathLike, config) -> tuple[Deleted, dict]:
+    """deleted_queues.restarts() of the store at root's commitlog (a header scan, read only): the deletions the
+    commitlog shows, and each queue's offsets they were derived from."""
+    from ..consumequeue.deleted_queues import restarts
+    from ..files.mapped_file import FileCache
+    maps = FileCache()
+    try:
+        return restarts(check_commitlog(Path(root), config, CheckReport(str(root)), maps, False))
+    finally:
+        maps.close()

@@ -76,6 +76,13 @@ def check_consume_queues(root: Path, cfg: StoreConfig, recs: Records, report: Ch
             n = int(seen_by_scan[-1]) + 1 if len(seen_by_scan) else 0
             off, size = off[:n], size[:n]
         report.units += len(off)
+        below = report.deleted.get((topic, qid))
+        stale = 0 if below is None else int(((off < below) & ((off != 0) | (size != codec.CQ_BLANK_SIZE))).sum())
+        if stale:               # recorded as deleted, its files still there: a deleteTopic a crash interrupted
+            report.add("consume queue", d, 0, f"{stale} units of a deleted generation (below commitlog offset "
+                                              f"{below}, config/deletedQueues.json): a deleteTopic a crash "
+                                              "interrupted; the next open (or --repair) removes them")
+            continue
         _check_units(d, topic, qid, first, off, size, sources, recs, report, fsize)
         _check_coverage(d, topic, qid, first, off, size, by_queue.get(k), recs, report, behind_ok, fsize)
     for k, part in by_queue.items():

@@ -78,16 +78,25 @@ def check_config(root: Path, report: CheckReport) -> list[tuple[Path, bool]]:
         report.add("config", d, 0, "not a directory")
         return bad
     decoders = _config_decoders()
+    from ..consumequeue.deleted_queues import FILE_NAME as deleted_queues_name
     names = sorted(set(decoders) | {n for n in os.listdir(d) if n.endswith(".json")})
     for n in names:
         p = d / n
         why = config_problem(p, decoders.get(n))
+        bak = p.with_name(n + ".bak")
+        if why is None and n == deleted_queues_name and (p.is_file() or bak.is_file()) \
+                and not (p.read_bytes().strip() if p.is_file() else b""):
+            why = "missing or empty (deleteTopic never writes it empty: the record of deleted topics is lost)"
         if why is None:
             continue
-        bak = p.with_name(n + ".bak")
         bak_ok = bak.is_file() and bak.stat().st_size > 0 and config_problem(bak, decoders.get(n)) is None
-        report.add("config", p, 0, why + ("; its .bak is usable (open falls back to it, --repair restores it)"
-                                          if bak_ok else "; no usable .bak"))
+        if n == deleted_queues_name:        # its .bak may lack the last deletion: never restored as it is
+            report.add("config", p, 0, why + ("; its .bak is the state before the last deleteTopic: --repair merges "
+                                              "it with the deletions the commitlog shows" if bak_ok else
+                                              "; no usable .bak: --repair derives the deletions from the commitlog"))
+        else:
+            report.add("config", p, 0, why + ("; its .bak is usable (open falls back to it, --repair restores it)"
+                                              if bak_ok else "; no usable .bak"))
         bad.append((p, bak_ok))
     return bad
 

@@ -73,11 +73,50 @@ def derive_from_restarts(queues) -> Deleted:
     return out
 
 
-def load(root: str | os.PathLike) -> Deleted:
+def restarts(recs) -> tuple[Deleted, dict]:
+    """derive_from_restarts over a commitlog scan (check_commitlog's Records): the deletions the commitlog
+    shows, and each queue's (commitlog offsets, queue offsets) it derived them from."""
+    names = recs.topic_names
+    queues = {(names[t], q): (recs.offsets[part], recs.queue_offsets[part]) for (t, q), part in recs.by_queue().items()}
+    return derive_from_restarts(queues), queues
+
+
+def lacking(recorded: Deleted, derived: Deleted) -> Deleted:
+    """The derived deletions a record does not hold (a later restart than its boundary, or none at all):
+    the record is not complete (an older .bak, an emptied or lost file)."""
+    return {k: b for k, b in derived.items() if b > recorded.get(k, -1)}
+
+
+def merge(a: Deleted, b: Deleted) -> Deleted:
+    """Both records' deletions, each queue at the later boundary (everything below it is deleted)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = max(v, out.get(k, 0))
+    return out
+
+
+def load(root: str | os.PathLike, backup_ok: bool = True) -> Deleted:
     """The deletions recorded for the store at root ({} when none); falls back to the .bak copy, else
-    CorruptStoreError naming the file (config_file.load_config_file)."""
-    from ..conf.config_file import load_config_file
-    return load_config_file(deleted_file(root), decode) or {}
+    CorruptStoreError naming the file (config_file.load_config_file). The file is never written empty:
+    an empty one (with no usable .bak) is damage too, never "nothing was deleted". backup_ok=False (the
+    open): a .bak is the state before the last deleteTopic, never trusted to be complete: the file
+    unusable, empty or missing beside a .bak is a CorruptStoreError (check --repair merges the .bak with
+    what the commitlog shows)."""
+    from ...errors import CorruptStoreError
+    from ..conf.config_file import _problem, backup_path, load_config_file
+    f = deleted_file(root)
+    if not backup_ok and backup_path(f).is_file():
+        raw = f.read_bytes() if f.is_file() else b""
+        why = "missing or empty" if not raw.strip() else _problem(raw, decode)
+        if why is not None:
+            raise CorruptStoreError(str(f), 0, f"{why}, beside its backup {backup_path(f).name}, which is the "
+                                               "state before the last deleteTopic and may lack deletions; "
+                                               "rmqstore check --repair derives what it lacks")
+    got = load_config_file(f, decode)
+    if got is None and f.is_file():
+        raise CorruptStoreError(str(f), 0, "empty (deleteTopic never writes it empty: the record of which topics "
+                                           "were deleted is lost); rmqstore check --repair derives it again")
+    return got or {}
 
 
 def record(root: str | os.PathLike, queues, below: int) -> Deleted:

@@ -213,7 +213,7 @@ def read_inputs(root: str | Path) -> RecoveryInputs:
     verified = verified_state.matching(root, verified_state.load(root)) if clean or note is not None else {}
     return RecoveryInputs(root, clean, None if note is None else note.dispatched,
                           read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)),
-                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root).items())), verified)
+                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root, backup_ok=False).items())), verified)
 
 
 @dataclass(frozen=True)
@@ -464,6 +464,7 @@ def apply_plan(plan: RecoveryPlan, files: StoreFiles, dispatcher, failures: Fail
     for a, b in plan.inputs.accepted_damage:           # quarantined by check --repair: never dispatched
         dispatcher.add_skip_range(a, b)
     dispatcher.deleted = {(t, q): b for t, q, b in plan.inputs.deleted_queues}   # deleteTopic: never again
+    redo_from = _finish_deletions(cqs, plan.inputs.deleted_queues, report)
     ranges = [(r.start, r.end) for r in plan.commitlog.skipped] + list(plan.inputs.accepted_damage)
     if ranges:
         from ..consumequeue.dispatch import blank_units_in
@@ -476,9 +477,46 @@ def apply_plan(plan: RecoveryPlan, files: StoreFiles, dispatcher, failures: Fail
             report.dropped.append(Dropped("index", gone[0], 0, "entries past the commitlog's end and slots not "
                                           "allocated (disk full): dropped, its keys are indexed again", gone[1]))
             report.index_files_dropped += 1
-    dispatcher.reput_from_offset = plan.reput_from
+    dispatcher.reput_from_offset = plan.reput_from if redo_from is None else min(plan.reput_from, redo_from)
     _redispatch(cl, cqs, dispatcher, report)
     return report
+
+
+def _finish_deletions(cqs: ConsumeQueueTable, deleted, report: RecoveryReport) -> int | None:
+    """Redo the deletions a crash interrupted. deleteTopic records a deletion (deletedQueues.json) before it
+    removes the queue's files (queue_clean): a crash in between leaves a consume queue that still holds
+    units of the deleted generation (below the recorded commitlog offset). Such a queue is removed here,
+    before anything is served or dispatched, and starts over at queue offset 0, as the record says
+    (idempotent: a queue removed already, or written again, holds no unit below it). Returns the offset to
+    re-dispatch from when a removed queue also held units at or above it (a new generation: built again
+    from its records), else None."""
+    redo = None
+    for topic, qid, below in deleted:
+        cq = cqs.find(topic, qid)
+        if cq is None or cq.get_max_offset_in_queue() <= cq.get_min_offset_in_queue():
+            continue
+        first = cq.get_unit(cq.get_min_offset_in_queue())
+        if first is None or first[0] >= below:
+            continue
+        last = cq.get_unit(cq.get_max_offset_in_queue() - 1)
+        if last is not None and last[0] >= below:
+            redo = below if redo is None else min(redo, below)
+        n = cq.get_message_total_in_queue()
+        cqs.remove(cq)
+        with cq.lock:
+            if cqs.read_only:
+                cq.shutdown()           # a read-only open: left out in memory only
+            else:
+                cq.destroy()
+        if not cqs.read_only:
+            try:
+                (cqs.root / topic).rmdir()      # only when its last queue directory went
+            except OSError:
+                pass
+        report.dropped.append(Dropped("consume queue", str(cqs.root / topic / str(qid)), 0,
+                                      f"units of a deleted generation (below commitlog offset {below}, "
+                                      "config/deletedQueues.json): the interrupted deleteTopic finished", n))
+    return redo
 
 
 def _redispatch(cl: CommitLog, cqs: ConsumeQueueTable, dispatcher, report: RecoveryReport) -> None:

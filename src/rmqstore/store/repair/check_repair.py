@@ -22,12 +22,12 @@ from pathlib import Path
 
 from ..format import codec
 from ..check.check import check_store
-from ..check.check_commitlog import check_commitlog
+from ..check.check_commitlog import check_commitlog, commitlog_restarts
 from ..check.check_files import links_out_of_store, quarantine, repair_config
 from ..check.check_report import CheckReport, DamagedSpan, Progress, store_root
 from ..conf.config import StoreConfig
 from ..files.mapped_file import FileCache
-from ...errors import RmqStoreError
+from ...errors import CorruptStoreError, RmqStoreError
 
 
 class RepairRefusedError(RmqStoreError):
@@ -79,40 +79,41 @@ def repair_store(path: str | os.PathLike, config: StoreConfig | None = None, *,
 
 
 def _derive_lost_deletions(root: Path, cfg: StoreConfig, first: CheckReport, done: list[str]) -> bool:
-    """config/deletedQueues.json unusable and no usable .bak: a repair must not turn "unreadable" into
-    "nothing was deleted" (the deleted messages would be served again, a rewritten topic's acknowledged ones
-    lose their offsets). The deletions are derived where queues start over at offset 0
-    (deleted_queues.derive_from_restarts); a queue with messages in the commitlog and no consume queue
-    (deleted and not written again, or never dispatched) cannot be told apart: then RepairRefusedError names
-    the file and those queues, nothing done. Else the file is moved aside and written anew from the
-    derivation. Returns True when it wrote it."""
+    """config/deletedQueues.json unusable, empty, or not holding deletions the commitlog shows (check
+    reported it): a repair must not turn "unreadable" into "nothing was deleted" (the deleted messages
+    would be served again, a rewritten topic's acknowledged ones lose their offsets), nor trust a .bak to be
+    complete (it is the state before the last deleteTopic). What is still readable (the file, else its .bak)
+    is merged with the deletions derived where queues start over at offset 0
+    (deleted_queues.derive_from_restarts), each queue at its later boundary. A queue with messages above
+    that boundary in the commitlog and no consume queue (deleted and not written again, or never
+    dispatched) cannot be told apart: then RepairRefusedError names the file and those queues, nothing
+    done. Else an unusable file is moved aside and the merged record written. Returns True when it wrote."""
     from ..consumequeue import deleted_queues
-    from ..check.check_commitlog import check_commitlog
     from ..conf.config_file import string_to_file
-    bad = [p for p, bak_ok in first.bad_config if p.name == deleted_queues.FILE_NAME and not bak_ok]
-    if not bad:
+    f = deleted_queues.deleted_file(root)
+    if not any(p.path == str(f) for p in first.problems):
         return False
-    maps = FileCache()
+    derived, queues = commitlog_restarts(root, cfg)
     try:
-        recs = check_commitlog(root, cfg, CheckReport(str(root)), maps, False)
-    finally:
-        maps.close()
-    names = recs.topic_names
-    queues = {(names[t], q): (recs.offsets[part], recs.queue_offsets[part]) for (t, q), part in recs.by_queue().items()}
-    derived = deleted_queues.derive_from_restarts(queues)
-    unknown = sorted(((t, q), int((offs >= derived.get((t, q), 0)).sum())) for (t, q), (offs, _) in queues.items()
-                     if not (root / "consumequeue" / t / str(q)).is_dir())
+        kept = deleted_queues.load(root)          # the file, else its .bak: never trusted to be complete
+    except CorruptStoreError:
+        kept = {}
+    merged = deleted_queues.merge(kept, derived)
+    unknown = [((t, q), n) for (t, q), (offs, _) in sorted(queues.items())
+               if not (root / "consumequeue" / t / str(q)).is_dir()
+               and (n := int((offs >= merged.get((t, q), 0)).sum()))]
     if unknown:
         listed = ", ".join(f"{t}/{q} ({n} messages)" for (t, q), n in unknown[:10])
         raise RepairRefusedError(
-            f"{bad[0]}: unreadable and no usable backup: it records which topics were deleted; a repair would "
-            f"bring back the messages of these queues, which have no consume queue: {listed}"
-            f"{' and more' if len(unknown) > 10 else ''}. Nothing repaired: restore the file from a copy, or move it "
-            "away to let them come back")
-    aside = quarantine(bad[0])
-    string_to_file(deleted_queues.encode(derived), bad[0], deleted_queues.decode)
-    done.append(f"{bad[0]}: moved aside as {aside.name}; no usable backup: written again from where queues start "
-                f"over in the commitlog ({len(derived)} deleted queue{'s' * (len(derived) != 1)})")
+            f"{f}: unusable or not complete (its backup cannot be trusted to be): it records which topics were "
+            f"deleted; a repair would bring back the messages of these queues, which have no consume queue: "
+            f"{listed}{' and more' if len(unknown) > 10 else ''}. Nothing repaired: restore the file from a "
+            "copy, or move it (and its .bak) away to let them come back")
+    aside = quarantine(f) if f.is_file() and any(p == f for p, _ in first.bad_config) else None
+    string_to_file(deleted_queues.encode(merged), f, deleted_queues.decode)
+    done.append(f"{f}: {f'moved aside as {aside.name}; ' if aside else ''}written again from "
+                f"{'what was readable of it (or its .bak) and ' if kept else ''}where queues start over in the "
+                f"commitlog ({len(merged)} deleted queue{'s' * (len(merged) != 1)})")
     return True
 
 

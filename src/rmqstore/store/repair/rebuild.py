@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ...errors import CorruptStoreError
+from ..check.check_commitlog import commitlog_restarts
 from ..conf.config import StoreConfig
 from ..state.lock import StoreLock
 from ..store import MessageStore
@@ -43,6 +45,26 @@ def damaged_ranges(path: Path, config: StoreConfig, progress: Progress | None = 
     return sorted(out, key=lambda r: r["offset"])
 
 
+def _refuse_lost_deletions(path: Path, config: StoreConfig) -> None:
+    """A rebuild dispatches every record the deletion record (config/deletedQueues.json) does not exclude:
+    with that record unusable, or only its .bak (an older state), or empty, or missing or not complete
+    while the commitlog shows queues starting over at offset 0 (deleted and written again), it would bring
+    deleted messages back and move acknowledged ones off their offsets. CorruptStoreError naming the file
+    and the queues (check --repair derives the record), nothing removed."""
+    from ..consumequeue import deleted_queues
+    recorded = deleted_queues.load(path, backup_ok=False)   # unusable, or only its .bak: CorruptStoreError
+    f = deleted_queues.deleted_file(path)
+    if f.is_file():
+        return          # usable (else load raised): deleteTopic writes every deletion into it
+    missing = deleted_queues.lacking(recorded, commitlog_restarts(path, config)[0])
+    if missing:
+        listed = ", ".join(f"{t}/{q}" for t, q in sorted(missing)[:10])
+        raise CorruptStoreError(str(f), 0, f"does not record the deletions the commitlog shows (queue offsets "
+                                           f"starting over at 0): {listed}{' and more' if len(missing) > 10 else ''}; "
+                                           "a rebuild would bring the deleted messages back: run rmqstore check "
+                                           "--repair first (it records them)")
+
+
 def rebuild_store(path: str | Path, config: StoreConfig | None = None,
                   progress: Progress | None = None) -> dict:
     """Drop and rebuild consume queues and index of the store at path; returns counts and the damaged
@@ -56,6 +78,7 @@ def rebuild_store(path: str | Path, config: StoreConfig | None = None,
     lock = StoreLock(path)
     lock.acquire()          # refuse at once if another process has the store open
     try:
+        _refuse_lost_deletions(path, config)      # before anything is removed
         t0 = time.perf_counter()
         skip = damaged_ranges(path, config, progress)
         scan_s = time.perf_counter() - t0
