@@ -403,3 +403,38 @@ def test_a_torn_tail_under_an_unchanged_stat_is_walked(store_dir: Path):
         assert r.ok and s.wait_dispatched(30)
         got = s.get_message("g", "TopicA", 0, r.append_result.logics_offset, 1).messages
         assert [m.body for m in got] == [b"after"]
+
+
+# --- a queue cut at a damaged unit after a filler unit is rebuilt -------------------------------------
+def _same_size_store(path: Path, n: int = 400) -> list:
+    """n messages of one size over TopicA/0 and TopicA/1, closed cleanly; returns their PutMessageResults."""
+    with MessageStore.open(path, _cfg()) as s:
+        acks = [s.put_message(Message("TopicA", b"body-%04d" % i, queue_id=i % 2)) for i in range(n)]
+        assert all(r.ok for r in acks) and s.wait_dispatched(30)
+    return acks
+
+
+def test_a_queue_cut_after_a_filler_unit_is_rebuilt(tmp_path: Path):
+    """Two same-size, CRC-valid records of TopicA/0 swapped (queue offsets 20 and 21) while the store was
+    closed: each names the other's position, so neither is an answer (filler units). The background check
+    then cut the queue at unit 21, after the filler at 20; the queue's end was taken from that filler
+    (offset 0 + size 0x7fffffff) and nothing was dispatched into it again: 179 acknowledged messages of
+    TopicA/0 unreadable for good, after a reopen too. Every other message stays readable at its offset."""
+    path = tmp_path / "s"
+    acks = _same_size_store(path)
+    want = {(i % 2, r.append_result.logics_offset): b"body-%04d" % i for i, r in enumerate(acks)}
+    a, b = (acks[2 * k].append_result.wrote_offset for k in (20, 21))
+    f = path / "commitlog" / f"{0:020d}"
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[a:a + 4], "big")
+    data[a:a + n], data[b:b + n] = data[b:b + n], data[a:a + n]
+    f.write_bytes(bytes(data))
+    for _ in range(2):                  # the open, the background check; a reopen
+        with MessageStore.open(path, _cfg()) as s:
+            assert s.service(background_check.NAME).wait(60) and s.wait_dispatched(30)
+            for (q, off), body in want.items():
+                got = s.get_message("g", "TopicA", q, off, 1).messages
+                if (q, off) in ((0, 20), (0, 21)):
+                    assert [m.body for m in got if m.queue_offset == off] == []     # never the other's
+                else:
+                    assert [(m.queue_offset, m.body) for m in got] == [(off, body)], (q, off)
