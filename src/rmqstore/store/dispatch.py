@@ -138,6 +138,16 @@ class Dispatcher:
                                  path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
                                  offset=offset)
 
+    def _bad_claim(self, cq, offset: int, size: int, claim: int) -> None:
+        """A record out of its queue's sequence (claims_out_of_sequence): damage, reported and skipped."""
+        mf = self.commit_log.file_of(offset)
+        self.add_skip_range(offset, offset + size)
+        self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {claim} of {cq.topic}/"
+                             f"{cq.queue_id}, out of the queue's sequence: a damaged QUEUEOFFSET field (or a "
+                             "record moved); no unit points at it",
+                             path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
+                             offset=offset, end=offset + size)
+
     def is_skipped(self, offset: int) -> bool:
         """offset lies in a damaged range that was skipped (its bytes are not a trustworthy message)."""
         return bool(self.skip_ranges) and self._skip_range_at(offset)[0] is not None
@@ -355,7 +365,8 @@ class Dispatcher:
                 return
             if len(batch) < 64:         # a few records: without numpy's fixed costs
                 with self.units_lock:
-                    grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+                    grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
+                                         self._bad_claim)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -365,7 +376,8 @@ class Dispatcher:
         if not n:
             return
         with self.units_lock:
-            grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+            grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
+                                self._bad_claim)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)
@@ -476,12 +488,15 @@ Filler = Callable[[object, int, int], None]    # (consume queue, queue offset re
 
 
 def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
-                deleted: dict[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
+                deleted: dict[tuple[str, int], int] | None = None,
+                bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
     """Write the units of a batch's dispatched records (scanner.is_dispatched) to their consume queues
     (find(topic, queue id) gives one), grouped per queue, in order. Each record keeps the queue offset it
     carries: where a queue's offsets jump ahead (records lost, or misattributed by a damaged topic / queue
     id byte), fill(cq, offset, commitlog offset) fills the gap first. Returns (topic, queue id, next
-    queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out."""
+    queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out.
+    A record whose QUEUEOFFSET is out of its queue's sequence (claims_out_of_sequence) gets no unit:
+    bad_claim(cq, commitlog offset, size, queue offset) is told of it."""
     idx = np.flatnonzero(scanner.is_dispatched(batch.sys_flags))
     grown: list[tuple[str, int, int]] = []
     if not len(idx):
@@ -498,8 +513,15 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             part = part[batch.offsets[part] >= deleted[(topic, qid)]]
             if not len(part):
                 continue
-        qoffs = batch.queue_offsets[part]
         cq = find(topic, qid)
+        built = int(np.count_nonzero(batch.offsets[part] + batch.sizes[part] <= cq.max_physic_offset))
+        bad = claims_out_of_sequence(batch.queue_offsets[part[built:]], _last_claim(cq))
+        if bad.any():
+            for i in part[built:][bad].tolist():
+                _tell_bad_claim(bad_claim, cq, int(batch.offsets[i]), int(batch.sizes[i]),
+                                int(batch.queue_offsets[i]))
+            part = np.concatenate((part[:built], part[built:][~bad]))
+        qoffs = batch.queue_offsets[part]
         runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
         wrote = False
         for a, b in zip([0, *runs.tolist()], [*runs.tolist(), len(part)]):
@@ -521,7 +543,8 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
 
 
 def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
-                 deleted: dict[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
+                 deleted: dict[tuple[str, int], int] | None = None,
+                 bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
     """put_columns for a few records as DispatchRequests."""
     by_queue: dict[tuple[str, int], list] = {}
     dispatched = scanner.is_dispatched
@@ -532,6 +555,14 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
     grown = []
     for (topic, qid), units in by_queue.items():
         cq = find(topic, qid)
+        built = 0
+        while built < len(units) and units[built][0] + units[built][1] <= cq.max_physic_offset:
+            built += 1
+        bad = claims_out_of_sequence(np.array([u[3] for u in units[built:]], dtype=np.int64), _last_claim(cq))
+        if bad.any():
+            for j in np.flatnonzero(bad).tolist():
+                _tell_bad_claim(bad_claim, cq, *units[built + j][:2], units[built + j][3])
+            units = units[:built] + [u for u, b in zip(units[built:], bad.tolist()) if not b]
         start = 0
         wrote = False
         for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see put_columns)
@@ -547,6 +578,38 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
         if wrote:
             grown.append((topic, qid, units[-1][3] + 1))
     return grown
+
+
+BadClaim = Callable[[object, int, int, int], None]   # (consume queue, commitlog offset, size, queue offset)
+
+
+def claims_out_of_sequence(q: np.ndarray, before: int) -> np.ndarray:
+    """Per record of one queue not yet in it (their QUEUEOFFSETs q, in commitlog order): True where the
+    record continues neither its predecessor (before: the queue's last offset, -1 for an empty queue, whose
+    first record is not judged on its left) nor is continued by its successor (the last record is not
+    judged on its right). Such a claim is a damaged QUEUEOFFSET field (the body CRC does not cover it), or
+    one of two records swapped in place: given a unit, it would answer at an offset that is not its own
+    message's (or hide the message that is). Records lost with a damaged range make a jump that the next
+    record continues: not flagged."""
+    n = len(q)
+    if n == 0 or (q[0] == before + 1 and (n == 1 or bool((np.diff(q) == 1).all()))):
+        return np.zeros(n, dtype=bool)     # the common case: every claim in sequence
+    step = np.diff(q) == 1
+    left = np.concatenate(([before < 0 or int(q[0]) == before + 1], step))
+    right = np.concatenate((step, [True]))
+    return ~left & ~right
+
+
+def _last_claim(cq) -> int:
+    """The queue offset a next record continues (-1: the queue has no unit)."""
+    return cq.get_max_offset_in_queue() - 1 if cq.max_physic_offset >= 0 else -1
+
+
+def _tell_bad_claim(bad_claim: BadClaim | None, cq, offset: int, size: int, claim: int) -> None:
+    log.warning("%s: the record at commitlog offset %d claims queue offset %d, out of the queue's sequence (a "
+                "damaged QUEUEOFFSET): no unit written", cq.queue.store_path, offset, claim)
+    if bad_claim is not None:
+        bad_claim(cq, offset, size, claim)
 
 
 def fill_queue(cq, upto: int, bound: int | None = None) -> bool:
