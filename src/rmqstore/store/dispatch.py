@@ -516,6 +516,8 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
         cq = find(topic, qid)
         built = int(np.count_nonzero(batch.offsets[part] + batch.sizes[part] <= cq.max_physic_offset))
         bad = claims_out_of_sequence(batch.queue_offsets[part[built:]], _last_claim(cq))
+        if built < len(part):
+            _judge_last_unit(cq, int(batch.queue_offsets[part[built]]), int(batch.offsets[part[built]]), bad_claim)
         if bad.any():
             for i in part[built:][bad].tolist():
                 _tell_bad_claim(bad_claim, cq, int(batch.offsets[i]), int(batch.sizes[i]),
@@ -559,6 +561,8 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
         while built < len(units) and units[built][0] + units[built][1] <= cq.max_physic_offset:
             built += 1
         bad = claims_out_of_sequence(np.array([u[3] for u in units[built:]], dtype=np.int64), _last_claim(cq))
+        if built < len(units):
+            _judge_last_unit(cq, units[built][3], units[built][0], bad_claim)
         if bad.any():
             for j in np.flatnonzero(bad).tolist():
                 _tell_bad_claim(bad_claim, cq, *units[built + j][:2], units[built + j][3])
@@ -603,6 +607,33 @@ def claims_out_of_sequence(q: np.ndarray, before: int) -> np.ndarray:
 def _last_claim(cq) -> int:
     """The queue offset a next record continues (-1: the queue has no unit)."""
     return cq.get_max_offset_in_queue() - 1 if cq.max_physic_offset >= 0 else -1
+
+
+def _judge_last_unit(cq, claim: int, offset: int, bad_claim: BadClaim | None) -> None:
+    """claims_out_of_sequence across two batches: the next record of cq (at commitlog offset `offset`, after
+    the last unit's record) claims `claim`; the queue's last
+    unit was written after a jump (filler units before it), the end of the previous batch, so its right
+    was not judged. When this record does not continue it either, its record is out of sequence: the unit
+    is cut (this record is judged on its own left by the last unit's claim, as within a batch)."""
+    end = cq.get_max_offset_in_queue()
+    if claim == end or end - 2 < cq.get_min_offset_in_queue():
+        return
+    last, prev = cq.get_unit(end - 1), cq.get_unit(end - 2)
+    if last is None or prev is None or _is_filler(last) or not _is_filler(prev) or offset <= last[0]:
+        return
+    lo = max(cq.get_min_offset_in_queue(), end - 1 - 4096)
+    before = cq.units(lo, end - 1)          # the fillers the jump wrote go too: the next record fills anew
+    real = np.flatnonzero(~((before["size"] == codec.CQ_BLANK_SIZE) & (before["offset"] == 0)))
+    cut = lo + (int(real[-1]) + 1 if len(real) else 0) if len(before) == end - 1 - lo else end - 1
+    with cq.lock:
+        cq.queue.truncate_dirty_files(cut * UNIT)
+        cq.queue.set_positions_from(cut * UNIT)
+        cq.max_physic_offset = last[0]     # what lies before the cut record is built
+    _tell_bad_claim(bad_claim, cq, last[0], last[1], end - 1)
+
+
+def _is_filler(unit) -> bool:
+    return unit[0] == 0 and unit[1] == codec.CQ_BLANK_SIZE
 
 
 def _tell_bad_claim(bad_claim: BadClaim | None, cq, offset: int, size: int, claim: int) -> None:
