@@ -514,15 +514,9 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             if not len(part):
                 continue
         cq = find(topic, qid)
-        built = int(np.count_nonzero(batch.offsets[part] + batch.sizes[part] <= cq.max_physic_offset))
-        bad = claims_out_of_sequence(batch.queue_offsets[part[built:]], _last_claim(cq))
-        if built < len(part):
-            _judge_last_unit(cq, int(batch.queue_offsets[part[built]]), int(batch.offsets[part[built]]), bad_claim)
-        if bad.any():
-            for i in part[built:][bad].tolist():
-                _tell_bad_claim(bad_claim, cq, int(batch.offsets[i]), int(batch.sizes[i]),
-                                int(batch.queue_offsets[i]))
-            part = np.concatenate((part[:built], part[built:][~bad]))
+        keep = _in_sequence(cq, batch.offsets[part], batch.sizes[part], batch.queue_offsets[part], bad_claim)
+        if keep is not None:
+            part = part[keep]
         qoffs = batch.queue_offsets[part]
         runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
         wrote = False
@@ -557,16 +551,9 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
     grown = []
     for (topic, qid), units in by_queue.items():
         cq = find(topic, qid)
-        built = 0
-        while built < len(units) and units[built][0] + units[built][1] <= cq.max_physic_offset:
-            built += 1
-        bad = claims_out_of_sequence(np.array([u[3] for u in units[built:]], dtype=np.int64), _last_claim(cq))
-        if built < len(units):
-            _judge_last_unit(cq, units[built][3], units[built][0], bad_claim)
-        if bad.any():
-            for j in np.flatnonzero(bad).tolist():
-                _tell_bad_claim(bad_claim, cq, *units[built + j][:2], units[built + j][3])
-            units = units[:built] + [u for u, b in zip(units[built:], bad.tolist()) if not b]
+        keep = _in_sequence(cq, *(np.array([u[k] for u in units], dtype=np.int64) for k in (0, 1, 3)), bad_claim)
+        if keep is not None:
+            units = [u for u, k in zip(units, keep.tolist()) if k]
         start = 0
         wrote = False
         for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see put_columns)
@@ -604,17 +591,36 @@ def claims_out_of_sequence(q: np.ndarray, before: int) -> np.ndarray:
     return ~left & ~right
 
 
+def _in_sequence(cq, offs: np.ndarray, sizes: np.ndarray, claims: np.ndarray,
+                 bad_claim: BadClaim | None) -> np.ndarray | None:
+    """Which of a queue's records (commitlog order) may get a unit: None for all, else a mask leaving out
+    those claims_out_of_sequence flags among the ones not built yet (each told to bad_claim). The queue's
+    last unit is judged too, by the first record not built (_judge_last_unit)."""
+    built = int(np.count_nonzero(offs + sizes <= cq.max_physic_offset))    # a prefix: re-dispatched
+    if built == len(claims):
+        return None
+    bad = claims_out_of_sequence(claims[built:], _last_claim(cq))
+    _judge_last_unit(cq, int(claims[built]), int(offs[built]), bad_claim)
+    if not bad.any():
+        return None
+    keep = np.ones(len(claims), dtype=bool)
+    keep[built:] = ~bad
+    for i in np.flatnonzero(~keep).tolist():
+        _tell_bad_claim(bad_claim, cq, int(offs[i]), int(sizes[i]), int(claims[i]))
+    return keep
+
+
 def _last_claim(cq) -> int:
     """The queue offset a next record continues (-1: the queue has no unit)."""
     return cq.get_max_offset_in_queue() - 1 if cq.max_physic_offset >= 0 else -1
 
 
 def _judge_last_unit(cq, claim: int, offset: int, bad_claim: BadClaim | None) -> None:
-    """claims_out_of_sequence across two batches: the next record of cq (at commitlog offset `offset`, after
-    the last unit's record) claims `claim`; the queue's last
-    unit was written after a jump (filler units before it), the end of the previous batch, so its right
-    was not judged. When this record does not continue it either, its record is out of sequence: the unit
-    is cut (this record is judged on its own left by the last unit's claim, as within a batch)."""
+    """claims_out_of_sequence across two batches. The next record of cq (at commitlog offset `offset`)
+    claims `claim`; the queue's last unit was written after a jump (filler units before it) at the end of
+    the previous batch, so its right was not judged. When this record does not continue it either, the
+    last unit's record is out of sequence: the unit is cut with the fillers its jump wrote, its record
+    told to bad_claim (this record was judged on its left by the cut unit's claim, as within a batch)."""
     end = cq.get_max_offset_in_queue()
     if claim == end or end - 2 < cq.get_min_offset_in_queue():
         return
@@ -622,9 +628,11 @@ def _judge_last_unit(cq, claim: int, offset: int, bad_claim: BadClaim | None) ->
     if last is None or prev is None or _is_filler(last) or not _is_filler(prev) or offset <= last[0]:
         return
     lo = max(cq.get_min_offset_in_queue(), end - 1 - 4096)
-    before = cq.units(lo, end - 1)          # the fillers the jump wrote go too: the next record fills anew
+    before = cq.units(lo, end - 1)
     real = np.flatnonzero(~((before["size"] == codec.CQ_BLANK_SIZE) & (before["offset"] == 0)))
-    cut = lo + (int(real[-1]) + 1 if len(real) else 0) if len(before) == end - 1 - lo else end - 1
+    cut = end - 1                           # the unit alone when its fillers cannot all be read
+    if len(before) == end - 1 - lo:
+        cut = lo + (int(real[-1]) + 1 if len(real) else 0)
     with cq.lock:
         cq.queue.truncate_dirty_files(cut * UNIT)
         cq.queue.set_positions_from(cut * UNIT)
