@@ -156,16 +156,28 @@ def _last_of_queue(recs, jump):
 @pytest.mark.parametrize("n", [40, 400])
 def test_small_queue_offset_jump_is_filled_with_filler_units(tmp_path, n):
     """A record whose queue offset jumps ahead (within FILL_SLACK): the queue offsets between are filler units
-    and the record keeps its own queue offset."""
+    and the record keeps its own queue offset. When a later record of its queue does not continue it (400:
+    the next one, in the next file and chunk, carries the offset after the jumped record's own), it is out
+    of sequence (a damaged QUEUEOFFSET): its unit and fillers are cut, it is reported, and every later
+    record keeps its queue offset (before, the jumped record answered at qoff + 4 and the intact messages
+    qoff + 1 .. qoff + 4 were dropped as built already)."""
     results, end = _write_store(tmp_path / "s", n)
     patch, chosen = _patch_queue_offset(lambda recs: _last_of_queue(recs, 4))
     d = _fresh_dispatcher(tmp_path / "s", tmp_path / "fresh", end, patch)
     try:
         base, pos, topic, qid, qoff = chosen["rec"]
         units = _units(d.consume_queues, topic, qid)
-        assert units[qoff:qoff + 4] == [(0, codec.CQ_BLANK_SIZE, 0)] * 4
-        assert len(units) == qoff + 5 and units[qoff + 4][0] == base + pos
-        assert d.failures.failures() == []
+        later = [r.append_result.wrote_offset for m, r in results if (m.topic, m.queue_id) == (topic, qid)
+                 and scanner.is_dispatched(m.sys_flag) and r.append_result.wrote_offset > base + pos]
+        if not later:
+            assert units[qoff:qoff + 4] == [(0, codec.CQ_BLANK_SIZE, 0)] * 4
+            assert len(units) == qoff + 5 and units[qoff + 4][0] == base + pos
+            assert d.failures.failures() == []
+        else:
+            assert n == 400
+            assert units[qoff] == (0, codec.CQ_BLANK_SIZE, 0)
+            assert [u[0] for u in units[qoff + 1:]] == later
+            assert [(f.kind, f.offset) for f in d.failures.failures()] == [(FailureKind.CORRUPT_RECORD, base + pos)]
     finally:
         _close(d)
 

@@ -306,6 +306,8 @@ class ConsumeQueue:
             return None
         pos = offset - mf.file_from_offset
         data = mf.read_from(pos)
+        if len(data) % UNIT:            # a file cut inside a unit: its part is no unit
+            data = data[:len(data) - len(data) % UNIT]
         return (data, offset) if data else None
 
     def get_unit(self, index: int) -> tuple[int, int, int] | None:

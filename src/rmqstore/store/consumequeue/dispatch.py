@@ -137,6 +137,16 @@ class Dispatcher(DamageSkips):
                                  path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
                                  offset=offset)
 
+    def _bad_claim(self, cq, offset: int, size: int, claim: int) -> None:
+        """A record out of its queue's sequence (claims_out_of_sequence): damage, reported and skipped."""
+        mf = self.commit_log.file_of(offset)
+        self.add_skip_range(offset, offset + size)
+        self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {claim} of {cq.topic}/"
+                             f"{cq.queue_id}, out of the queue's sequence: a damaged QUEUEOFFSET field (or a "
+                             "record moved); no unit points at it",
+                             path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
+                             offset=offset, end=offset + size)
+
     # --- hooks ----------------------------------------------------------------------------------
     def add_listener(self, fn: ArrivalListener) -> None:
         self._listeners.append(fn)
@@ -288,7 +298,8 @@ class Dispatcher(DamageSkips):
                 return
             if len(batch) < 64:         # a few records: without numpy's fixed costs
                 with self.units_lock:
-                    grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+                    grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
+                                         self._bad_claim)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -298,7 +309,8 @@ class Dispatcher(DamageSkips):
         if not n:
             return
         with self.units_lock:
-            grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted)
+            grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
+                                self._bad_claim)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)
@@ -409,12 +421,15 @@ Filler = Callable[[object, int, int], None]    # (consume queue, queue offset re
 
 
 def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
-                deleted: dict[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
+                deleted: dict[tuple[str, int], int] | None = None,
+                bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
     """Write the units of a batch's dispatched records (scanner.is_dispatched) to their consume queues
     (find(topic, queue id) gives one), grouped per queue, in order. Each record keeps the queue offset it
     carries: where a queue's offsets jump ahead (records lost, or misattributed by a damaged topic / queue
     id byte), fill(cq, offset, commitlog offset) fills the gap first. Returns (topic, queue id, next
-    queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out."""
+    queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out.
+    A record whose QUEUEOFFSET is out of its queue's sequence (claims_out_of_sequence) gets no unit:
+    bad_claim(cq, commitlog offset, size, queue offset) is told of it."""
     idx = np.flatnonzero(scanner.is_dispatched(batch.sys_flags))
     grown: list[tuple[str, int, int]] = []
     if not len(idx):
@@ -431,8 +446,11 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             part = part[batch.offsets[part] >= deleted[(topic, qid)]]
             if not len(part):
                 continue
-        qoffs = batch.queue_offsets[part]
         cq = find(topic, qid)
+        keep = _in_sequence(cq, batch.offsets[part], batch.sizes[part], batch.queue_offsets[part], bad_claim)
+        if keep is not None:
+            part = part[keep]
+        qoffs = batch.queue_offsets[part]
         runs = np.flatnonzero(np.diff(qoffs) > 1) + 1
         wrote = False
         for a, b in zip([0, *runs.tolist()], [*runs.tolist(), len(part)]):
@@ -454,7 +472,8 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
 
 
 def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
-                 deleted: dict[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
+                 deleted: dict[tuple[str, int], int] | None = None,
+                 bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
     """put_columns for a few records as DispatchRequests."""
     by_queue: dict[tuple[str, int], list] = {}
     dispatched = scanner.is_dispatched
@@ -465,6 +484,9 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
     grown = []
     for (topic, qid), units in by_queue.items():
         cq = find(topic, qid)
+        keep = _in_sequence(cq, *(np.array([u[k] for u in units], dtype=np.int64) for k in (0, 1, 3)), bad_claim)
+        if keep is not None:
+            units = [u for u, k in zip(units, keep.tolist()) if k]
         start = 0
         wrote = False
         for i in range(1, len(units) + 1):      # runs of consecutive queue offsets (see put_columns)
@@ -480,6 +502,86 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
         if wrote:
             grown.append((topic, qid, units[-1][3] + 1))
     return grown
+
+
+BadClaim = Callable[[object, int, int, int], None]   # (consume queue, commitlog offset, size, queue offset)
+
+
+def claims_out_of_sequence(q: np.ndarray, before: int) -> np.ndarray:
+    """Per record of one queue not yet in it (their QUEUEOFFSETs q, in commitlog order): True where the
+    record continues neither its predecessor (before: the queue's last offset, -1 for an empty queue, whose
+    first record is not judged on its left) nor is continued by its successor (the last record is not
+    judged on its right). Such a claim is a damaged QUEUEOFFSET field (the body CRC does not cover it), or
+    one of two records swapped in place: given a unit, it would answer at an offset that is not its own
+    message's (or hide the message that is). Records lost with a damaged range make a jump that the next
+    record continues: not flagged."""
+    n = len(q)
+    if n == 0 or (q[0] == before + 1 and (n == 1 or bool((np.diff(q) == 1).all()))):
+        return np.zeros(n, dtype=bool)     # the common case: every claim in sequence
+    step = np.diff(q) == 1
+    left = np.concatenate(([before < 0 or int(q[0]) == before + 1], step))
+    right = np.concatenate((step, [True]))
+    return ~left & ~right
+
+
+def _in_sequence(cq, offs: np.ndarray, sizes: np.ndarray, claims: np.ndarray,
+                 bad_claim: BadClaim | None) -> np.ndarray | None:
+    """Which of a queue's records (commitlog order) may get a unit: None for all, else a mask leaving out
+    those claims_out_of_sequence flags among the ones not built yet (each told to bad_claim). The queue's
+    last unit is judged too, by the first record not built (_judge_last_unit)."""
+    built = int(np.count_nonzero(offs + sizes <= cq.max_physic_offset))    # a prefix: re-dispatched
+    if built == len(claims):
+        return None
+    bad = claims_out_of_sequence(claims[built:], _last_claim(cq))
+    _judge_last_unit(cq, int(claims[built]), int(offs[built]), bad_claim)
+    if not bad.any():
+        return None
+    keep = np.ones(len(claims), dtype=bool)
+    keep[built:] = ~bad
+    for i in np.flatnonzero(~keep).tolist():
+        _tell_bad_claim(bad_claim, cq, int(offs[i]), int(sizes[i]), int(claims[i]))
+    return keep
+
+
+def _last_claim(cq) -> int:
+    """The queue offset a next record continues (-1: the queue has no unit)."""
+    return cq.get_max_offset_in_queue() - 1 if cq.max_physic_offset >= 0 else -1
+
+
+def _judge_last_unit(cq, claim: int, offset: int, bad_claim: BadClaim | None) -> None:
+    """claims_out_of_sequence across two batches. The next record of cq (at commitlog offset `offset`)
+    claims `claim`; the queue's last unit was written after a jump (filler units before it) at the end of
+    the previous batch, so its right was not judged. When this record does not continue it either, the
+    last unit's record is out of sequence: the unit is cut with the fillers its jump wrote, its record
+    told to bad_claim (this record was judged on its left by the cut unit's claim, as within a batch)."""
+    end = cq.get_max_offset_in_queue()
+    if claim == end or end - 2 < cq.get_min_offset_in_queue():
+        return
+    last, prev = cq.get_unit(end - 1), cq.get_unit(end - 2)
+    if last is None or prev is None or _is_filler(last) or not _is_filler(prev) or offset <= last[0]:
+        return
+    lo = max(cq.get_min_offset_in_queue(), end - 1 - 4096)
+    before = cq.units(lo, end - 1)
+    real = np.flatnonzero(~((before["size"] == codec.CQ_BLANK_SIZE) & (before["offset"] == 0)))
+    cut = end - 1                           # the unit alone when its fillers cannot all be read
+    if len(before) == end - 1 - lo:
+        cut = lo + (int(real[-1]) + 1 if len(real) else 0)
+    with cq.lock:
+        cq.queue.truncate_dirty_files(cut * UNIT)
+        cq.queue.set_positions_from(cut * UNIT)
+        cq.max_physic_offset = last[0]     # what lies before the cut record is built
+    _tell_bad_claim(bad_claim, cq, last[0], last[1], end - 1)
+
+
+def _is_filler(unit) -> bool:
+    return unit[0] == 0 and unit[1] == codec.CQ_BLANK_SIZE
+
+
+def _tell_bad_claim(bad_claim: BadClaim | None, cq, offset: int, size: int, claim: int) -> None:
+    log.warning("%s: the record at commitlog offset %d claims queue offset %d, out of the queue's sequence (a "
+                "damaged QUEUEOFFSET): no unit written", cq.queue.store_path, offset, claim)
+    if bad_claim is not None:
+        bad_claim(cq, offset, size, claim)
 
 
 def fill_queue(cq, upto: int, bound: int | None = None) -> bool:

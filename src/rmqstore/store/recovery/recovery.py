@@ -795,11 +795,19 @@ def _vouched_queue(cq: ConsumeQueue, trust: OpenTrust) -> int:
 
 
 def _last_unit(cq: ConsumeQueue) -> tuple[int, int] | None:
-    hi = cq.get_max_offset_in_queue()
-    if hi <= cq.get_min_offset_in_queue():
-        return None
-    u = cq.get_unit(hi - 1)
-    return (u[0], u[1]) if u else None
+    """(offset, size) of the queue's last real unit, or None. Filler units (records lost with a skipped
+    range) are passed over: they name no commitlog position, and taking their size as one would put the
+    queue's max_physic_offset past every record (nothing re-dispatched would ever be written again)."""
+    lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+    while hi > lo:
+        a = cq.units(max(lo, hi - 4096), hi)
+        if len(a) != hi - max(lo, hi - 4096):
+            return None             # a missing file: no last unit known
+        real = np.flatnonzero(~((a["size"] == codec.CQ_BLANK_SIZE) & (a["offset"] == 0)))
+        if len(real):
+            return int(a["offset"][real[-1]]), int(a["size"][real[-1]])
+        hi -= len(a)
+    return None
 
 
 _MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
