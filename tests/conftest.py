@@ -205,6 +205,8 @@ MODULE_SECONDS = {
     "test_sql92_consumers": 30, "test_sql92_grpc": 25, "test_sql92_broker": 15, "test_sql92": 10,
     "test_consume_queue_ext": 5,
     "test_spark_kafka_habits": 40, "test_package": 25, "test_cli_mistakes": 12,
+    "test_ha_faults": 80, "test_ha": 40, "test_group_commit": 10, "test_ha_interop": 8, "test_rebuild": 8,
+    "test_transaction": 8, "test_producer": 6, "test_remoting": 5,
     "test_spark_deleted": 15, "test_frame_limits": 10, "test_spark_pushdown": 8, "test_delete_topic": 8,
     "test_damaged_topic": 8, "test_config_keys": 3, "test_docs": 20,
 }
