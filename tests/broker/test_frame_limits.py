@@ -61,8 +61,8 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_unfinished_frames_across_connections_are_bounded(tmp_path):
-    """Six peers each send 3 MiB of a 15 MiB frame against an 8 MiB budget: two stay, the others are
-    closed; the server's memory grows by about the budget, not by 18 MiB; it still answers. Then an honest
+    """Six peers each send 3 MiB of a 15 MiB frame against an 8 MiB budget: at most two stay, the others
+    are closed; the server's memory grows by about the budget, not by 18 MiB; it still answers. Then an honest
     2 MiB request arriving in many reads is answered: the largest holder is closed to make room (an outside
     audit: the newcomer was closed, so parked frames shut every large request out)."""
     with _server(tmp_path, serverFrameMemoryMax=8 * MIB, serverFrameTimeoutSeconds=600) as server:
@@ -103,7 +103,8 @@ def _bounded(server) -> None:
             _partial_frame(s, 15 * MIB, 3 * MIB)
             peers.append(s)
         closed = [_closed_by_server(s, 2) for s in peers]
-        assert closed.count(False) == 2, closed
+        # at most two 3 MiB frames fit in 8 MiB; which stay depends on the reads (the largest holder pays)
+        assert 1 <= closed.count(False) <= 2, closed
         assert _answers(server.broker_addr) and _answers(server.namesrv_addr)
         assert _rss_kib(server.proc.pid) - before < 14 * 1024          # 8 MiB held, not 18
     finally:
