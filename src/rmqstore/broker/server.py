@@ -44,6 +44,19 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("rmqstore.broker.server")
 
 
+def _stop_on_signals(loop, stop: asyncio.Event) -> list:
+    """SIGTERM and SIGINT set stop (where the loop can take signal handlers: the main thread); returns the
+    signals handled, for remove_signal_handler at the end."""
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    return installed
+
+
 async def run_server(store_path: str | Path, config: StoreConfig | None = None, *, namesrv: bool = True,
                      ready=None, stop_event: asyncio.Event | None = None) -> None:
     """Serve until stop_event is set (or SIGTERM / SIGINT when running in the main thread)."""
@@ -52,13 +65,7 @@ async def run_server(store_path: str | Path, config: StoreConfig | None = None, 
     server = BrokerServer(store_path, config or StoreConfig(), namesrv=namesrv)
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+    installed = _stop_on_signals(loop, stop)
     server.grpc = None
     try:
         await server.start()
@@ -113,13 +120,7 @@ async def run_namesrv(addr: str, *, ready=None, stop_event: asyncio.Event | None
     server = RemotingServer(host, port, ns.handle, name="namesrv", idle_timeout=idle_timeout, on_close=ns.on_close)
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+    installed = _stop_on_signals(loop, stop)
 
     async def scan() -> None:
         while True:
