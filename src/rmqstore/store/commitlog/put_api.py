@@ -56,12 +56,14 @@ class StorePutAPI:
         except OSError as err:
             self.record_write_failure(err)
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {err}")
-        self.dispatcher.wakeup()
         ha = self.ha
         if ha is not None:
-            ha.notify()
+            ha.notify()                     # first: a SYNC_MASTER's answer waits for the slave, not the dispatch
+            self.dispatcher.wakeup()
             if wait_slave and ha.sync_master:
                 return self._replicated([result], [msg])[0]
+            return result
+        self.dispatcher.wakeup()
         return result
 
     def put_messages(self, msgs: Iterable[Message] | MessageBatch, *, run_hooks: bool = True,
@@ -102,17 +104,15 @@ class StorePutAPI:
             results = self.commit_log.put_messages(msgs)
         except AppendFailed as e:
             self.record_write_failure(e.error)
-            self.dispatcher.wakeup()        # the records written before the failure are dispatched
-            results = e.results
+            results = e.results             # the records written before the failure: dispatched below
         except OSError as e:
             self.record_write_failure(e)
             return [PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, f"write failed: {e}")
                     for _ in range(len(msgs))]
-        else:
-            self.dispatcher.wakeup()
         ha = self.ha
         if ha is not None:
-            ha.notify()
-            if wait_slave and ha.sync_master:
-                return self._replicated(results, msgs)
+            ha.notify()                     # before the dispatcher (the single put's comment)
+        self.dispatcher.wakeup()
+        if ha is not None and wait_slave and ha.sync_master:
+            return self._replicated(results, msgs)
         return results

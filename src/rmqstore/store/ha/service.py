@@ -4,6 +4,12 @@ It runs one asyncio event loop in a thread of its own ("HAService"): the HA port
 listens for slaves), the slave's HAClient (brokerRole=SLAVE), and the expiry of SYNC_MASTER waits. The
 put path calls `notify()` after an append (cheap: one flag test unless a connection is idle) and
 `await_slave` / `when_replicated` for what a SYNC_MASTER answers.
+
+A SYNC_MASTER's append wakes the connections' writers at once (a put waits for it). An ASYNC_MASTER's
+wakes them ASYNC_STREAM_DELAY later, and the appends meanwhile only find the wake-up already planned:
+under a steady stream of small puts the slave gets a frame of many records every few milliseconds instead
+of a frame, a write and a report per record, which costs both processes CPU that the puts need (RocketMQ's
+ASYNC_MASTER is not woken at all: its writer polls every 100 ms).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from .transfer import GroupTransfer, wait_end, with_status
 log = logging.getLogger(__name__)
 
 EXPIRE_TICK = 0.05
+ASYNC_STREAM_DELAY = 0.005      # an ASYNC_MASTER's append to the writers' wake-up (module docstring)
 DEFAULT_HA_PORT = 10912
 
 
@@ -176,15 +183,22 @@ class HAService:
 
     # --- the put path ---------------------------------------------------------------------------------
     def notify(self) -> None:
-        """Something was appended: wake the connections' writers when one waits (one flag test otherwise)."""
+        """Something was appended: wake the connections' writers when one waits (one flag test otherwise);
+        an ASYNC_MASTER's a little later (module docstring)."""
         if self._idle and self.server is not None and self.server.connections:
             self._idle = False
             loop = self.loop
             if loop is not None:
                 try:
-                    loop.call_soon_threadsafe(self.server.wake_all)
+                    loop.call_soon_threadsafe(self._wake)
                 except RuntimeError:
                     pass
+
+    def _wake(self) -> None:
+        if self.role is BrokerRole.SYNC_MASTER:
+            self.server.wake_all()
+        else:
+            self.loop.call_later(ASYNC_STREAM_DELAY, self.server.wake_all)
 
     def await_slave(self, results, wants=None):
         """A SYNC_MASTER's answer for stored results, blocking until a slave acknowledged them (or the

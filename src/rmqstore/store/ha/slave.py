@@ -204,10 +204,13 @@ class HAClient:
                 appended = True
             self._link_up()
             if appended:
-                self.dispatcher.wakeup()
                 if self.flush is not None:
+                    self.dispatcher.wakeup()
                     await asyncio.get_running_loop().run_in_executor(None, self.flush)
-                self._report(writer, cl.get_max_offset())
+                    self._report(writer, cl.get_max_offset())
+                else:       # the report first: a SYNC_MASTER's put waits for it, not for the dispatch here
+                    self._report(writer, cl.get_max_offset())
+                    self.dispatcher.wakeup()
                 last_report = time.monotonic()
             elif time.monotonic() - last_report >= self.heartbeat_s:
                 self._report(writer, verified if verified < end else cl.get_max_offset())
