@@ -20,7 +20,7 @@ from ..commitlog.damage import covered
 from ..files.mapped_file import FileCache
 from ..format.resync import next_valid_record
 from ..format.scanner import DispatchBatch, Outcome, RecordError, is_dispatched, parse_dispatch, \
-    walk_records
+    queue_problem, walk_records
 
 
 @dataclass
@@ -38,16 +38,20 @@ class Records:
     uniq: list
     min_offset: int = 0
     end: int = 0                     # where the last valid record ends (a live store: the scan's snapshot)
+    # records whose header names a queue no record can belong to (scanner.queue_problem): no unit, no queue
+    unqueued: np.ndarray | None = None
 
     def dispatched(self) -> np.ndarray:
-        return is_dispatched(self.sys_flags)
+        d = is_dispatched(self.sys_flags)
+        return d if self.unqueued is None else d & ~self.unqueued
 
     def subset(self, keep: np.ndarray) -> "Records":
         """The records where keep (a bool mask) is True."""
         idx = np.flatnonzero(keep).tolist()
         return Records(self.offsets[keep], self.sizes[keep], self.topic_ids[keep], self.queue_ids[keep],
                        self.queue_offsets[keep], self.sys_flags[keep], self.store_ts[keep], self.topic_names,
-                       [self.keys[i] for i in idx], [self.uniq[i] for i in idx], self.min_offset, self.end)
+                       [self.keys[i] for i in idx], [self.uniq[i] for i in idx], self.min_offset, self.end,
+                       None if self.unqueued is None else self.unqueued[keep])
 
     def by_queue(self) -> dict[tuple[int, int], np.ndarray]:
         """(topic id, queue id) -> indices of the queue's dispatched records, in commitlog order."""
@@ -172,7 +176,7 @@ def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: Fil
     recs = _concat(cols)
     recs.min_offset = files[0][0] if files else 0
     recs.end = end
-    recs = _sequence_damage(recs, files, report)
+    recs = _sequence_damage(recs, files, report, len(cfg.delay_levels_ms()))
     report.records = len(recs.offsets)
     return recs
 
@@ -214,10 +218,12 @@ def live_by_queue(recs: Records, deleted: dict[tuple[str, int], int]) -> dict[tu
     return by_queue
 
 
-def _sequence_damage(recs: Records, files, report: CheckReport) -> Records:
-    """Records whose header passes every check but whose QUEUEOFFSET is out of its queue's sequence:
-    damage like any other (a DamagedSpan over the record), or a note when accepted. Records inside accepted
-    ranges are left out of what is checked against the queues (dispatch skips them)."""
+def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: int) -> Records:
+    """Records whose header passes every check but claims what cannot be: a QUEUEOFFSET out of its queue's
+    sequence, or a queue no record can belong to (queue_problem: a SCHEDULE_TOPIC_XXXX queue that is no
+    delay level; such records are left out of the queues checked, recs.unqueued). Damage like any other (a
+    DamagedSpan over the record), or a note when accepted. Records inside accepted ranges are left out of
+    what is checked against the queues (dispatch skips them)."""
     keep = np.ones(len(recs.offsets), dtype=bool)
     for a, b in report.accepted:
         keep &= ~((recs.offsets >= a) & (recs.offsets < b))
@@ -225,12 +231,17 @@ def _sequence_damage(recs: Records, files, report: CheckReport) -> Records:
     lost = bool(report.damaged or report.accepted)
     for (t, qid), part in live_by_queue(recs, report.deleted).items():
         part = part[keep[part]]
-        for j in part[_out_of_sequence(recs.queue_offsets[part], lost)].tolist():
+        no_queue = queue_problem(recs.topic_names[t], qid, delay_levels)
+        if no_queue is not None:
+            if recs.unqueued is None:
+                recs.unqueued = np.zeros(len(recs.offsets), dtype=bool)
+            recs.unqueued[part] = True
+        for j in (part if no_queue is not None else part[_out_of_sequence(recs.queue_offsets[part], lost)]).tolist():
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
             i = int(np.searchsorted(bases, off, side="right")) - 1
             base, path, _ = files[i]
-            why = (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of {recs.topic_names[t]}/{qid}: "
-                   "a damaged header")
+            why = no_queue or (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of "
+                               f"{recs.topic_names[t]}/{qid}: a damaged header")
             if covered(report.accepted, off, off + size):
                 continue
             report.damaged.append(DamagedSpan(str(path), base, off - base, size, why))

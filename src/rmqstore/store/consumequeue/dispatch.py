@@ -18,8 +18,12 @@ skipped by resynchronising on the next record that checks and chains (resync.nex
 recovery skipped (`skip_ranges`) are skipped the same way. Each skip is a warning naming the file and
 offsets and a Failure on the failure channel. Later records go to their queues at the queue offsets they
 carry: queue offsets the lost records held are filled with filler units (offset 0, size CQ_BLANK_SIZE,
-as RocketMQ fills a queue's first file), which read as removed messages. What cannot progress (a consume
-queue or index write failing) is a condition on the channel, and waiters return at once with its reason.
+as RocketMQ fills a queue's first file), which read as removed messages. A record whose header passes the
+record checks but claims what cannot be (a QUEUEOFFSET out of its queue's sequence, a SCHEDULE_TOPIC_XXXX
+queue that is no delay level: fields the body CRC does not cover) gets no unit, is reported as
+CORRUPT_RECORD and its range skipped, so that no read answers it as the message it no longer describes.
+What cannot progress (a consume queue or index write failing) is a condition on the channel, and waiters
+return at once with its reason.
 """
 from __future__ import annotations
 
@@ -69,6 +73,8 @@ class Dispatcher(DamageSkips):
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
         self.delay_levels = config.delay_levels_ms()
+        # queues no record can belong to (scanner.queue_problem): their records are damage, given no unit
+        self._queue_rule = QueueRule(len(self.delay_levels), self._bad_header)
         self.chunk = max(CHUNK, 2 * config.max_message_size)
         self.reput_from_offset = 0
         self.last_dispatched_timestamp = 0
@@ -139,11 +145,14 @@ class Dispatcher(DamageSkips):
 
     def _bad_claim(self, cq, offset: int, size: int, claim: int) -> None:
         """A record out of its queue's sequence (claims_out_of_sequence): damage, reported and skipped."""
+        self._bad_header(offset, size, f"record claims queue offset {claim} of {cq.topic}/{cq.queue_id}, out of "
+                                       "the queue's sequence: a damaged QUEUEOFFSET field (or a record moved)")
+
+    def _bad_header(self, offset: int, size: int, why: str) -> None:
+        """A record whose header claims what cannot be (it gets no unit): damage, reported and skipped."""
         mf = self.commit_log.file_of(offset)
         self.add_skip_range(offset, offset + size)
-        self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {claim} of {cq.topic}/"
-                             f"{cq.queue_id}, out of the queue's sequence: a damaged QUEUEOFFSET field (or a "
-                             "record moved); no unit points at it",
+        self.failures.report(FailureKind.CORRUPT_RECORD, f"{why}; no unit points at it",
                              path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
                              offset=offset, end=offset + size)
 
@@ -299,7 +308,7 @@ class Dispatcher(DamageSkips):
             if len(batch) < 64:         # a few records: without numpy's fixed costs
                 with self.units_lock:
                     grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
-                                         self._bad_claim)
+                                         self._bad_claim, self._queue_rule)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -310,7 +319,7 @@ class Dispatcher(DamageSkips):
             return
         with self.units_lock:
             grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
-                                self._bad_claim)
+                                self._bad_claim, self._queue_rule)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)
@@ -422,14 +431,15 @@ Filler = Callable[[object, int, int], None]    # (consume queue, queue offset re
 
 def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
                 deleted: dict[tuple[str, int], int] | None = None,
-                bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
+                bad_claim: BadClaim | None = None, rule: QueueRule | None = None) -> list[tuple[str, int, int]]:
     """Write the units of a batch's dispatched records (scanner.is_dispatched) to their consume queues
     (find(topic, queue id) gives one), grouped per queue, in order. Each record keeps the queue offset it
     carries: where a queue's offsets jump ahead (records lost, or misattributed by a damaged topic / queue
     id byte), fill(cq, offset, commitlog offset) fills the gap first. Returns (topic, queue id, next
     queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out.
     A record whose QUEUEOFFSET is out of its queue's sequence (claims_out_of_sequence) gets no unit:
-    bad_claim(cq, commitlog offset, size, queue offset) is told of it."""
+    bad_claim(cq, commitlog offset, size, queue offset) is told of it. Nor do the records of a queue no
+    record can belong to (rule: a schedule topic queue that is no delay level), each told to rule.bad."""
     idx = np.flatnonzero(scanner.is_dispatched(batch.sys_flags))
     grown: list[tuple[str, int, int]] = []
     if not len(idx):
@@ -446,6 +456,10 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             part = part[batch.offsets[part] >= deleted[(topic, qid)]]
             if not len(part):
                 continue
+        why = rule.problem(topic, qid) if rule is not None else None
+        if why is not None:
+            rule.tell(topic, qid, batch.offsets[part].tolist(), batch.sizes[part].tolist(), why)
+            continue
         cq = find(topic, qid)
         keep = _in_sequence(cq, batch.offsets[part], batch.sizes[part], batch.queue_offsets[part], bad_claim)
         if keep is not None:
@@ -473,7 +487,7 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
 
 def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
                  deleted: dict[tuple[str, int], int] | None = None,
-                 bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
+                 bad_claim: BadClaim | None = None, rule: QueueRule | None = None) -> list[tuple[str, int, int]]:
     """put_columns for a few records as DispatchRequests."""
     by_queue: dict[tuple[str, int], list] = {}
     dispatched = scanner.is_dispatched
@@ -483,6 +497,10 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
                 (r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
     grown = []
     for (topic, qid), units in by_queue.items():
+        why = rule.problem(topic, qid) if rule is not None else None
+        if why is not None:
+            rule.tell(topic, qid, [u[0] for u in units], [u[1] for u in units], why)
+            continue
         cq = find(topic, qid)
         keep = _in_sequence(cq, *(np.array([u[k] for u in units], dtype=np.int64) for k in (0, 1, 3)), bad_claim)
         if keep is not None:
@@ -505,6 +523,28 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
 
 
 BadClaim = Callable[[object, int, int, int], None]   # (consume queue, commitlog offset, size, queue offset)
+
+
+class QueueRule:
+    """Which queues no record can belong to (scanner.queue_problem: a SCHEDULE_TOPIC_XXXX queue that is no
+    delay level), for put_columns / put_requests: one test per queue of a batch, never per record. The
+    records of such a queue have a damaged header; each is told to bad(commitlog offset, size, why)."""
+
+    def __init__(self, delay_levels: int, bad: Callable[[int, int, str], None] | None = None):
+        self.delay_levels = delay_levels
+        self.bad = bad
+
+    def problem(self, topic: str, queue_id: int) -> str | None:
+        """Why no record can belong to topic/queue_id, or None."""
+        return scanner.queue_problem(topic, queue_id, self.delay_levels)
+
+    def tell(self, topic: str, queue_id: int, offsets: list[int], sizes: list[int], why: str) -> None:
+        """The records (commitlog offsets, sizes) of such a queue get no unit: each is told to bad."""
+        log.warning("%s/%d: %d records (first at commitlog offset %d) get no unit: %s", topic, queue_id,
+                    len(offsets), offsets[0], why)
+        if self.bad is not None:
+            for off, size in zip(offsets, sizes):
+                self.bad(off, size, why)
 
 
 def claims_out_of_sequence(q: np.ndarray, before: int) -> np.ndarray:
