@@ -20,7 +20,7 @@ from ..commitlog.damage import covered
 from ..files.mapped_file import FileCache
 from ..format.resync import next_valid_record
 from ..format.scanner import DispatchBatch, Outcome, RecordError, is_dispatched, parse_dispatch, \
-    queue_problem, walk_records
+    DAMAGED_QUEUEID, queue_problem, walk_records
 
 
 @dataclass
@@ -240,7 +240,7 @@ def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: in
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
             i = int(np.searchsorted(bases, off, side="right")) - 1
             base, path, _ = files[i]
-            why = no_queue or (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of "
+            why = f"{no_queue}: {DAMAGED_QUEUEID}" if no_queue else (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of "
                                f"{recs.topic_names[t]}/{qid}: a damaged header")
             if covered(report.accepted, off, off + size):
                 continue

@@ -540,6 +540,7 @@ class QueueRule:
 
     def tell(self, topic: str, queue_id: int, offsets: list[int], sizes: list[int], why: str) -> None:
         """The records (commitlog offsets, sizes) of such a queue get no unit: each is told to bad."""
+        why = f"{why}: {scanner.DAMAGED_QUEUEID}"
         log.warning("%s/%d: %d records (first at commitlog offset %d) get no unit: %s", topic, queue_id,
                     len(offsets), offsets[0], why)
         if self.bad is not None:
