@@ -408,6 +408,30 @@ def test_a_torn_tail_under_an_unchanged_stat_is_walked(store_dir: Path):
 
 
 
+def test_damage_the_background_check_finds_at_the_log_end_spares_later_puts(store_dir: Path, monkeypatch):
+    """The last commitlog file replaced by random bytes of its size, the record restamped (the fuzzer's mutation
+    65 of seed 101): the open walks from the vouched end and cuts there; the background check then finds the
+    file's older bytes damaged and skips them, up to where the open's walk began. Before, it skipped them up
+    to the file's end, over where the records written since the open go: a put answered PUT_OK was never
+    dispatched (unreadable where it was answered)."""
+    import random
+    last = sorted((store_dir / "commitlog").iterdir())[-1]
+    last.write_bytes(random.Random(65).randbytes(last.stat().st_size))
+    _restamp(store_dir, last)
+    go = _gate_background_check(monkeypatch)
+    with MessageStore.open(store_dir, _cfg()) as s:
+        end = s.recovery_report.commitlog_end
+        assert int(last.name) < end < int(last.name) + CL_FILE, s.recovery_report.summary()
+        _background_pass(s, go)
+        found = [(x.path, x.offset, x.end) for x in s.failures.failures(FailureKind.CORRUPT_RECORD)
+                 if x.offset == int(last.name)]
+        assert found == [(str(last), int(last.name), end)], s.failures.failures()
+        r = s.put_message(Message("TopicA", b"after the check", queue_id=0))
+        assert r.ok and s.wait_dispatched(30)
+        got = s.get_message("g", "TopicA", 0, r.append_result.logics_offset, 1).messages
+        assert [m.body for m in got] == [b"after the check"]
+
+
 # --- header damage under an unchanged stat: found in the background, never answered -------------------
 def _records_of(path: Path, topic: str, q: int, offs) -> list:
     with MessageStore.open(path, _cfg()) as s:
