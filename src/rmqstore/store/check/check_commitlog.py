@@ -184,21 +184,26 @@ def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: Fil
 SEQUENCE_SLACK = 64     # a queue offset may jump this far past its predecessor (records lost with a damaged range)
 
 
-def _out_of_sequence(q: np.ndarray, lost: bool) -> np.ndarray:
+def _out_of_sequence(q: np.ndarray, lost: bool, complete: bool = False) -> np.ndarray:
     """Positions in one queue's queue offsets (commitlog order) that fit neither neighbour while the
     neighbours fit each other (a damaged QUEUEOFFSET, or a record another queue's damaged QUEUEID or topic
     moved here); the last one when it jumps back or far ahead; the first when it is past the second.
-    lost: commitlog ranges are damaged or missing, so a queue may jump legitimately (the ends are not judged)."""
+    lost: commitlog ranges are damaged or missing, so a queue may jump legitimately (the ends are not judged).
+    complete: the commitlog holds every record from offset 0 and nothing is lost, so a queue's records are
+    exactly 0, 1, 2, ...: also the first when it is not 0 and the second does not continue it (a record
+    moved into a queue of its own, or to a queue's end), and the last when it jumps at all."""
     bad = np.zeros(len(q), dtype=bool)
     if len(q) < 2:
+        if complete and len(q) == 1:
+            bad[0] = q[0] != 0
         return bad
     if len(q) > 2:
         bad[1:-1] = (q[1:-1] - q[:-2] != 1) & (q[2:] - q[1:-1] != 1) & (q[2:] - q[:-2] == 2)
     if lost:
         return bad
     jump = int(q[-1] - q[-2])
-    bad[-1] |= jump <= 0 or jump > 1 + SEQUENCE_SLACK
-    bad[0] |= q[0] >= q[1]
+    bad[-1] |= jump <= 0 or jump > 1 + (0 if complete else SEQUENCE_SLACK)
+    bad[0] |= q[0] >= q[1] or (complete and q[0] != 0 and q[1] != q[0] + 1)
     return bad
 
 
@@ -229,6 +234,7 @@ def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: in
         keep &= ~((recs.offsets >= a) & (recs.offsets < b))
     bases = np.array([b for b, _, _ in files], dtype=np.int64)
     lost = bool(report.damaged or report.accepted)
+    complete = not lost and recs.min_offset == 0      # every record since the store began: queues from 0 on
     for (t, qid), part in live_by_queue(recs, report.deleted).items():
         part = part[keep[part]]
         no_queue = queue_problem(recs.topic_names[t], qid, delay_levels)
@@ -236,7 +242,8 @@ def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: in
             if recs.unqueued is None:
                 recs.unqueued = np.zeros(len(recs.offsets), dtype=bool)
             recs.unqueued[part] = True
-        for j in (part if no_queue is not None else part[_out_of_sequence(recs.queue_offsets[part], lost)]).tolist():
+        seq = None if no_queue is not None else _out_of_sequence(recs.queue_offsets[part], lost, complete)
+        for j in (part if seq is None else part[seq]).tolist():
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
             i = int(np.searchsorted(bases, off, side="right")) - 1
             base, path, _ = files[i]
