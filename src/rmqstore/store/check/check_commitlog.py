@@ -247,8 +247,8 @@ def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: in
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
             i = int(np.searchsorted(bases, off, side="right")) - 1
             base, path, _ = files[i]
-            why = f"{no_queue}: {DAMAGED_QUEUEID}" if no_queue else (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of "
-                               f"{recs.topic_names[t]}/{qid}: a damaged header")
+            why = (f"{no_queue}: {DAMAGED_QUEUEID}" if no_queue else f"QUEUEOFFSET {int(recs.queue_offsets[j])} "
+                   f"out of the sequence of {recs.topic_names[t]}/{qid}: a damaged header")
             if covered(report.accepted, off, off + size):
                 continue
             report.damaged.append(DamagedSpan(str(path), base, off - base, size, why))

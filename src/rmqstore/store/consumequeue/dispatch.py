@@ -20,8 +20,9 @@ offsets and a Failure on the failure channel. Later records go to their queues a
 carry: queue offsets the lost records held are filled with filler units (offset 0, size CQ_BLANK_SIZE,
 as RocketMQ fills a queue's first file), which read as removed messages. A record whose header passes the
 record checks but claims what cannot be (a QUEUEOFFSET out of its queue's sequence, a SCHEDULE_TOPIC_XXXX
-queue that is no delay level: fields the body CRC does not cover) gets no unit, is reported as
-CORRUPT_RECORD and its range skipped, so that no read answers it as the message it no longer describes.
+queue that is no delay level, a queue offset another queue's unit holds the record at: fields the body CRC
+does not cover) gets no unit, is reported as CORRUPT_RECORD and its range skipped, so that no read answers
+it as the message it no longer describes.
 What cannot progress (a consume queue or index write failing) is a condition on the channel, and waiters
 return at once with its reason.
 """
@@ -73,7 +74,7 @@ class Dispatcher(DamageSkips):
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
         self.delay_levels = config.delay_levels_ms()
-        # queues no record can belong to (scanner.queue_problem): their records are damage, given no unit
+        # what a record may not claim of its queue beyond its sequence (QueueRule): damage, given no unit
         self._queue_rule = QueueRule(len(self.delay_levels), self._bad_header, consume_queues)
         self.chunk = max(CHUNK, 2 * config.max_message_size)
         self.reput_from_offset = 0

@@ -930,7 +930,8 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
     """Keep each queue's units up to the first invalid one; remove units past the commitlog's end. With the
     commitlog, each queue is checked whole (check_queue: all units of its last file and a sample of the
     older ones against their records, every unit's values, missing files); a damaged unit is cut with
-    everything after it and rebuilt from the commitlog (_repair_queue), reported in report.dropped. A queue
+    everything after it and rebuilt from the commitlog (_repair_queue), reported in report.dropped (and a
+    record it shows damaged on `failures`, recovery's collector of skipped ranges). A queue
     whose file was cut short (extended with zeros at load) is rebuilt from its end as well.
 
     With trust (the verified-state record): files it vouches for are neither recovered nor checked (the
