@@ -124,3 +124,49 @@ def test_a_schedule_queue_id_that_is_no_delay_level_is_damage(tmp_path, queues):
     r = run_cli("check", "--repair", "-c", _conf(tmp_path), root)          # quarantined as accepted damage
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
     assert run_cli("check", "-c", _conf(tmp_path), root).returncode == 0
+
+
+def test_schedule_queues_of_more_delay_levels_than_configured_now_are_no_damage(tmp_path):
+    """A store written with 20 delay levels, opened after a crash and checked with RocketMQ's default 18: its
+    SCHEDULE_TOPIC_XXXX/19 holds real messages (the queue is on disk), which no check may call damage nor
+    repair quarantine (a config change is not a damaged byte)."""
+    from rmqstore import Message
+    from rmqstore.store.state.failure import FailureKind
+    root = tmp_path / "store"
+    cfg20 = small_config(messageDelayLevel=" ".join(["1h"] * 20))
+    with MessageStore.open(root, cfg20) as s:
+        acks = [s.put_message(Message("TopicA", b"later %d" % j, properties={"DELAY": "20"})) for j in range(3)]
+        assert s.wait_dispatched() and s.get_max_offset_in_queue("SCHEDULE_TOPIC_XXXX", 19) == 3
+    (root / "abort").write_bytes(b"")           # a crash: the queues' ends are dispatched again at the open
+    with MessageStore.open(root, small_config()) as s:
+        assert s.wait_dispatched()
+        assert not s.failures.failures(FailureKind.CORRUPT_RECORD), [str(x) for x in s.failures.failures()]
+        for ack in acks:
+            assert s.view_message_by_id(ack.append_result.msg_id) is not None
+        assert s.get_max_offset_in_queue("SCHEDULE_TOPIC_XXXX", 19) == 3
+    r = run_cli("check", "-c", _conf(tmp_path), root)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+
+
+def test_check_blames_the_moved_record_not_the_one_after_the_gap_it_left(tmp_path):
+    """The damaged record (QUEUEID 17 -> 19 of SCHEDULE_TOPIC_XXXX) is the only one `check` reports: the gap
+    it leaves in queue 17 before its last record is no damage of that record (whose QUEUEOFFSET is true), and
+    `check --repair` keeps it readable."""
+    from rmqstore import Message
+    root = tmp_path / "store"
+    with MessageStore.open(root, small_config()) as s:
+        acks = [s.put_message(Message("TopicA", b"later %d" % j, properties={"DELAY": "18"})) for j in range(4)]
+    at = acks[2].append_result.wrote_offset
+    f = root / "commitlog" / "00000000000000000000"
+    data = bytearray(f.read_bytes())
+    data[at + 15] ^= 0x02                                       # QUEUEID 17 -> 19
+    f.write_bytes(bytes(data))
+    r = run_cli("check", "-c", _conf(tmp_path), root)
+    out = r.stdout.decode()
+    assert r.returncode == 1 and out.count("commitlog/00000000000000000000: offset") == 1, out
+    assert f"offset {at}" in out and "no delay level" in out, out
+    assert run_cli("check", "--repair", "-c", _conf(tmp_path), root).returncode == 0
+    assert run_cli("check", "-c", _conf(tmp_path), root).returncode == 0
+    with MessageStore.open(root, small_config()) as s:
+        assert s.view_message_by_id(acks[3].append_result.msg_id).body == b"later 3"
+        assert s.view_message_by_id(acks[2].append_result.msg_id) is None

@@ -18,6 +18,7 @@ from .check_report import CheckReport, DamagedSpan, Progress, digit_files
 from ..conf.config import StoreConfig
 from ..commitlog.damage import covered
 from ..files.mapped_file import FileCache
+from ..format.codec import SCHEDULE_TOPIC
 from ..format.resync import next_valid_record
 from ..format.scanner import DispatchBatch, Outcome, RecordError, is_dispatched, parse_dispatch, \
     DAMAGED_QUEUEID, queue_problem, walk_records
@@ -176,9 +177,20 @@ def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: Fil
     recs = _concat(cols)
     recs.min_offset = files[0][0] if files else 0
     recs.end = end
-    recs = _sequence_damage(recs, files, report, len(cfg.delay_levels_ms()))
+    recs = _sequence_damage(recs, files, report, _delay_levels(root, cfg))
     report.records = len(recs.offsets)
     return recs
+
+
+def _delay_levels(root: Path, cfg: StoreConfig) -> int:
+    """SCHEDULE_TOPIC_XXXX's queues: messageDelayLevel's levels, or more where the store holds schedule queues
+    past them (written with more levels: their records are no damage; the dispatcher's QueueRule too)."""
+    ids = [len(cfg.delay_levels_ms()) - 1]
+    try:
+        ids += [int(p.name) for p in (root / "consumequeue" / SCHEDULE_TOPIC).iterdir() if p.name.isdigit()]
+    except OSError:
+        pass
+    return max(ids) + 1
 
 
 SEQUENCE_SLACK = 64     # a queue offset may jump this far past its predecessor (records lost with a damaged range)
@@ -234,25 +246,38 @@ def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: in
         keep &= ~((recs.offsets >= a) & (recs.offsets < b))
     bases = np.array([b for b, _, _ in files], dtype=np.int64)
     lost = bool(report.damaged or report.accepted)
-    complete = not lost and recs.min_offset == 0      # every record since the store began: queues from 0 on
-    for (t, qid), part in live_by_queue(recs, report.deleted).items():
-        part = part[keep[part]]
+    queues = [(t, qid, part[keep[part]]) for (t, qid), part in live_by_queue(recs, report.deleted).items()]
+
+    def damaged(t: int, qid: int, rows, why_of) -> None:
+        for j in rows.tolist():
+            off, size = int(recs.offsets[j]), int(recs.sizes[j])
+            if covered(report.accepted, off, off + size):
+                continue
+            base, path, _ = files[int(np.searchsorted(bases, off, side="right")) - 1]
+            why = why_of(j)
+            report.damaged.append(DamagedSpan(str(path), base, off - base, size, why))
+            report.add("commitlog", path, off - base, f"record {off - base}..{off - base + size}: {why}")
+
+    def out_of_sequence(t: int, qid: int):
+        return lambda j: (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of "
+                          f"{recs.topic_names[t]}/{qid}: a damaged header")
+    found = len(report.damaged)
+    for t, qid, part in queues:
         no_queue = queue_problem(recs.topic_names[t], qid, delay_levels)
         if no_queue is not None:
             if recs.unqueued is None:
                 recs.unqueued = np.zeros(len(recs.offsets), dtype=bool)
             recs.unqueued[part] = True
-        seq = None if no_queue is not None else _out_of_sequence(recs.queue_offsets[part], lost, complete)
-        for j in (part if seq is None else part[seq]).tolist():
-            off, size = int(recs.offsets[j]), int(recs.sizes[j])
-            i = int(np.searchsorted(bases, off, side="right")) - 1
-            base, path, _ = files[i]
-            why = (f"{no_queue}: {DAMAGED_QUEUEID}" if no_queue else f"QUEUEOFFSET {int(recs.queue_offsets[j])} "
-                   f"out of the sequence of {recs.topic_names[t]}/{qid}: a damaged header")
-            if covered(report.accepted, off, off + size):
-                continue
-            report.damaged.append(DamagedSpan(str(path), base, off - base, size, why))
-            report.add("commitlog", path, off - base, f"record {off - base}..{off - base + size}: {why}")
+            damaged(t, qid, part, lambda j, why=f"{no_queue}: {DAMAGED_QUEUEID}": why)
+        else:
+            damaged(t, qid, part[_out_of_sequence(recs.queue_offsets[part], lost)], out_of_sequence(t, qid))
+    # every record since the store began and none damaged: each queue is exactly 0, 1, 2, ... (a record
+    # moved into a queue of its own, or to a queue's end, shows only so). Only then: a record found moved
+    # above leaves a gap in the queue it left, which is no damage of the record after the gap
+    if len(report.damaged) == found and not lost and recs.min_offset == 0:
+        for t, qid, part in queues:
+            if recs.unqueued is None or not recs.unqueued[part].any():
+                damaged(t, qid, part[_out_of_sequence(recs.queue_offsets[part], False, True)], out_of_sequence(t, qid))
     for a, b in report.accepted:
         n = int(((recs.offsets >= a) & (recs.offsets < b)).sum())
         if n:

@@ -563,8 +563,12 @@ class QueueRule:
         self._built = None
 
     def problem(self, topic: str, queue_id: int) -> str | None:
-        """Why no record can belong to topic/queue_id, or None."""
-        return scanner.queue_problem(topic, queue_id, self.delay_levels)
+        """Why no record can belong to topic/queue_id, or None. A queue the store holds already is no
+        problem: a store written with more delay levels than messageDelayLevel has now keeps its records."""
+        why = scanner.queue_problem(topic, queue_id, self.delay_levels)
+        if why is not None and self.queues is not None and self.queues.find(topic, queue_id) is not None:
+            return None
+        return why
 
     def moved(self, cq, claim: int, offset: int, size: int) -> bool:
         """The record at commitlog offset `offset` claims queue offset `claim` of cq, past its end: True (told
