@@ -192,6 +192,35 @@ def test_repair_quarantines_commitlog_damage_and_check_is_then_clean(golden, gol
         assert s.get_message("g", topic, qid, qoff + 1, 1).messages        # the next message reads
 
 
+def test_a_record_moved_to_a_queue_of_its_own_is_damage_and_repair_quarantines_it(golden, golden_copy):
+    """A flipped QUEUEID bit moves one of RocketMQ's records to a queue that does not exist (queue id + 256:
+    the fuzzer's seed 505). The commitlog holds every record from offset 0, so each queue's records claim
+    0, 1, 2, ...: a queue whose only record claims a later offset is header damage. check names the record
+    (file, offset); --repair quarantines it and rebuilds without it, and it is never answered. Before,
+    check named only the unit and the queue missing, --repair's rebuild made the queue for the record, the
+    next check said ok and view_message_by_id answered it as a message of that queue."""
+    conf = golden / SET / "store.conf"
+    cfg = StoreConfig.load(conf)
+    store = golden_copy(SET)
+    with CommitLogReader(store, cfg) as r:
+        m = next(m for i, m in enumerate(r.messages()) if i >= 1500 and scanner.is_dispatched(m.sys_flag))
+    path, pos, _ = next(x for x in _record_positions(store, cfg) if int(x[0].name) + x[1] == m.commit_log_offset)
+    a = bytearray(path.read_bytes())
+    a[pos + codec.POS_QUEUEID + 2] ^= 0x01                      # queue id + 256
+    path.write_bytes(bytes(a))
+    p = run_cli("check", "-c", conf, store)
+    out = p.stdout.decode()
+    assert p.returncode == 1 and f"{path}: offset {pos}: record {pos}.." in out and \
+        f"out of the sequence of {m.topic}/{m.queue_id + 256}" in out, out
+    p = run_cli("check", "-c", conf, "--repair", store)
+    assert p.returncode == 0 and f"quarantine/{m.commit_log_offset:020d}" in p.stdout.decode(), p.stdout.decode()
+    assert run_cli("check", "-c", conf, store).returncode == 0
+    with MessageStore.open(store, cfg) as s:
+        assert s.view_message_by_id(m.msg_id) is None
+        assert s.get_max_offset_in_queue(m.topic, m.queue_id + 256) == 0
+        assert s.get_message("g", m.topic, m.queue_id, m.queue_offset + 1, 1).messages     # the next one reads
+
+
 def test_repair_accepts_a_missing_commitlog_file(golden, golden_copy):
     conf = golden / SET / "store.conf"
     store = golden_copy(SET)

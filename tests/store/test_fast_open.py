@@ -408,6 +408,30 @@ def test_a_torn_tail_under_an_unchanged_stat_is_walked(store_dir: Path):
 
 
 
+def test_damage_the_background_check_finds_at_the_log_end_spares_later_puts(store_dir: Path, monkeypatch):
+    """The last commitlog file replaced by random bytes of its size, the record restamped (the fuzzer's mutation
+    65 of seed 101): the open walks from the vouched end and cuts there; the background check then finds the
+    file's older bytes damaged and skips them, up to where the open's walk began. Before, it skipped them up
+    to the file's end, over where the records written since the open go: a put answered PUT_OK was never
+    dispatched (unreadable where it was answered)."""
+    import random
+    last = sorted((store_dir / "commitlog").iterdir())[-1]
+    last.write_bytes(random.Random(65).randbytes(last.stat().st_size))
+    _restamp(store_dir, last)
+    go = _gate_background_check(monkeypatch)
+    with MessageStore.open(store_dir, _cfg()) as s:
+        end = s.recovery_report.commitlog_end
+        assert int(last.name) < end < int(last.name) + CL_FILE, s.recovery_report.summary()
+        _background_pass(s, go)
+        found = [(x.path, x.offset, x.end) for x in s.failures.failures(FailureKind.CORRUPT_RECORD)
+                 if x.offset == int(last.name)]
+        assert found == [(str(last), int(last.name), end)], s.failures.failures()
+        r = s.put_message(Message("TopicA", b"after the check", queue_id=0))
+        assert r.ok and s.wait_dispatched(30)
+        got = s.get_message("g", "TopicA", 0, r.append_result.logics_offset, 1).messages
+        assert [m.body for m in got] == [b"after the check"]
+
+
 # --- header damage under an unchanged stat: found in the background, never answered -------------------
 def _records_of(path: Path, topic: str, q: int, offs) -> list:
     with MessageStore.open(path, _cfg()) as s:
@@ -468,6 +492,40 @@ def test_a_damaged_queueoffset_in_an_old_file_is_never_answered(store_dir: Path,
         assert [(r.path, r.offset) for r in recs] == [(str(f), rec.commit_log_offset)], recs
     with MessageStore.open(store_dir, _cfg()) as s:
         _assert_queue_right(s, "TopicA", 0, lost=(5,))
+
+
+@pytest.mark.parametrize("found_by", ["re-dispatch", "background check"])
+def test_a_record_moved_to_a_queue_of_its_own_is_never_answered(store_dir: Path, monkeypatch, found_by):
+    """A flipped QUEUEID bit (TopicA/1 -> TopicA/257, a queue that does not exist) in a commitlog file the record
+    vouches for (the fuzzer's mutation 3 of seed 505). Before, a re-dispatch over the record (here: the index
+    removed, the open dispatches every record again) made TopicA/257 for it, and view_message_by_id answered
+    the damaged record as that queue's message. Now the unit TopicA/1 holds for it shows it was built there:
+    wherever it is found (the re-dispatch, or the background check's repair of the unit that no longer
+    matches), it is a CORRUPT_RECORD with file and offset, gets no unit, makes no queue, is never answered."""
+    (rec,) = _records_of(store_dir, "TopicA", 1, [20])
+    at = rec.commit_log_offset % CL_FILE
+    f = store_dir / "commitlog" / f"{rec.commit_log_offset - at:020d}"
+    data = bytearray(f.read_bytes())
+    assert int.from_bytes(data[at + 12:at + 16], "big") == 1
+    data[at + 14] ^= 0x01                                       # QUEUEID 1 -> 257
+    f.write_bytes(bytes(data))
+    _restamp(store_dir, f)
+    if found_by == "re-dispatch":
+        shutil.rmtree(store_dir / "index")
+    go = _gate_background_check(monkeypatch)
+    for opening in range(2):                # the open that finds it, and a reopen
+        with MessageStore.open(store_dir, _cfg()) as s:
+            assert (s.recovery_report.redispatched_messages > N // 2) == (found_by == "re-dispatch" and not opening)
+            if not opening:
+                _background_pass(s, go)
+                bad = [(x.path, x.offset, x.end) for x in s.failures.failures(FailureKind.CORRUPT_RECORD)]
+                assert (str(f), rec.commit_log_offset, rec.commit_log_offset + rec.store_size) in bad, bad
+            assert s.view_message_by_id(rec.msg_id) is None
+            assert 257 not in s.topics()["TopicA"] and s.get_max_offset_in_queue("TopicA", 257) == 0
+            _assert_queue_right(s, "TopicA", 1, lost=(20,))
+            _assert_queue_right(s, "TopicA", 0)
+            go.set()
+    assert not (store_dir / "consumequeue" / "TopicA" / "257").exists()
 
 
 def _same_size_store(path: Path, n: int) -> list:

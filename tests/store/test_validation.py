@@ -125,6 +125,20 @@ def test_no_topic_or_queue_id_escapes_the_store(tmp_path):
     assert _readable_everything(path) == 1
 
 
+def test_a_schedule_queue_that_is_no_delay_level_is_refused(tmp_path):
+    """SCHEDULE_TOPIC_XXXX holds one queue per delay level (queue id = level - 1): a message put there in
+    another queue is refused, on every path (single, list, columnar list and batch), naming the queue id;
+    dispatch would take its record for a damaged header and give it no unit: it must never be PUT_OK."""
+    sched = "SCHEDULE_TOPIC_XXXX"
+    with MessageStore.open(tmp_path / "s", small_config(messageDelayLevel="1s 5s 10s")) as store:
+        for r in _puts(store, sched, 3):
+            assert r.status is ILLEGAL and "queue id 3 of SCHEDULE_TOPIC_XXXX is no delay level" in r.reason, r
+        taken = _puts(store, sched, 2)
+        assert all(r.status is OK for r in taken)
+        assert store.wait_dispatched(10) and store.get_max_offset_in_queue(sched, 3) == 0
+    assert _readable_everything(tmp_path / "s", small_config(messageDelayLevel="1s 5s 10s")) == len(taken)
+
+
 def test_mixed_batch_answers_each_message(tmp_path):
     n = COLUMNAR_MIN + 4
     with MessageStore.open(tmp_path / "s", small_config()) as store:

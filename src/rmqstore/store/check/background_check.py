@@ -161,11 +161,11 @@ class BackgroundCheckService:
                         self.result.crc_bytes += min(end, mf.file_size) - start
                         break
                     if pos < limit and pos + 8 <= limit:    # zeros inside the written data
-                        pos = self._damage(mf, mm, pos, data_end, "zero bytes inside the written data")
+                        pos = self._damage(mf, mm, pos, data_end, end, "zero bytes inside the written data")
                 except scanner.RecordError as e:
                     pos = e.pos
                     if not (limit < limit_all and _fits_later(mm, pos, limit, data_end)):
-                        pos = self._damage(mf, mm, pos, data_end, e.reason)
+                        pos = self._damage(mf, mm, pos, data_end, end, e.reason)
                     # else a record crossing the window: the next window walks it
                 self.result.crc_bytes += max(pos - start, 0)
                 let_go_pages(mm, start, pos - start)
@@ -177,14 +177,19 @@ class BackgroundCheckService:
         found = resync.next_valid_record(mm, pos, data_end, check_crc=True, base=mf.file_from_offset)
         return data_end if found is None else found
 
-    def _damage(self, mf, mm, pos: int, data_end: int, why: str) -> int:
+    def _damage(self, mf, mm, pos: int, data_end: int, stop: int, why: str) -> int:
         """A damaged commitlog range found at byte pos of mf: skipped, its units blanked, reported. Returns
-        where valid records resume (byte in the file)."""
+        where valid records resume (byte in the file). The range ends at `stop` at the latest (the end of
+        the range deferred to this check): the open walked the records from there itself, and cut the
+        commitlog there if nothing valid followed, so bytes past it are its business, or records written
+        since the open (which a skip range would hide from the dispatcher: acknowledged and never read)."""
         from ..consumequeue.dispatch import blank_units_in
-        resume = self._resume(mf, mm, pos, data_end)
+        found = self._resume(mf, mm, pos, data_end)
+        resume = min(found, stop)
         start, end = mf.file_from_offset + pos, mf.file_from_offset + resume
         reason = (f"{why}: bytes {pos}..{resume} of the file skipped ({resume - pos} bytes, left in place)"
-                  + (f"; valid records resume at offset {end}" if resume < data_end else ""))
+                  + (f"; valid records resume at offset {end}" if found < data_end and found <= stop else
+                     f"; the open walked the records from offset {end}" if found > stop else ""))
         p = self.parts
         with p.dispatcher._lock:
             p.dispatcher.add_skip_range(start, end)

@@ -18,9 +18,10 @@ from .check_report import CheckReport, DamagedSpan, Progress, digit_files
 from ..conf.config import StoreConfig
 from ..commitlog.damage import covered
 from ..files.mapped_file import FileCache
+from ..format.codec import SCHEDULE_TOPIC
 from ..format.resync import next_valid_record
 from ..format.scanner import DispatchBatch, Outcome, RecordError, is_dispatched, parse_dispatch, \
-    walk_records
+    DAMAGED_QUEUEID, queue_problem, walk_records
 
 
 @dataclass
@@ -38,16 +39,20 @@ class Records:
     uniq: list
     min_offset: int = 0
     end: int = 0                     # where the last valid record ends (a live store: the scan's snapshot)
+    # records whose header names a queue no record can belong to (scanner.queue_problem): no unit, no queue
+    unqueued: np.ndarray | None = None
 
     def dispatched(self) -> np.ndarray:
-        return is_dispatched(self.sys_flags)
+        d = is_dispatched(self.sys_flags)
+        return d if self.unqueued is None else d & ~self.unqueued
 
     def subset(self, keep: np.ndarray) -> "Records":
         """The records where keep (a bool mask) is True."""
         idx = np.flatnonzero(keep).tolist()
         return Records(self.offsets[keep], self.sizes[keep], self.topic_ids[keep], self.queue_ids[keep],
                        self.queue_offsets[keep], self.sys_flags[keep], self.store_ts[keep], self.topic_names,
-                       [self.keys[i] for i in idx], [self.uniq[i] for i in idx], self.min_offset, self.end)
+                       [self.keys[i] for i in idx], [self.uniq[i] for i in idx], self.min_offset, self.end,
+                       None if self.unqueued is None else self.unqueued[keep])
 
     def by_queue(self) -> dict[tuple[int, int], np.ndarray]:
         """(topic id, queue id) -> indices of the queue's dispatched records, in commitlog order."""
@@ -172,29 +177,45 @@ def check_commitlog(root: Path, cfg: StoreConfig, report: CheckReport, maps: Fil
     recs = _concat(cols)
     recs.min_offset = files[0][0] if files else 0
     recs.end = end
-    recs = _sequence_damage(recs, files, report)
+    recs = _sequence_damage(recs, files, report, _delay_levels(root, cfg))
     report.records = len(recs.offsets)
     return recs
+
+
+def _delay_levels(root: Path, cfg: StoreConfig) -> int:
+    """SCHEDULE_TOPIC_XXXX's queues: messageDelayLevel's levels, or more where the store holds schedule queues
+    past them (written with more levels: their records are no damage; the dispatcher's QueueRule too)."""
+    ids = [len(cfg.delay_levels_ms()) - 1]
+    try:
+        ids += [int(p.name) for p in (root / "consumequeue" / SCHEDULE_TOPIC).iterdir() if p.name.isdigit()]
+    except OSError:
+        pass
+    return max(ids) + 1
 
 
 SEQUENCE_SLACK = 64     # a queue offset may jump this far past its predecessor (records lost with a damaged range)
 
 
-def _out_of_sequence(q: np.ndarray, lost: bool) -> np.ndarray:
+def _out_of_sequence(q: np.ndarray, lost: bool, complete: bool = False) -> np.ndarray:
     """Positions in one queue's queue offsets (commitlog order) that fit neither neighbour while the
     neighbours fit each other (a damaged QUEUEOFFSET, or a record another queue's damaged QUEUEID or topic
     moved here); the last one when it jumps back or far ahead; the first when it is past the second.
-    lost: commitlog ranges are damaged or missing, so a queue may jump legitimately (the ends are not judged)."""
+    lost: commitlog ranges are damaged or missing, so a queue may jump legitimately (the ends are not judged).
+    complete: the commitlog holds every record from offset 0 and nothing is lost, so a queue's records are
+    exactly 0, 1, 2, ...: also the first when it is not 0 and the second does not continue it (a record
+    moved into a queue of its own, or to a queue's end), and the last when it jumps at all."""
     bad = np.zeros(len(q), dtype=bool)
     if len(q) < 2:
+        if complete and len(q) == 1:
+            bad[0] = q[0] != 0
         return bad
     if len(q) > 2:
         bad[1:-1] = (q[1:-1] - q[:-2] != 1) & (q[2:] - q[1:-1] != 1) & (q[2:] - q[:-2] == 2)
     if lost:
         return bad
     jump = int(q[-1] - q[-2])
-    bad[-1] |= jump <= 0 or jump > 1 + SEQUENCE_SLACK
-    bad[0] |= q[0] >= q[1]
+    bad[-1] |= jump <= 0 or jump > 1 + (0 if complete else SEQUENCE_SLACK)
+    bad[0] |= q[0] >= q[1] or (complete and q[0] != 0 and q[1] != q[0] + 1)
     return bad
 
 
@@ -214,27 +235,49 @@ def live_by_queue(recs: Records, deleted: dict[tuple[str, int], int]) -> dict[tu
     return by_queue
 
 
-def _sequence_damage(recs: Records, files, report: CheckReport) -> Records:
-    """Records whose header passes every check but whose QUEUEOFFSET is out of its queue's sequence:
-    damage like any other (a DamagedSpan over the record), or a note when accepted. Records inside accepted
-    ranges are left out of what is checked against the queues (dispatch skips them)."""
+def _sequence_damage(recs: Records, files, report: CheckReport, delay_levels: int) -> Records:
+    """Records whose header passes every check but claims what cannot be: a QUEUEOFFSET out of its queue's
+    sequence, or a queue no record can belong to (queue_problem: a SCHEDULE_TOPIC_XXXX queue that is no
+    delay level; such records are left out of the queues checked, recs.unqueued). Damage like any other (a
+    DamagedSpan over the record), or a note when accepted. Records inside accepted ranges are left out of
+    what is checked against the queues (dispatch skips them)."""
     keep = np.ones(len(recs.offsets), dtype=bool)
     for a, b in report.accepted:
         keep &= ~((recs.offsets >= a) & (recs.offsets < b))
     bases = np.array([b for b, _, _ in files], dtype=np.int64)
     lost = bool(report.damaged or report.accepted)
-    for (t, qid), part in live_by_queue(recs, report.deleted).items():
-        part = part[keep[part]]
-        for j in part[_out_of_sequence(recs.queue_offsets[part], lost)].tolist():
+    queues = [(t, qid, part[keep[part]]) for (t, qid), part in live_by_queue(recs, report.deleted).items()]
+
+    def damaged(t: int, qid: int, rows, why_of) -> None:
+        for j in rows.tolist():
             off, size = int(recs.offsets[j]), int(recs.sizes[j])
-            i = int(np.searchsorted(bases, off, side="right")) - 1
-            base, path, _ = files[i]
-            why = (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of {recs.topic_names[t]}/{qid}: "
-                   "a damaged header")
             if covered(report.accepted, off, off + size):
                 continue
+            base, path, _ = files[int(np.searchsorted(bases, off, side="right")) - 1]
+            why = why_of(j)
             report.damaged.append(DamagedSpan(str(path), base, off - base, size, why))
             report.add("commitlog", path, off - base, f"record {off - base}..{off - base + size}: {why}")
+
+    def out_of_sequence(t: int, qid: int):
+        return lambda j: (f"QUEUEOFFSET {int(recs.queue_offsets[j])} out of the sequence of "
+                          f"{recs.topic_names[t]}/{qid}: a damaged header")
+    found = len(report.damaged)
+    for t, qid, part in queues:
+        no_queue = queue_problem(recs.topic_names[t], qid, delay_levels)
+        if no_queue is not None:
+            if recs.unqueued is None:
+                recs.unqueued = np.zeros(len(recs.offsets), dtype=bool)
+            recs.unqueued[part] = True
+            damaged(t, qid, part, lambda j, why=f"{no_queue}: {DAMAGED_QUEUEID}": why)
+        else:
+            damaged(t, qid, part[_out_of_sequence(recs.queue_offsets[part], lost)], out_of_sequence(t, qid))
+    # every record since the store began and none damaged: each queue is exactly 0, 1, 2, ... (a record
+    # moved into a queue of its own, or to a queue's end, shows only so). Only then: a record found moved
+    # above leaves a gap in the queue it left, which is no damage of the record after the gap
+    if len(report.damaged) == found and not lost and recs.min_offset == 0:
+        for t, qid, part in queues:
+            if recs.unqueued is None or not recs.unqueued[part].any():
+                damaged(t, qid, part[_out_of_sequence(recs.queue_offsets[part], False, True)], out_of_sequence(t, qid))
     for a, b in report.accepted:
         n = int(((recs.offsets >= a) & (recs.offsets < b)).sum())
         if n:

@@ -73,6 +73,7 @@ class MessageEncoder:
         self.config = config
         self.file_size = file_size
         self.default_store_host = default_store_host
+        self.delay_levels = len(config.delay_levels_ms())   # SCHEDULE_TOPIC_XXXX's queues (scanner.queue_problem)
         self._topics: dict = {}
         self._refused_topics: dict = {}
         self._hosts: dict = {}
@@ -95,6 +96,10 @@ class MessageEncoder:
         raw = topic.encode("utf-8")
         info = self._topics[topic] = (bytes((len(raw),)) + raw, {})
         return info
+
+    def _queue_ids(self, topic) -> tuple[int, int]:
+        """The queue ids the columnar path takes for topic (out of them: the general path, which refuses)."""
+        return (0, self.delay_levels - 1) if topic == codec.SCHEDULE_TOPIC else _QUEUE_IDS
 
     def host(self, host):
         """(address, port, born-host sysFlag bit, store-host sysFlag bit, msgId prefix) of 'ip:port'."""
@@ -124,6 +129,10 @@ class MessageEncoder:
                 queue_id = validation.queue_id_or_problem(queue_id)
                 if type(queue_id) is str:
                     return refuse(_ILLEGAL, queue_id)
+                if topic == codec.SCHEDULE_TOPIC:      # (once per queue: its key is cached)
+                    why = scanner.queue_problem(topic, queue_id, self.delay_levels)
+                    if why is not None:     # dispatch would take it for a damaged record: never acknowledged
+                        return refuse(_ILLEGAL, why)
                 key = ti[1][queue_id] = f"{topic}-{queue_id}"
             props = msg.properties
             if props:
@@ -194,7 +203,7 @@ class MessageEncoder:
         target = self.columnar_target(topic, born_hosts[0], store_hosts[0])
         if target is None:
             return None
-        queue_ids = int_column([m.queue_id for m in msgs], n, _QUEUE_IDS)
+        queue_ids = int_column([m.queue_id for m in msgs], n, self._queue_ids(topic))
         sys_flags = int_column([m.sys_flag for m in msgs], n, INT32)
         flags = int_column([m.flag for m in msgs], n, INT32)
         born_ts = int_column([m.born_timestamp for m in msgs], n, INT64)
@@ -224,7 +233,7 @@ class MessageEncoder:
             return None
         qids, born_ts = mb.queue_ids, mb.born_timestamp
         queue_ids = int_column(qids if type(qids) is list or type(qids) is np.ndarray else mb.column("queue_ids"),
-                               n, _QUEUE_IDS)
+                               n, self._queue_ids(mb.topic))
         born_ts = int_column(born_ts if type(born_ts) is list or type(born_ts) is np.ndarray
                              else mb.column("born_timestamp"), n, INT64)
         prepared = mb.prepared_transaction_offset

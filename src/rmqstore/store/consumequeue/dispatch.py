@@ -18,8 +18,13 @@ skipped by resynchronising on the next record that checks and chains (resync.nex
 recovery skipped (`skip_ranges`) are skipped the same way. Each skip is a warning naming the file and
 offsets and a Failure on the failure channel. Later records go to their queues at the queue offsets they
 carry: queue offsets the lost records held are filled with filler units (offset 0, size CQ_BLANK_SIZE,
-as RocketMQ fills a queue's first file), which read as removed messages. What cannot progress (a consume
-queue or index write failing) is a condition on the channel, and waiters return at once with its reason.
+as RocketMQ fills a queue's first file), which read as removed messages. A record whose header passes the
+record checks but claims what cannot be (a QUEUEOFFSET out of its queue's sequence, a SCHEDULE_TOPIC_XXXX
+queue that is no delay level, a queue offset another queue's unit holds the record at: fields the body CRC
+does not cover) gets no unit, is reported as CORRUPT_RECORD and its range skipped, so that no read answers
+it as the message it no longer describes.
+What cannot progress (a consume queue or index write failing) is a condition on the channel, and waiters
+return at once with its reason.
 """
 from __future__ import annotations
 
@@ -69,6 +74,8 @@ class Dispatcher(DamageSkips):
         self.index_service = index_service if config.message_index_enable else None
         self.config = config
         self.delay_levels = config.delay_levels_ms()
+        # what a record may not claim of its queue beyond its sequence (QueueRule): damage, given no unit
+        self._queue_rule = QueueRule(len(self.delay_levels), self._bad_header, consume_queues)
         self.chunk = max(CHUNK, 2 * config.max_message_size)
         self.reput_from_offset = 0
         self.last_dispatched_timestamp = 0
@@ -139,11 +146,14 @@ class Dispatcher(DamageSkips):
 
     def _bad_claim(self, cq, offset: int, size: int, claim: int) -> None:
         """A record out of its queue's sequence (claims_out_of_sequence): damage, reported and skipped."""
+        self._bad_header(offset, size, f"record claims queue offset {claim} of {cq.topic}/{cq.queue_id}, out of "
+                                       "the queue's sequence: a damaged QUEUEOFFSET field (or a record moved)")
+
+    def _bad_header(self, offset: int, size: int, why: str) -> None:
+        """A record whose header claims what cannot be (it gets no unit): damage, reported and skipped."""
         mf = self.commit_log.file_of(offset)
         self.add_skip_range(offset, offset + size)
-        self.failures.report(FailureKind.CORRUPT_RECORD, f"record claims queue offset {claim} of {cq.topic}/"
-                             f"{cq.queue_id}, out of the queue's sequence: a damaged QUEUEOFFSET field (or a "
-                             "record moved); no unit points at it",
+        self.failures.report(FailureKind.CORRUPT_RECORD, f"{why}; no unit points at it",
                              path=str(mf.path if mf is not None else self.commit_log.queue.store_path),
                              offset=offset, end=offset + size)
 
@@ -299,7 +309,7 @@ class Dispatcher(DamageSkips):
             if len(batch) < 64:         # a few records: without numpy's fixed costs
                 with self.units_lock:
                     grown = put_requests(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
-                                         self._bad_claim)
+                                         self._bad_claim, self._queue_rule)
                 if self.index_service is not None:
                     self.index_service.build_index_batch(batch)
                 self._arrived(grown, batch[-1].store_timestamp, len(batch))
@@ -310,7 +320,7 @@ class Dispatcher(DamageSkips):
             return
         with self.units_lock:
             grown = put_columns(self.consume_queues.find_or_create, batch, self._fill, self.deleted,
-                                self._bad_claim)
+                                self._bad_claim, self._queue_rule)
         if self.index_service is not None:
             self.index_service.build_index_columns(batch.topics, batch.keys, batch.uniq_keys, batch.offsets,
                                                    batch.store_timestamps, batch.sys_flags)
@@ -422,14 +432,18 @@ Filler = Callable[[object, int, int], None]    # (consume queue, queue offset re
 
 def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
                 deleted: dict[tuple[str, int], int] | None = None,
-                bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
+                bad_claim: BadClaim | None = None, rule: QueueRule | None = None) -> list[tuple[str, int, int]]:
     """Write the units of a batch's dispatched records (scanner.is_dispatched) to their consume queues
     (find(topic, queue id) gives one), grouped per queue, in order. Each record keeps the queue offset it
     carries: where a queue's offsets jump ahead (records lost, or misattributed by a damaged topic / queue
     id byte), fill(cq, offset, commitlog offset) fills the gap first. Returns (topic, queue id, next
     queue offset) per queue that grew. deleted: a deleted queue's records below its offset are left out.
     A record whose QUEUEOFFSET is out of its queue's sequence (claims_out_of_sequence) gets no unit:
-    bad_claim(cq, commitlog offset, size, queue offset) is told of it."""
+    bad_claim(cq, commitlog offset, size, queue offset) is told of it. Nor do the records of a queue no
+    record can belong to (rule: a schedule topic queue that is no delay level), each told to rule.bad, nor
+    a record another queue holds already (rule.moved)."""
+    if rule is not None:
+        rule.new_batch()
     idx = np.flatnonzero(scanner.is_dispatched(batch.sys_flags))
     grown: list[tuple[str, int, int]] = []
     if not len(idx):
@@ -446,6 +460,11 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             part = part[batch.offsets[part] >= deleted[(topic, qid)]]
             if not len(part):
                 continue
+        why = rule.problem(topic, qid) if rule is not None else None
+        if why is not None:
+            rule.tell(topic, qid, batch.offsets[part].tolist(), batch.sizes[part].tolist(), why)
+            continue
+        new = rule is not None and rule.queues is not None and rule.queues.find(topic, qid) is None
         cq = find(topic, qid)
         keep = _in_sequence(cq, batch.offsets[part], batch.sizes[part], batch.queue_offsets[part], bad_claim)
         if keep is not None:
@@ -459,6 +478,9 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             # fill: only the first unit written is (after a topic was deleted and written again, the old
             # records' queue offsets lie far past the new queue's end, below its commitlog offsets)
             a += int(np.count_nonzero(batch.offsets[sel] + batch.sizes[sel] <= cq.max_physic_offset))
+            while a < b and int(qoffs[a]) > cq.get_max_offset_in_queue() and rule is not None \
+                    and rule.moved(cq, int(qoffs[a]), int(batch.offsets[part[a]]), int(batch.sizes[part[a]])):
+                a += 1          # built into another queue, its header changed since: no unit
             if a == b:
                 continue
             if int(qoffs[a]) > cq.get_max_offset_in_queue():
@@ -468,13 +490,17 @@ def put_columns(find, batch: codec.DispatchBatch, fill: Filler,
             wrote = True
         if wrote:
             grown.append((topic, qid, int(qoffs[-1]) + 1))
+        elif new:
+            rule.queues.remove(cq)      # made for records that got no unit: no queue
     return grown
 
 
 def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
                  deleted: dict[tuple[str, int], int] | None = None,
-                 bad_claim: BadClaim | None = None) -> list[tuple[str, int, int]]:
+                 bad_claim: BadClaim | None = None, rule: QueueRule | None = None) -> list[tuple[str, int, int]]:
     """put_columns for a few records as DispatchRequests."""
+    if rule is not None:
+        rule.new_batch()
     by_queue: dict[tuple[str, int], list] = {}
     dispatched = scanner.is_dispatched
     for r in reqs:
@@ -483,6 +509,11 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
                 (r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
     grown = []
     for (topic, qid), units in by_queue.items():
+        why = rule.problem(topic, qid) if rule is not None else None
+        if why is not None:
+            rule.tell(topic, qid, [u[0] for u in units], [u[1] for u in units], why)
+            continue
+        new = rule is not None and rule.queues is not None and rule.queues.find(topic, qid) is None
         cq = find(topic, qid)
         keep = _in_sequence(cq, *(np.array([u[k] for u in units], dtype=np.int64) for k in (0, 1, 3)), bad_claim)
         if keep is not None:
@@ -493,6 +524,9 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
             if i == len(units) or units[i][3] > units[i - 1][3] + 1:
                 while start < i and units[start][0] + units[start][1] <= cq.max_physic_offset:
                     start += 1          # already in the queue: no gap to fill (put_columns)
+                while start < i and units[start][3] > cq.get_max_offset_in_queue() and rule is not None \
+                        and rule.moved(cq, units[start][3], units[start][0], units[start][1]):
+                    start += 1          # built into another queue (put_columns)
                 if start < i:
                     if units[start][3] > cq.get_max_offset_in_queue():
                         fill(cq, units[start][3], units[start][0])
@@ -501,10 +535,78 @@ def put_requests(find, reqs: list[codec.DispatchRequest], fill: Filler,
                 start = i
         if wrote:
             grown.append((topic, qid, units[-1][3] + 1))
+        elif new:
+            rule.queues.remove(cq)      # (put_columns)
     return grown
 
 
 BadClaim = Callable[[object, int, int, int], None]   # (consume queue, commitlog offset, size, queue offset)
+
+
+class QueueRule:
+    """What a record's header may not claim of its queue, beyond its queue offset's sequence
+    (claims_out_of_sequence), for put_columns / put_requests; each record that claims it has a damaged
+    header, gets no unit, and is told to bad(commitlog offset, size, why):
+    - a queue no record can belong to (problem: scanner.queue_problem, a SCHEDULE_TOPIC_XXXX queue that is
+      no delay level): one test per queue of a batch, never per record;
+    - a queue offset past its queue's end (a new queue's first record past offset 0 too) while another
+      queue (`queues`, the ConsumeQueueTable) holds the record at that offset already (moved: only where
+      a queue jumps, which damage and lost ranges alone make happen)."""
+
+    def __init__(self, delay_levels: int, bad: Callable[[int, int, str], None] | None = None, queues=None):
+        self.delay_levels = delay_levels
+        self.bad = bad
+        self.queues = queues
+        self._built: int | None = None      # the queues' highest unit end, taken once per batch (new_batch)
+
+    def new_batch(self) -> None:
+        self._built = None
+
+    def problem(self, topic: str, queue_id: int) -> str | None:
+        """Why no record can belong to topic/queue_id, or None. A queue the store holds already is no
+        problem: a store written with more delay levels than messageDelayLevel has now keeps its records."""
+        why = scanner.queue_problem(topic, queue_id, self.delay_levels)
+        if why is not None and self.queues is not None and self.queues.find(topic, queue_id) is not None:
+            return None
+        return why
+
+    def moved(self, cq, claim: int, offset: int, size: int) -> bool:
+        """The record at commitlog offset `offset` claims queue offset `claim` of cq, past its end: True (told
+        to bad) when the unit at `claim` of another queue of its topic (of its queue id, when its topic has no
+        other queue: a damaged TOPIC) is this record's. That unit was written for it, from its header as it
+        was: its QUEUEID or TOPIC changed since (a re-dispatch after recovery, over records already built)."""
+        if self.queues is None:
+            return False
+        if self._built is None:
+            self._built = self.queues.max_physic_offset()
+        if offset >= self._built:       # no queue was built this far: no unit can be this record's
+            return False
+        table = self.queues.table
+        others = [q for q in list(table.get(cq.topic, {}).values()) if q is not cq]
+        if not others:
+            others = [m[cq.queue_id] for t, m in list(table.items()) if t != cq.topic and cq.queue_id in m]
+        for other in others:
+            if other.max_physic_offset <= offset:
+                continue
+            unit = other.get_unit(claim)
+            if unit is not None and unit[0] == offset:
+                why = (f"the record claims queue offset {claim} of {cq.topic}/{cq.queue_id}, past the queue's end, "
+                       f"while unit {claim} of {other.topic}/{other.queue_id} was written for it: a damaged QUEUEID "
+                       "or TOPIC field")
+                log.warning("%s: commitlog offset %d: %s: no unit written", cq.queue.store_path, offset, why)
+                if self.bad is not None:
+                    self.bad(offset, size, why)
+                return True
+        return False
+
+    def tell(self, topic: str, queue_id: int, offsets: list[int], sizes: list[int], why: str) -> None:
+        """The records (commitlog offsets, sizes) of such a queue get no unit: each is told to bad."""
+        why = f"{why}: {scanner.DAMAGED_QUEUEID}"
+        log.warning("%s/%d: %d records (first at commitlog offset %d) get no unit: %s", topic, queue_id,
+                    len(offsets), offsets[0], why)
+        if self.bad is not None:
+            for off, size in zip(offsets, sizes):
+                self.bad(off, size, why)
 
 
 def claims_out_of_sequence(q: np.ndarray, before: int) -> np.ndarray:

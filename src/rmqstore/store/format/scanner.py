@@ -52,9 +52,9 @@ from .codec import (BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, HEADER_V4, MAX_
                     DispatchBatch, DispatchRequest, RecordError, crc32, delivery_time_for_schedule, header_struct)
 
 __all__ = ["Outcome", "RecordError", "check_record", "scan_record", "iter_records", "walk_records",
-           "walk_positions", "decode_record", "is_dispatched", "is_indexed", "store_timestamp", "record_columns",
-           "RecordColumns", "parse_dispatch", "parse_dispatch_batch", "parse_dispatch_columns",
-           "parse_dispatch_scalar", "DispatchBatch", "DispatchRequest"]
+           "walk_positions", "decode_record", "is_dispatched", "is_indexed", "queue_problem", "DAMAGED_QUEUEID",
+           "store_timestamp", "record_columns", "RecordColumns", "parse_dispatch", "parse_dispatch_batch",
+           "parse_dispatch_columns", "parse_dispatch_scalar", "DispatchBatch", "DispatchRequest"]
 
 
 class Outcome(enum.IntEnum):
@@ -88,6 +88,21 @@ def is_indexed(sys_flag):
     """A record goes to the index unless it is a rolled-back transaction message (RocketMQ's
     IndexService.buildIndex: prepared records are indexed). One sysFlag -> bool, an array -> bool array."""
     return (sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK_TYPE
+
+
+def queue_problem(topic: str, queue_id: int, delay_levels: int) -> str | None:
+    """Why no record can belong to queue `queue_id` of `topic`, or None. RocketMQ puts a delayed message in
+    SCHEDULE_TOPIC_XXXX queue delayLevel - 1, its level clamped to 1..the number of messageDelayLevel
+    levels (`delay_levels`): a schedule record in another queue has a damaged QUEUEID (DAMAGED_QUEUEID: the
+    body CRC does not cover the header) and must get no consume queue unit (it would answer as a message
+    it is not); the put path refuses such a message."""
+    if topic == SCHEDULE_TOPIC and not 0 <= queue_id < delay_levels:
+        return (f"queue id {queue_id} of {SCHEDULE_TOPIC} is no delay level (messageDelayLevel has {delay_levels}: "
+                f"queues 0..{delay_levels - 1})")
+    return None
+
+
+DAMAGED_QUEUEID = "a damaged QUEUEID field (or messageDelayLevel was shortened)"     # queue_problem's in a record
 
 
 def store_timestamp(buf, pos: int = 0) -> int:

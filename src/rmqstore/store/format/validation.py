@@ -10,7 +10,9 @@ Two rules:
   directory, and accept everything RocketMQ's own store accepts (`订单Topic`, `%RETRY%g`, `%DLQ%g`,
   `SCHEDULE_TOPIC_XXXX`, `RMQ_SYS_TRANS_HALF_TOPIC`, `rmq_sys_*`). A topic is 1 to 127 bytes of UTF-8
   without control characters (< 0x20, 0x7f), '/' or '\\', and is not '.' or '..' (topics and queue ids
-  become directory names under consumequeue/); a queue id is an int in 0..MAX_QUEUE_ID; property names are
+  become directory names under consumequeue/); a queue id is an int in 0..MAX_QUEUE_ID (in
+  SCHEDULE_TOPIC_XXXX, a delay level's: scanner.queue_problem, checked by the put path's encoder, which
+  knows messageDelayLevel; dispatch takes any other for a damaged header); property names are
   non-empty str, values str, neither holds the separators \\x01 / \\x02 (they would be read back as other
   properties: UNIQ_KEY, TAGS or KEYS could be injected); a body is bytes-like (a str is refused, not
   encoded: its bytes would be a guess); the record fits maxMessageSize and its properties 32767 bytes.

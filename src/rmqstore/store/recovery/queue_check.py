@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..format import codec
+from ..format import codec, scanner
 from ..format.scanner import gather_rows
 from ..consumequeue.consume_queue import _CQ_NP as _CQ_UNIT_NP
 from ..consumequeue.consume_queue import UNIT, ConsumeQueue
@@ -337,3 +337,34 @@ def check_queue(cq: ConsumeQueue, sources, cl_min: int, deep_from: int = 0,
         if len(bad):
             found.append((qu.first + int(idx[bad[0]]), int(codes[bad[0]])))
     return min(found) if found else None
+
+
+def moved_record(cq: ConsumeQueue, bad: int, commit_log: "CommitLog", find) -> tuple[int, int, str] | None:
+    """Unit `bad` of cq points at a record of another topic or queue (UNIT_OTHER_QUEUE). When the unit
+    matches that record in everything else (its start, its size, and its queue offset is `bad`), a CRC-valid
+    record, and the queue the record names (find(topic, queue id) -> ConsumeQueue or None) has no real unit
+    at that queue offset, the unit was written for this record and the record's QUEUEID or TOPIC changed
+    since: header damage the body CRC does not cover, which a rebuild would put in a queue of its own and
+    answer there. Returns the record's (commitlog offset, size, why); None when the unit may be the damaged
+    side (the named queue's unit there is a real one: units copied or files swapped between queues)."""
+    unit = cq.get_unit(bad)
+    if unit is None:
+        return None
+    off, size = int(unit[0]), int(unit[1])
+    raw = commit_log.get_message(off, size)
+    if raw is None:
+        return None
+    try:
+        rec = scanner.decode_record(raw, 0, len(raw), check_crc=True)
+    except codec.RecordError:
+        return None
+    if rec.physical_offset != off or rec.store_size != size or rec.queue_offset != bad \
+            or (rec.topic, rec.queue_id) == (cq.topic, cq.queue_id):
+        return None
+    named = find(rec.topic, rec.queue_id)
+    there = named.get_unit(bad) if named is not None and named.get_min_offset_in_queue() <= bad else None
+    if there is not None and not (there[0] == 0 and there[1] == codec.CQ_BLANK_SIZE):
+        return None
+    return off, size, (f"the record names {rec.topic}/{rec.queue_id} queue offset {bad}, where no unit is its own, "
+                       f"and unit {bad} of {cq.topic}/{cq.queue_id} was written for it: a damaged QUEUEID or TOPIC "
+                       "field")

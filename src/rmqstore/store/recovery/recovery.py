@@ -70,7 +70,8 @@ from ..state.failure import FailureChannel, FailureKind
 from ..index.index_file import cut_entries, repair_slots as repair_index_slots
 from ..state.lock import AbortFile
 from .open_trust import OpenTrust, first_real_unit_below, first_real_unit_position, first_unit_pointing_at
-from .queue_check import CQ_CHECK_SAMPLE, UNIT_REASONS, _commitlog_sources, check_queue, unit_offsets_from
+from .queue_check import (CQ_CHECK_SAMPLE, UNIT_OTHER_QUEUE, UNIT_REASONS, _commitlog_sources, check_queue,
+                          moved_record, unit_offsets_from)
 from .queue_check import (  # noqa: F401 - older importers (check, Spark) take these from here
     UNIT_MISSING, _checked_positions, structure_problem, unit_problems)
 from ..files.mapped_file import MappedFile, MappedFileQueue, offset_to_file_name
@@ -379,7 +380,8 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     if trust:       # units of commitlog files the record does not vouch for are checked against them
         old = trust.untrusted_commitlog_from(cl.queue.files)
         deep_from = min(deep_from, old) if old is not None else deep_from
-    recover_consume_queues(cqs, end, report, cl, trust=trust if trust else None, deep_from_offset=deep_from)
+    recover_consume_queues(cqs, end, report, cl, trust=trust if trust else None, deep_from_offset=deep_from,
+                           failures=collected)
     if report.skipped_ranges:       # units of skipped records: fillers (never answered with damaged bytes)
         from ..consumequeue.dispatch import blank_units_in
         blank_units_in(cqs, report.skipped_ranges)
@@ -850,11 +852,17 @@ def _walks(commit_log: CommitLog, start: int, end: int, skips: list[tuple[int, i
 
 
 def _repair_queue(cq: ConsumeQueue, commit_log: CommitLog, commitlog_end: int, bad: int, code: int,
-                  report: RecoveryReport) -> int:
+                  report: RecoveryReport, cqs: ConsumeQueueTable | None = None, failures=None) -> int:
     """Cut cq at its damaged unit `bad` and mark it for rebuilding from the commitlog (when the commitlog
-    can be parsed from there); returns how many units were dropped."""
+    can be parsed from there); returns how many units were dropped. When the unit points at a record whose
+    QUEUEID or TOPIC was damaged since the unit was written for it (queue_check.moved_record, with cqs),
+    that record is skipped like any damaged range (report.skipped_ranges, report.dropped, a CORRUPT_RECORD
+    on failures): the rebuild gives it no unit, in the queue it names or anywhere."""
     why = UNIT_REASONS.get(code, "damaged")
     path = str(cq.queue.store_path)
+    moved = moved_record(cq, bad, commit_log, cqs.find) if code == UNIT_OTHER_QUEUE and cqs is not None else None
+    if moved is not None and not any(a <= moved[0] < b for a, b in report.skipped_ranges):     # (not twice)
+        _skip_moved_record(commit_log, *moved, report, failures)
     prev = cq.get_unit(bad - 1) if bad - 1 >= cq.get_min_offset_in_queue() else None
     if prev is not None and (prev[1] <= 0 or prev[1] == codec.CQ_BLANK_SIZE):
         prev = None                 # a filler unit: no message before the damage, rebuild from the start
@@ -878,6 +886,17 @@ def _repair_queue(cq: ConsumeQueue, commit_log: CommitLog, commitlog_end: int, b
     return dropped
 
 
+def _skip_moved_record(commit_log: CommitLog, off: int, size: int, why: str, report: RecoveryReport,
+                       failures) -> None:
+    mf = commit_log.file_of(off)
+    path = str(mf.path if mf is not None else commit_log.queue.store_path)
+    log.warning("%s: the record at commitlog offset %d is skipped: %s", path, off, why)
+    report.dropped.append(Dropped("commitlog", path, off, why))
+    report.skipped_ranges.append((off, off + size))
+    if failures is not None:
+        failures.report(FailureKind.CORRUPT_RECORD, why, path=path, offset=off, end=off + size)
+
+
 def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[ConsumeQueue, int, int]]) -> list[str]:
     """On an open store: cut each (queue, damaged unit, UNIT_* code) there and have the dispatcher rebuild it
     from the commitlog (_repair_queue; the dispatcher thread waits meanwhile: no unit is appended). Returns
@@ -888,7 +907,12 @@ def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[Co
     with dispatcher._lock:
         cl_min = max(commit_log.get_min_offset(), 0)
         for cq, bad, code in damaged:
-            if not _repair_queue(cq, commit_log, commit_log.get_max_offset(), bad, code, rep):
+            known = len(rep.skipped_ranges)
+            done = _repair_queue(cq, commit_log, commit_log.get_max_offset(), bad, code, rep,
+                                 dispatcher.consume_queues, dispatcher.failures)
+            for a, b in rep.skipped_ranges[known:]:     # a moved record: never dispatched again
+                dispatcher.add_skip_range(a, b)
+            if not done:
                 continue
             last = _last_unit(cq)
             cq.max_physic_offset = last[0] + last[1] if last is not None else -1
@@ -902,11 +926,12 @@ def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[Co
 
 def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: RecoveryReport,
                            commit_log: CommitLog | None = None, trust: OpenTrust | None = None,
-                           deep_from_offset: int | None = None) -> None:
+                           deep_from_offset: int | None = None, failures=None) -> None:
     """Keep each queue's units up to the first invalid one; remove units past the commitlog's end. With the
     commitlog, each queue is checked whole (check_queue: all units of its last file and a sample of the
     older ones against their records, every unit's values, missing files); a damaged unit is cut with
-    everything after it and rebuilt from the commitlog (_repair_queue), reported in report.dropped. A queue
+    everything after it and rebuilt from the commitlog (_repair_queue), reported in report.dropped (and a
+    record it shows damaged on `failures`, recovery's collector of skipped ranges). A queue
     whose file was cut short (extended with zeros at load) is rebuilt from its end as well.
 
     With trust (the verified-state record): files it vouches for are neither recovered nor checked (the
@@ -944,7 +969,7 @@ def recover_consume_queues(cqs: ConsumeQueueTable, commitlog_end: int, report: R
                     min(first, first_unit_pointing_at(cq, deep_from_offset))
                 found = check_queue(cq, sources, cl_min, deep_from, 0, from_index=deep_from)
             if found is not None:
-                rebuilt = _repair_queue(cq, commit_log, commitlog_end, found[0], found[1], report)
+                rebuilt = _repair_queue(cq, commit_log, commitlog_end, found[0], found[1], report, cqs, failures)
                 last = _last_unit(cq)
         cq.max_physic_offset = last[0] + last[1] if last is not None else -1
         if rebuilt or dropped or cq.queue.repaired:
