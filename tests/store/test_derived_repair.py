@@ -170,6 +170,19 @@ def test_read_never_answers_found_with_another_queues_record(store_dir: Path, ca
         _assert_all_readable(s)
 
 
+def test_a_repair_decided_on_units_read_before_another_repair_leaves_the_queue_alone(store_dir: Path):
+    """The background check and check(repair=True) each decide on units they read earlier: a queue another
+    repair rebuilt meanwhile (here: never damaged) is checked again under the dispatcher's lock and not
+    cut, so that it never shrinks under readers that saw it whole."""
+    from rmqstore.store.recovery.queue_check import UNIT_OTHER_QUEUE
+    from rmqstore.store.recovery.recovery import repair_queues_live
+    with MessageStore.open(store_dir, _config()) as s:
+        cq = s.consume_queues.find("T", 0)
+        assert repair_queues_live(s.commit_log, s.dispatcher, [(cq, 7, UNIT_OTHER_QUEUE)]) == []
+        assert s.get_max_offset_in_queue("T", 0) == N          # not cut at unit 7, at once
+        _assert_all_readable(s)
+
+
 # --- defect 14 ---------------------------------------------------------------------------------------
 def _cut_copy(golden: Path, dst: Path) -> Path:
     shutil.copytree(golden_store(golden, "rmq440-clean"), dst)

@@ -900,13 +900,21 @@ def _skip_moved_record(commit_log: CommitLog, off: int, size: int, why: str, rep
 def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[ConsumeQueue, int, int]]) -> list[str]:
     """On an open store: cut each (queue, damaged unit, UNIT_* code) there and have the dispatcher rebuild it
     from the commitlog (_repair_queue; the dispatcher thread waits meanwhile: no unit is appended). Returns
-    what was done, one line each. MessageStore.check(repair=True) and the background check repair so."""
+    what was done, one line each. MessageStore.check(repair=True) and the background check repair so, each
+    from units it read earlier: under the lock each queue is checked again from its damaged unit on, and
+    one that another repair rebuilt meanwhile is left alone (cut again, it would be rebuilt while readers
+    expect it whole)."""
     rep = RecoveryReport(clean_shutdown=True)
     rep.skipped_ranges = list(dispatcher.skip_ranges)     # passed over by the rebuild, as by the dispatcher
     starts = []
     with dispatcher._lock:
         cl_min = max(commit_log.get_min_offset(), 0)
+        sources = _commitlog_sources(commit_log)
         for cq, bad, code in damaged:
+            now = check_queue(cq, sources, cl_min, deep_from=bad, sample=0)
+            if now is None:
+                continue                # repaired meanwhile
+            bad, code = now
             known = len(rep.skipped_ranges)
             done = _repair_queue(cq, commit_log, commit_log.get_max_offset(), bad, code, rep,
                                  dispatcher.consume_queues, dispatcher.failures)
