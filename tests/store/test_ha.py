@@ -614,3 +614,41 @@ def test_the_ha_port_admits_only_the_peers_it_is_told(tmp_path):
             assert m.put_message(Message("T", b"x")).status is S.SLAVE_NOT_AVAILABLE
     finally:
         m.close()
+
+
+def test_a_peer_silent_for_the_housekeeping_interval_is_closed_on_both_sides(pair, tmp_path):
+    """haHousekeepingInterval on both ends (one timer per connection, not one per read): the master closes a
+    slave that reported once and then says nothing; a slave closes a master that sends nothing (no data, no
+    heartbeat) and connects again."""
+    m, _, port = pair(start_slave=False, master_kw={"ha_housekeeping_interval": 1500})
+    c = _connect(port)
+    c.sendall(struct.pack(">q", 0))
+    wait_slave(m)
+    c.settimeout(15)
+    t = time.monotonic()
+    while c.recv(65536):        # heartbeats, then the close
+        pass
+    assert 1.4 < time.monotonic() - t < 10
+    wait_for(lambda: not m.ha_status().slaves, what="the silent slave's connection to end")
+    c.close()
+    # a master that says nothing: the slave closes and connects again
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(4)
+    lsn.settimeout(15)
+    s = MessageStore.open(tmp_path / "s2", slave_cfg(lsn.getsockname()[1], ha_housekeeping_interval=1500,
+                                                     ha_send_heartbeat_interval=500))
+    try:
+        a, _ = lsn.accept()
+        a.settimeout(15)
+        assert len(a.recv(8)) == 8                  # its report
+        t = time.monotonic()
+        while a.recv(65536):    # its heartbeat reports, then the close
+            pass
+        assert 1.4 < time.monotonic() - t < 10
+        b, _ = lsn.accept()                         # and the next connection
+        b.close()
+        a.close()
+    finally:
+        s.close()
+        lsn.close()

@@ -78,6 +78,7 @@ class HAConnection:
         self.first = asyncio.Event()
         self.counted = False
         self.connected_at = time.time()
+        self.last_read = time.monotonic()
         self.on_idle = lambda: None     # called before the writer waits (HAService.notify wakes it then)
 
     @property
@@ -85,7 +86,8 @@ class HAConnection:
         return max(0, self.cl.get_max_offset() - max(self.reported, 0))
 
     async def serve(self) -> None:
-        tasks = [asyncio.ensure_future(self._read_loop()), asyncio.ensure_future(self._write_loop())]
+        tasks = [asyncio.ensure_future(self._read_loop()), asyncio.ensure_future(self._write_loop()),
+                 asyncio.ensure_future(self._housekeeping())]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
@@ -112,15 +114,21 @@ class HAConnection:
         return f"ha.slave.{self.addr.rpartition(':')[0]}"
 
     # --- the slave's reports --------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        """Nothing read for haHousekeepingInterval: the connection ends (one timer for its life, not a
+        wait_for per read: a SYNC_MASTER put waits for each report)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.housekeeping_s / 2))
+            if time.monotonic() - self.last_read > self.housekeeping_s:
+                raise ConnectionError(f"nothing read for {self.housekeeping_s:.0f} s")
+
     async def _read_loop(self) -> None:
         pending = b""
         while True:
-            try:
-                data = await asyncio.wait_for(self.reader.read(READ_CHUNK), self.housekeeping_s)
-            except asyncio.TimeoutError:
-                raise ConnectionError(f"nothing read for {self.housekeeping_s:.0f} s") from None
+            data = await self.reader.read(READ_CHUNK)
             if not data:
                 raise ConnectionError("closed by the slave")
+            self.last_read = time.monotonic()
             buf = pending + data
             value, used = protocol.last_report(buf)       # ProtocolError on a negative offset: closed
             pending = buf[used:]
@@ -204,13 +212,18 @@ class HAConnection:
             self.on_idle()
             if self.diverged is None and nxt < cl.get_max_offset() and cl.get_data(nxt, 1):
                 continue            # appended after the read above, before on_idle: no wake-up for it
-            try:
-                await asyncio.wait_for(self.wake.wait(), 0.1)
-            except asyncio.TimeoutError:
-                pass
+            timer = asyncio.get_running_loop().call_later(0.1, self.wake.set)     # (no wait_for: no task)
+            await self.wake.wait()
+            timer.cancel()
 
     async def _drain(self) -> None:
-        """What was written leaves within haHousekeepingInterval, or the slave is not reading: closed."""
+        """What was written leaves within haHousekeepingInterval, or the slave is not reading: closed. (The
+        common case, everything already with the kernel, costs no timer.)"""
+        t = self.writer.transport
+        if t.is_closing():
+            raise ConnectionError("closed")
+        if not t.get_write_buffer_size():
+            return
         try:
             await asyncio.wait_for(self.writer.drain(), self.housekeeping_s)
         except asyncio.TimeoutError:

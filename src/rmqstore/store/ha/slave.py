@@ -156,14 +156,32 @@ class HAClient:
         junction = bytearray() if end > 0 else None     # the first bytes after `end`, until checked
         self.connected, self.connected_since = True, time.time()
         log.info("HA: connected to master %s; this log ends at %d, checking it from %d", addr, end, verified)
-        last_report = time.monotonic()
+        last_report = self.last_read = time.monotonic()
+        stale: list[bool] = []
+        watch = asyncio.ensure_future(self._housekeeping(writer, stale))
+        try:
+            await self._stream(reader, writer, addr, end, verified, decoder, junction, last_report, stale)
+        finally:
+            watch.cancel()
+
+    async def _housekeeping(self, writer: asyncio.StreamWriter, stale: list) -> None:
+        """Nothing from the master for haHousekeepingInterval: the connection is closed (one timer for the
+        connection's life, not a wait_for per read: each read is on a SYNC_MASTER put's path)."""
         while True:
-            try:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK), self.housekeeping_s)
-            except asyncio.TimeoutError:
-                raise ConnectionError(f"nothing from the master for {self.housekeeping_s:.0f} s") from None
+            await asyncio.sleep(min(1.0, self.housekeeping_s / 2))
+            if time.monotonic() - self.last_read > self.housekeeping_s:
+                stale.append(True)
+                writer.close()
+                return
+
+    async def _stream(self, reader, writer, addr: str, end: int, verified: int, decoder, junction,
+                      last_report: float, stale: list) -> None:
+        cl = self.cl
+        while True:
+            data = await reader.read(READ_CHUNK)
             if not data:
-                raise ConnectionError("closed by the master")
+                raise ConnectionError(f"nothing from the master for {self.housekeeping_s:.0f} s" if stale
+                                      else "closed by the master")
             self.last_read = time.monotonic()
             appended = False
             for f in decoder.feed(data):
