@@ -223,6 +223,7 @@ class HAConnection:
         if t.is_closing():
             raise ConnectionError("closed")
         if not t.get_write_buffer_size():
+            await asyncio.sleep(0)      # the report reader's turn between chunks of a long catch-up
             return
         try:
             await asyncio.wait_for(self.writer.drain(), self.housekeeping_s)
