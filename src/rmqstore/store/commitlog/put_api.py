@@ -59,11 +59,9 @@ class StorePutAPI:
         ha = self.ha
         if ha is not None:
             ha.notify()                     # first: a SYNC_MASTER's answer waits for the slave, not the dispatch
-            self.dispatcher.wakeup()
-            if wait_slave and ha.sync_master:
-                return self._replicated([result], [msg])[0]
-            return result
         self.dispatcher.wakeup()
+        if ha is not None and wait_slave and ha.sync_master:
+            return self._replicated([result], [msg])[0]
         return result
 
     def put_messages(self, msgs: Iterable[Message] | MessageBatch, *, run_hooks: bool = True,
