@@ -56,6 +56,7 @@ class HAClient:
         self.connected = False
         self.connected_since = 0.0
         self.last_read = 0.0
+        self._stale = False             # the housekeeping timer closed the connection
         self.reported = -1
         self.received_bytes = 0
         self.diverged: str | None = None
@@ -100,6 +101,8 @@ class HAClient:
                 continue
             self._writer = writer
             pause = 1.0
+            self.last_read, self._stale = time.monotonic(), False
+            watch = asyncio.ensure_future(self._housekeeping(writer))
             try:
                 await self._session(reader, writer, addr)
             except Diverged as e:
@@ -116,6 +119,7 @@ class HAClient:
             except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
                 self._note(f"connection to master {addr} lost: {e or type(e).__name__}")
             finally:
+                watch.cancel()
                 self.connected = False
                 self._writer = None
                 writer.close()
@@ -156,31 +160,11 @@ class HAClient:
         junction = bytearray() if end > 0 else None     # the first bytes after `end`, until checked
         self.connected, self.connected_since = True, time.time()
         log.info("HA: connected to master %s; this log ends at %d, checking it from %d", addr, end, verified)
-        last_report = self.last_read = time.monotonic()
-        stale: list[bool] = []
-        watch = asyncio.ensure_future(self._housekeeping(writer, stale))
-        try:
-            await self._stream(reader, writer, addr, end, verified, decoder, junction, last_report, stale)
-        finally:
-            watch.cancel()
-
-    async def _housekeeping(self, writer: asyncio.StreamWriter, stale: list) -> None:
-        """Nothing from the master for haHousekeepingInterval: the connection is closed (one timer for the
-        connection's life, not a wait_for per read: each read is on a SYNC_MASTER put's path)."""
-        while True:
-            await asyncio.sleep(min(1.0, self.housekeeping_s / 2))
-            if time.monotonic() - self.last_read > self.housekeeping_s:
-                stale.append(True)
-                writer.close()
-                return
-
-    async def _stream(self, reader, writer, addr: str, end: int, verified: int, decoder, junction,
-                      last_report: float, stale: list) -> None:
-        cl = self.cl
+        last_report = time.monotonic()
         while True:
             data = await reader.read(READ_CHUNK)
             if not data:
-                raise ConnectionError(f"nothing from the master for {self.housekeeping_s:.0f} s" if stale
+                raise ConnectionError(f"nothing from the master for {self.housekeeping_s:.0f} s" if self._stale
                                       else "closed by the master")
             self.last_read = time.monotonic()
             appended = False
@@ -234,6 +218,16 @@ class HAClient:
                 self._report(writer, verified if verified < end else cl.get_max_offset())
                 last_report = time.monotonic()
             await writer.drain()
+
+    async def _housekeeping(self, writer: asyncio.StreamWriter) -> None:
+        """Nothing from the master for haHousekeepingInterval: the connection is closed (one timer for the
+        connection's life, not a wait_for per read: each read is on a SYNC_MASTER put's path)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.housekeeping_s / 2))
+            if time.monotonic() - self.last_read > self.housekeeping_s:
+                self._stale = True
+                writer.close()
+                return
 
     def _heartbeat(self, offset: int, expected: int, end: int, addr: str) -> None:
         """A heartbeat names where the master's stream stands: where this slave asked (RocketMQ's, and
