@@ -229,6 +229,21 @@ def test_dispatch_parse_backends_agree(small_batches, cl, at_read_end):
             assert r.tags_code == (codec.java_string_hash(tags) if tags else 0)
 
 
+def test_dispatch_parse_reads_a_value_holding_the_pair_separator_as_the_decoder_does():
+    """A property value with a \\x01 in it (hostile bytes, found by the test above): the dispatch parse takes
+    the value up to the next pair, as codec.decode_fields does, and the tags code and keys agree."""
+    props = {"KEYS": "", "TAGS": "v\x01", "UNIQ_KEY": "u\x01w"}
+    one = codec.encode_record(queue_id=0, flag=0, queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=1,
+                              born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5", reconsume_times=0,
+                              prepared_transaction_offset=0, body=b"x", topic="T", properties=props)
+    want = codec.decode_fields(one, 0).properties
+    assert want == props
+    for parse in (scanner.parse_dispatch, scanner.parse_dispatch_scalar):
+        batch = parse(one, 0, True, None)[0]
+        (r,) = batch if isinstance(batch, list) else batch.requests()
+        assert (r.tags_code, r.keys, r.uniq_key) == (codec.java_string_hash("v\x01"), None, "u\x01w")
+
+
 def test_dispatch_parse_stops_inside_a_record_for_more():
     one = codec.encode_record(queue_id=0, flag=0, queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=1,
                               born_host="1.2.3.4:5", store_timestamp=2, store_host="1.2.3.4:5", reconsume_times=0,

@@ -661,7 +661,9 @@ def record_columns(buf, base: int, pos, limit: int | None = None, unit_size=None
 
 
 # --- the batched dispatch parse ---------------------------------------------------------------------------
-_STORE_PROPS_RE = re.compile(rb"(?:^|(?<=\x02))(TAGS|KEYS|UNIQ_KEY|DELAY)\x01([^\x01\x02]*)(?=\x02|$)")
+# a pair: the name after the record's start or a \x02, the value up to the next \x02 (\x01s in it included, as
+# codec.string_to_properties splits a pair at its first \x01)
+_STORE_PROPS_RE = re.compile(rb"(?:^|(?<=\x02))(TAGS|KEYS|UNIQ_KEY|DELAY)\x01([^\x02]*)")
 _topic_cache: dict[bytes, str] = {}
 _VECTOR_MIN_RECORDS = 64
 
