@@ -224,3 +224,25 @@ def test_prepared_and_rolled_back_records_take_no_queue_offset(tmp_path):
             assert (r.append_result.wrote_offset in found) == (f != codec.TRANSACTION_ROLLBACK_TYPE)
     finally:
         _close(d)
+
+
+def test_a_few_records_out_of_their_queues_sequence_get_no_unit(tmp_path):
+    """put_requests (a put of a few records) decides the common case without numpy: a record in the middle
+    of a small batch whose QUEUEOFFSET is out of sequence still gets no unit and is told, and the batch's
+    other records get theirs; a lone record continuing the queue gets its unit."""
+    from rmqstore.store.consumequeue.dispatch import fill_queue, put_requests
+    table = ConsumeQueueTable(tmp_path / "consumequeue", 20 * 1000)
+
+    def req(claim: int, offset: int) -> codec.DispatchRequest:
+        return codec.DispatchRequest("T", 0, offset, 100, 0, 1, claim, None, None, 0, 0, {})
+    told = []
+
+    def put(reqs):
+        return put_requests(table.find_or_create, reqs, lambda cq, upto, _off: fill_queue(cq, upto), None,
+                            lambda cq, off, size, claim: told.append((off, claim)))
+    assert put([req(i, 100 * i) for i in range(5)]) == [("T", 0, 5)]
+    assert put([req(5, 500), req(99, 600), req(6, 700)]) == [("T", 0, 7)]
+    assert put([req(7, 800)]) == [("T", 0, 8)]
+    cq = table.find("T", 0)
+    assert [cq.get_unit(i)[0] for i in range(8)] == [0, 100, 200, 300, 400, 500, 700, 800]
+    assert told == [(600, 99)]
