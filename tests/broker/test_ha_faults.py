@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import os
 import signal
@@ -164,8 +165,20 @@ def test_slave_sigkill_downtime_and_damage_then_resumes_byte_equal(cluster, tmp_
 
 
 def test_frozen_slave_gives_flush_slave_timeout_and_others_are_not_serialised(cluster):
+    rocketmq = pytest.importorskip("rocketmq")
+    from rocketmq.grpc_protocol import Code
     ns, m, s = cluster("SYNC_MASTER", syncFlushTimeout=2000)
-    with Producer("ha_pg3", ns.addr, retry_times_when_send_failed=0, send_msg_timeout=10.0) as p:
+    g = rocketmq.Producer(rocketmq.ClientConfiguration(m.grpc_addr, rocketmq.Credentials(), request_timeout=10),
+                          ("HaT",))
+    g.startup()
+
+    def grpc_send(body: bytes):
+        msg = rocketmq.Message()
+        msg.topic, msg.body = "HaT", body
+        return g.send(msg)
+    with contextlib.closing(_Shutdown(g)), Producer("ha_pg3", ns.addr, retry_times_when_send_failed=0,
+                                                    send_msg_timeout=10.0) as p:
+        assert grpc_send(b"before, 5.x").message_id           # the gRPC send answers once the slave holds it
         assert p.send(Message("HaT", b"before")).send_status is SendStatus.SEND_OK
         # what an operator sees: both brokers of the pair, each role, what the slave acknowledged
         out = run_cli("admin", "clusterList", "-n", ns.addr).stdout.decode()
@@ -189,9 +202,18 @@ def test_frozen_slave_gives_flush_slave_timeout_and_others_are_not_serialised(cl
                 t.join()
             # eight waits of 2 s each, side by side: not 16 s one after the other (RocketMQ's send thread)
             assert got == [SendStatus.FLUSH_SLAVE_TIMEOUT] * 8 and time.monotonic() - t0 < 10
+            with pytest.raises(Exception) as e:                 # the 5.x client's send (it tries 3 times)
+                grpc_send(b"frozen, 5.x")
+            assert getattr(e.value, "code", None) == Code.SLAVE_PERSISTENCE_TIMEOUT, e.value
         finally:
             os.kill(s.proc.pid, signal.SIGCONT)
         wait_for(lambda: p.send(Message("HaT", b"after")).send_status is SendStatus.SEND_OK, 30, "SEND_OK again")
+
+
+class _Shutdown:
+    """contextlib.closing for the 5.x client's shutdown()."""
+    def __init__(self, client):
+        self.close = client.shutdown
 
 
 def test_a_5x_client_reads_from_the_slave_over_grpc(cluster):

@@ -80,6 +80,7 @@ class BrokerServer:
             store = MessageStore(self.store_path, cfg)
             if self.acl is not None:     # the HA port admits only peers of globalWhiteRemoteAddresses
                 store.ha_accept = self.acl.trusted_peer
+            store.ha_loop = self.loop    # a master's HA port on this loop: a SYNC_MASTER send's round trip in one thread
             await self.loop.run_in_executor(None, store.start)
             self.store = store
         try:

@@ -20,7 +20,7 @@ from ..remoting.codes import PROPERTY_TRANSACTION_PREPARED, ResponseCode
 from ..remoting.command import RemotingCommand
 from ..store.format import codec
 from ..store.format.message import Message, PutMessageResult, PutMessageResults, PutMessageStatus
-from ..store.ha.transfer import wants_of
+from ..store.ha.transfer import answer_on, wants_of
 from ..store.format.message_batch import COLUMNAR_MIN, MessageBatch
 from .context import BrokerContext
 from .net import Channel
@@ -168,8 +168,7 @@ class PutQueue:
         if ha is None or not ha.sync_master:
             self._deliver(puts, results, qids)
             return
-        loop = self.ctx.loop
-        ha.when_replicated(results, lambda r: loop.call_soon_threadsafe(self._deliver, puts, r, qids),
+        ha.when_replicated(results, answer_on(self.ctx.loop, lambda r: self._deliver(puts, r, qids)),
                            wants_of(payload))
 
     def flush_all(self) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..messaging.pop import AckResult, InvalidReceiptHandle, PopService, ReceiptHandle
 from ..messaging.topic_config import PERM_READ, PERM_WRITE
 from ..store.format import codec
-from ..store.ha.transfer import wants_of
+from ..store.ha.transfer import answer_on, wants_of
 from ..store.format.message import PutMessageStatus
 from .arrivals import Arrivals
 from .convert import BadMessageError, from_protocol, message_id_of, peer_address, to_protocol
@@ -124,8 +124,7 @@ class MessagingService(service_grpc.MessagingServiceServicer):
         if ha is None or not ha.sync_master:
             return results
         fut = self.loop.create_future()
-        loop = self.loop
-        ha.when_replicated(results, lambda r: loop.call_soon_threadsafe(_settle, fut, r), wants_of(msgs))
+        ha.when_replicated(results, answer_on(self.loop, lambda r: _settle(fut, r)), wants_of(msgs))
         return await fut
 
     # --- route, heartbeat, telemetry ---------------------------------------------------------------

@@ -75,6 +75,7 @@ class MessageStore(StorePutAPI, StoreReadAPI):
         self.group_commit = None          # flush.GroupCommitService under SYNC_FLUSH, once started
         self.ha: HAService | None = None  # replication (store/ha), once started: a SLAVE, or listening
         self.ha_accept = None             # set before start: which peers ("host:port") the HA port admits
+        self.ha_loop = None               # set before start: a running event loop a master's HA port runs on
         self.running_flags.slave = self.config.is_slave
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -159,7 +160,10 @@ class MessageStore(StorePutAPI, StoreReadAPI):
         if not (cfg.is_slave or listen_port(cfg)):
             return
         flush = self.commit_log.queue.flush if cfg.is_slave and cfg.flush_disk_type == "SYNC_FLUSH" else None
-        self.ha = HAService(self.commit_log, self.dispatcher, cfg, self.failures, flush, accept=self.ha_accept)
+        # a master's HA port on the given loop (a broker's: start() then runs in another thread); a slave's
+        # client keeps a thread of its own (its appends and flushes would hold up that loop)
+        self.ha = HAService(self.commit_log, self.dispatcher, cfg, self.failures, flush, accept=self.ha_accept,
+                            loop=None if cfg.is_slave else self.ha_loop)
         self.ha.start()
 
     def ha_status(self) -> HAStatus | None:

@@ -1,9 +1,12 @@
 """HAService: the replication service of one store, with start()/shutdown().
 
-It runs one asyncio event loop in a thread of its own ("HAService"): the HA port (HAServer, when the store
-listens for slaves), the slave's HAClient (brokerRole=SLAVE), and the expiry of SYNC_MASTER waits. The
-put path calls `notify()` after an append (cheap: one flag test unless a connection is idle) and
-`await_slave` / `when_replicated` for what a SYNC_MASTER answers.
+It runs on one asyncio event loop: the HA port (HAServer, when the store listens for slaves), the slave's
+HAClient (brokerRole=SLAVE), and the expiry of SYNC_MASTER waits. The loop is a thread of its own
+("HAService"), or a running loop it is given (`loop`: a broker's, whose sends then append, wake the
+connections' writers and are answered when the slave's report is read, all in that loop's thread: no
+thread hand-off on a SYNC_MASTER send's round trip). The put path calls `notify()` after an append (cheap:
+one flag test unless a connection is idle) and `await_slave` / `when_replicated` for what a SYNC_MASTER
+answers.
 
 A SYNC_MASTER's append wakes the connections' writers at once (a put waits for it). An ASYNC_MASTER's
 wakes them ASYNC_STREAM_DELAY later, and the appends meanwhile only find the wake-up already planned:
@@ -14,6 +17,7 @@ ASYNC_MASTER is not woken at all: its writer polls every 100 ms).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -87,7 +91,8 @@ def listen_port(config: StoreConfig) -> int:
 
 class HAService:
     def __init__(self, commit_log: CommitLog, dispatcher, config: StoreConfig, failures: FailureChannel,
-                 flush: Callable[[], None] | None = None, accept: Callable[[str], bool] | None = None):
+                 flush: Callable[[], None] | None = None, accept: Callable[[str], bool] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None):
         self.cl, self.dispatcher, self.config, self.failures = commit_log, dispatcher, config, failures
         self.role = config.role
         self.transfer = GroupTransfer(config.ha_slave_fallbehind_max, config.sync_flush_timeout)
@@ -99,7 +104,10 @@ class HAService:
         if self.client is not None:
             dispatcher.on_damage = self.client.refetch      # damage on a slave: its master has the bytes
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._host = loop               # a running loop to run on (start() is then called from another thread)
+        self._loop_thread = -1          # the ident of the thread the loop runs in
         self._thread: threading.Thread | None = None
+        self._hosted: concurrent.futures.Future | None = None
         self._idle = True               # a connection's writer may be waiting: notify() wakes it
         self._tasks: list[asyncio.Task] = []
         self._stopping: asyncio.Event | None = None
@@ -120,22 +128,34 @@ class HAService:
 
     # --- life -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the loop thread; returns once the HA port listens (an OSError naming it when it cannot)."""
+        """Start on the given loop (from another thread than the loop's: it waits for it) or in a thread of
+        its own; returns once the HA port listens (an OSError naming it when it cannot)."""
         ready = threading.Event()
         failed: list[BaseException] = []
-
-        def run() -> None:
-            loop = self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._main(ready, failed))
-            finally:
-                loop.close()
-        self._thread = threading.Thread(target=run, name="HAService", daemon=True)
-        self._thread.start()
+        if self._host is not None:
+            if self._host.is_closed() or _running_here(self._host):
+                raise RuntimeError("HAService.start() on a loop must be called from another thread than the "
+                                   "loop's, while it runs")
+            self.loop = self._host
+            self._hosted = asyncio.run_coroutine_threadsafe(self._main(ready, failed), self._host)
+            self._hosted.add_done_callback(lambda f: ready.set())       # (ended before it was ready)
+        else:
+            def run() -> None:
+                loop = self.loop = asyncio.new_event_loop()
+                asyncio.set_event_loop(loop)
+                try:
+                    loop.run_until_complete(self._main(ready, failed))
+                finally:
+                    loop.close()
+            self._thread = threading.Thread(target=run, name="HAService", daemon=True)
+            self._thread.start()
         ready.wait()
+        if self._hosted is not None and self._hosted.done() and not failed:
+            e = self._hosted.exception() if not self._hosted.cancelled() else None
+            raise RuntimeError(f"HAService did not start: {e or 'its loop stopped'}") from e
         if failed:
-            self._thread.join(5)
+            if self._thread is not None:
+                self._thread.join(5)
             e = failed[0]
             raise OSError(getattr(e, "errno", None),
                           f"HA port {self.server.host}:{self.server.port}: cannot listen: "
@@ -143,6 +163,7 @@ class HAService:
 
     async def _main(self, ready: threading.Event, failed: list) -> None:
         self._stopping = asyncio.Event()
+        self._loop_thread = threading.get_ident()
         try:
             if self.server is not None:
                 await self.server.start()
@@ -179,6 +200,13 @@ class HAService:
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
+        if self._hosted is not None:
+            if threading.get_ident() != self._loop_thread:      # (on the loop's own thread: it ends later)
+                try:
+                    self._hosted.result(10)
+                except Exception:
+                    pass
+            self._hosted = None
         self.transfer.fail_all()
 
     # --- the put path ---------------------------------------------------------------------------------
@@ -187,6 +215,9 @@ class HAService:
         an ASYNC_MASTER's a little later (module docstring)."""
         if self._idle and self.server is not None and self.server.connections:
             self._idle = False
+            if threading.get_ident() == self._loop_thread:     # a put on the loop's own thread (a broker's)
+                self._wake()
+                return
             loop = self.loop
             if loop is not None:
                 try:
@@ -210,7 +241,8 @@ class HAService:
         return with_status(results, self.transfer.wait(end))
 
     def when_replicated(self, results, done: Callable[[object], None], wants=None) -> None:
-        """await_slave without blocking: done(results) later, from the HA thread (or at once)."""
+        """await_slave without blocking: done(results) later, from the HA loop's thread (or at once, or from
+        the thread that shuts the service down)."""
         end = wait_end(results, wants)
         if not end:
             done(results)
@@ -249,6 +281,13 @@ class HAService:
             st.reported = self.client.reported
             st.diverged = self.client.diverged
         return st
+
+
+def _running_here(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def stored_status(status: PutMessageStatus) -> bool:

@@ -10,6 +10,7 @@ best one is more than haSlaveFallbehindMax behind (RocketMQ's HAService.isSlaveO
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -146,6 +147,22 @@ def _call(done: Done, status: PutMessageStatus) -> None:
         done(status)
     except Exception:       # a caller's bug must not stop the acknowledgements of others
         log.exception("a SYNC_MASTER put's callback failed")
+
+
+def answer_on(loop, fn: Callable[[object], None]) -> Callable[[object], None]:
+    """A when_replicated callback that runs fn(results) in loop's thread: at once when it is called there (a
+    broker whose loop the HA port runs on: the slave's report answers the send in the same turn), else
+    handed to the loop (call_soon_threadsafe)."""
+    def done(results) -> None:
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            fn(results)
+        else:
+            loop.call_soon_threadsafe(fn, results)
+    return done
 
 
 # --- what a put waits for ------------------------------------------------------------------------------
