@@ -652,3 +652,45 @@ def test_a_peer_silent_for_the_housekeeping_interval_is_closed_on_both_sides(pai
     finally:
         s.close()
         lsn.close()
+
+
+def test_a_master_started_on_a_running_loop_replicates_there(tmp_path):
+    """MessageStore.ha_loop (what `rmqstore serve` sets): a master's HA port runs on that loop, not in a
+    thread of its own; SYNC_MASTER puts are answered after the slave's report, from any thread; close()
+    ends it; a start called on the loop's own thread is refused (it would wait for itself)."""
+    import asyncio
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    port = free_port()
+    m = MessageStore(tmp_path / "m", master_cfg(port))
+    m.ha_loop = loop
+    s = None
+    try:
+        m.start()
+        assert m.ha.loop is loop and not any(t.name == "HAService" for t in threading.enumerate())
+        s = MessageStore.open(tmp_path / "s", slave_cfg(port))
+        wait_slave(m)
+        assert [m.put_message(Message("T", b"x%d" % i)).status for i in range(50)] == [S.PUT_OK] * 50
+        got: list = []
+        m.ha.when_replicated(m.put_messages([Message("T", b"y")], wait_slave=False), got.append)
+        wait_for(lambda: got, what="the callback")
+        assert [r.status for r in got[0]] == [S.PUT_OK]
+        wait_for(lambda: caught_up(m, s), what="the slave")
+        m.close()
+        assert not m.ha_status() and loop.is_running()
+        same_commitlog(tmp_path / "m", tmp_path / "s")
+        # started on the loop's own thread: refused with a reason, nothing left listening
+        m2 = MessageStore(tmp_path / "m2", master_cfg(free_port()))
+        m2.ha_loop = loop
+
+        async def start_here():
+            with pytest.raises(RuntimeError, match="another thread"):
+                m2.start()
+        asyncio.run_coroutine_threadsafe(start_here(), loop).result(30)
+    finally:
+        if s is not None:
+            s.close()
+        m.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
