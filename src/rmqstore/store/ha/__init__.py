@@ -42,8 +42,8 @@ What rmqstore adds within that format (RocketMQ 4.4.0 has none of it; notes/ha-r
   bytes again (slave.HAClient.refetch); a slave dispatches from whatever offset its log starts at.
 
 Modules: protocol (the format, pure), transfer (SYNC_MASTER's waits: GroupTransfer), replica_log (the
-slave's appends and checks), master (HAServer, HAConnection), slave (HAClient), service (HAService: the
-thread and loop, start()/shutdown()), role (a slave's record, config/brokerRole.json), truncate (the
+slave's appends and checks), master (HAServer, HAConnection), slave (HAClient), service (HAService: its
+loop, a thread of its own or the broker's event loop for a master, start()/shutdown()), role (a slave's record, config/brokerRole.json), truncate (the
 operator's way out). They import the commitlog and the failure
 channel, never the facade, the broker or the messaging layer.
 """
