@@ -76,6 +76,9 @@ class HAConnection:
         self.problems: dict[str, str] = {}  # the server's: host -> why its slave gets nothing
         self.wake = asyncio.Event()
         self.first = asyncio.Event()
+        self.next_offset = -1           # where the stream goes on
+        self.parked = False             # the writer waits for a wake-up (push() may write for it)
+        self.last_write = 0.0
         self.counted = False
         self.connected_at = time.time()
         self.last_read = time.monotonic()
@@ -189,32 +192,49 @@ class HAConnection:
         await self.first.wait()
         cl = self.cl
         w = self.writer
-        nxt = self.request_offset
-        if nxt == 0:
-            nxt = max(cl.get_min_offset(), 0)
-        last_write = 0.0
+        self.next_offset = self.request_offset if self.request_offset else max(cl.get_min_offset(), 0)
         while True:
-            got = cl.get_data(nxt, WRITE_CHUNK) if self.diverged is None else None
-            if got is not None and got[0]:
-                data = got[0]
-                w.writelines(protocol.encode_frames(nxt, data, self.batch))
+            if self.diverged is None and self._send():
                 await self._drain()
-                nxt += len(data)
-                self.sent_end = nxt
-                last_write = time.monotonic()
                 continue
             now = time.monotonic()
-            if now - last_write >= self.heartbeat_s:
-                w.write(protocol.encode_header(nxt if self.diverged is None else self.signal_offset, 0))
+            if now - self.last_write >= self.heartbeat_s:
+                w.write(protocol.encode_header(self.next_offset if self.diverged is None else self.signal_offset, 0))
                 await self._drain()
-                last_write = now
+                self.last_write = now
             self.wake.clear()
             self.on_idle()
-            if self.diverged is None and nxt < cl.get_max_offset() and cl.get_data(nxt, 1):
+            if self.diverged is None and self.next_offset < cl.get_max_offset() and cl.get_data(self.next_offset, 1):
                 continue            # appended after the read above, before on_idle: no wake-up for it
             timer = asyncio.get_running_loop().call_later(0.1, self.wake.set)     # (no wait_for: no task)
-            await self.wake.wait()
+            self.parked = True
+            try:
+                await self.wake.wait()
+            finally:
+                self.parked = False
             timer.cancel()
+
+    def _send(self) -> bool:
+        """Write the frames of what the log holds past next_offset (a chunk at most); False: nothing new."""
+        nxt = self.next_offset
+        got = self.cl.get_data(nxt, WRITE_CHUNK)
+        if got is None or not got[0]:
+            return False
+        data = got[0]
+        self.writer.writelines(protocol.encode_frames(nxt, data, self.batch))
+        self.next_offset = self.sent_end = nxt + len(data)
+        self.last_write = time.monotonic()
+        return True
+
+    def push(self) -> bool:
+        """On the loop's thread, right after an append (a SYNC_MASTER's put): write its frames now for the
+        parked writer, when the socket took everything before; False: the writer must be woken instead. The
+        frame leaves before the put's caller lets go of the GIL (the dispatcher thread the put woke would
+        take it), and the writer task is not woken only to do it."""
+        if not self.parked or self.diverged is not None or self.writer.transport.is_closing() \
+                or self.writer.transport.get_write_buffer_size():
+            return False
+        return self._send() and not self.writer.transport.get_write_buffer_size()
 
     async def _drain(self) -> None:
         """What was written leaves within haHousekeepingInterval, or the slave is not reading: closed. (The
@@ -286,6 +306,16 @@ class HAServer:
     def wake_all(self) -> None:
         for c in self.connections:
             c.wake.set()
+
+    def push_all(self) -> bool:
+        """HAConnection.push on every connection, waking those it cannot write for; True: every connection
+        was written for and still waits (none was woken)."""
+        pushed = True
+        for c in self.connections:
+            if not c.push():
+                c.wake.set()
+                pushed = False
+        return pushed
 
     async def stop(self) -> None:
         if self.server is not None:

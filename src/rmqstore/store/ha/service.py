@@ -227,7 +227,8 @@ class HAService:
 
     def _wake(self) -> None:
         if self.role is BrokerRole.SYNC_MASTER:
-            self.server.wake_all()
+            if self.server.push_all():      # written at once, every writer still parked: wake them next time
+                self._idle = True
         else:
             self.loop.call_later(ASYNC_STREAM_DELAY, self.server.wake_all)
 
