@@ -39,6 +39,58 @@ PROP_KEYS = {"PROP_NAMESERVER_ADDR", "PROP_THREADPOOL_CORE_SIZE", "PROP_CONSUMEO
              "PROP_CLIENT_VERSION", "PROP_CONSUMER_START_TIMESTAMP"}
 
 
+HUNG_TEST = "test_consumer_running_info_of_a_hung_or_old_client"
+
+
+class _HungClientCalls:
+    """GET_CONSUMER_RUNNING_INFO of a client too old to be asked and of a hung one (it never answers: the
+    broker waits its whole 10 s), sent from a thread with an Admin of its own, so that the other tests of the
+    module run during the wait; result() joins it."""
+
+    def __init__(self, server):
+        self.answers: dict = {}
+        self.error: BaseException | None = None
+        self.mute = _MuteConsumer(server.broker_addr, "mute_cg", "10.9.9.9@mute", 293)
+        self.old = _MuteConsumer(server.broker_addr, "old_cg", "10.9.9.9@old", 10)
+        self.thread = threading.Thread(target=self._run, args=(server,), daemon=True)
+        self.thread.start()
+
+    def _run(self, server) -> None:
+        try:
+            with Admin(server.namesrv_addr) as admin:
+                for name in ("old", "mute"):
+                    self.answers[name] = raw_request(
+                        admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                        {"consumerGroup": f"{name}_cg", "clientId": f"10.9.9.9@{name}", "jstackEnable": "false"})
+        except BaseException as e:        # handed to the test
+            self.error = e
+
+    def result(self) -> dict:
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "GET_CONSUMER_RUNNING_INFO of the hung client never answered"
+        if self.error is not None:
+            raise self.error
+        return self.answers
+
+    def close(self) -> None:
+        self.thread.join(60)
+        self.mute.close()
+        self.old.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_client_calls(request):
+    """Started with the module's first test when HUNG_TEST is to run (it is the module's last)."""
+    if not any(item.name == HUNG_TEST and item.module is request.module for item in request.session.items):
+        yield None
+        return
+    calls = _HungClientCalls(request.getfixturevalue("server"))
+    try:
+        yield calls
+    finally:
+        calls.close()
+
+
 @pytest.fixture(scope="module")
 def live_consumer(server, admin):
     """A push consumer of GROUP on TOPIC that consumed all SENT messages and committed them."""
@@ -313,26 +365,6 @@ class _MuteConsumer:
         self.sock.close()
 
 
-def test_consumer_running_info_of_a_hung_or_old_client(server, admin):
-    """callConsumer: a client that does not answer within 10 s gives CONSUME_MSG_TIMEOUT; one older than
-    V3_1_8_SNAPSHOT is not asked (SYSTEM_ERROR naming its version)."""
-    mute = _MuteConsumer(server.broker_addr, "mute_cg", "10.9.9.9@mute", 293)
-    old = _MuteConsumer(server.broker_addr, "old_cg", "10.9.9.9@old", 10)
-    try:
-        r = raw_request(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
-                 {"consumerGroup": "old_cg", "clientId": "10.9.9.9@old", "jstackEnable": "false"})
-        assert r.code == ResponseCode.SYSTEM_ERROR
-        assert r.remark.startswith("The Consumer <10.9.9.9@old> Version <") and "V3_1_8_SNAPSHOT" in r.remark
-        r = raw_request(admin, server.broker_addr, RequestCode.GET_CONSUMER_RUNNING_INFO,
-                 {"consumerGroup": "mute_cg", "clientId": "10.9.9.9@mute", "jstackEnable": "false"})
-        assert r.code == ResponseCode.CONSUME_MSG_TIMEOUT
-        assert r.remark.startswith("consumer <mute_cg> <10.9.9.9@mute> Timeout: RemotingTimeoutException: wait ")
-        assert r.remark.endswith("> timeout, 10000(ms)")
-    finally:
-        mute.close()
-        old.close()
-
-
 _DELETE_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
@@ -497,3 +529,17 @@ def test_check_sees_no_damage_in_a_deleted_then_rewritten_queue(tmp_path):
         assert s.wait_dispatched()
     rep = check_store(tmp_path, small_config(), live=False)
     assert not rep.problems and not rep.damaged, [str(p) for p in rep.problems]
+
+
+def test_consumer_running_info_of_a_hung_or_old_client(hung_client_calls):
+    """callConsumer: a client that does not answer within 10 s gives CONSUME_MSG_TIMEOUT; one older than
+    V3_1_8_SNAPSHOT is not asked (SYSTEM_ERROR naming its version). (Asked from the module's first test on:
+    hung_client_calls.)"""
+    got = hung_client_calls.result()
+    r = got["old"]
+    assert r.code == ResponseCode.SYSTEM_ERROR
+    assert r.remark.startswith("The Consumer <10.9.9.9@old> Version <") and "V3_1_8_SNAPSHOT" in r.remark
+    r = got["mute"]
+    assert r.code == ResponseCode.CONSUME_MSG_TIMEOUT
+    assert r.remark.startswith("consumer <mute_cg> <10.9.9.9@mute> Timeout: RemotingTimeoutException: wait ")
+    assert r.remark.endswith("> timeout, 10000(ms)")

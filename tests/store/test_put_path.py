@@ -264,7 +264,7 @@ def _producer_batch(draw):
     return msgs
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batches=st.lists(_producer_batch(), min_size=1, max_size=3))
 def test_columnar_batch_equals_one_by_one(batches, tmp_path_factory):
