@@ -252,6 +252,26 @@ def test_a_5x_client_reads_from_the_slave_over_grpc(cluster):
         prod.shutdown()
 
 
+def test_a_slave_started_before_its_master_links_within_seconds(tmp_path):
+    """A slave whose name server knows no master yet registers again every second (not every 30 s, the
+    broker's registration period) until it learns of one: started first, it links soon after the master."""
+    ns = NamesrvProcess().start()
+    procs = [ns]
+    try:
+        s = ServerProcess(tmp_path / "s", conf("SLAVE"), namesrv=False, namesrv_port=ns.port)
+        procs.append(s)
+        s.start()
+        with Admin(ns.addr) as admin:
+            wait_for(lambda: runtime(admin, s.broker_addr).get("haRole") == "SLAVE", what="the slave")
+            m = ServerProcess(tmp_path / "m", conf("SYNC_MASTER"), namesrv=False, namesrv_port=ns.port)
+            procs.append(m)
+            m.start()
+            wait_for(lambda: runtime(admin, m.broker_addr).get("haSlaveCount") == "1", 12, "the slave's link")
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
 def test_the_documented_pair_runs(tmp_path):
     """The pair of docs/replication.md, its commands as written (the default ports swapped for free ones), in a
     shell: the slave registers, takes the master's sends and holds them."""

@@ -28,6 +28,7 @@ from .state import SubscriptionGroupManager
 log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL = 30.0
+REGISTER_RETRY = 1.0        # while no name server took the registration, or a slave's answer named no master
 PERSIST_INTERVAL = 5.0
 SCAN_INTERVAL = 10.0
 
@@ -59,6 +60,7 @@ class BrokerServer:
         self.started = False
         self._registering = False
         self._register_again = False
+        self._register_soon = False     # register again after REGISTER_RETRY, not REGISTER_INTERVAL
         self.outer = BrokerOuterAPI()                   # requests to the name servers and the master
         self.slave_sync: SlaveSynchronize | None = None
 
@@ -193,6 +195,8 @@ class BrokerServer:
                     first = resp.ext_fields or {}
             if first is not None:
                 self._on_registered(first)
+            else:
+                self._register_soon = True      # no name server took it: again in a second, not in 30
         finally:
             self._registering = False
             if self._register_again and self.broker is not None and self.loop is not None:
@@ -201,8 +205,11 @@ class BrokerServer:
     def _on_registered(self, answer: dict) -> None:
         """A slave's master, as the (first) name server answered: the HA link's address (unless haMasterAddress
         is configured) and SlaveSynchronize's master (None while no master is registered)."""
+        self._register_soon = False
         if self.slave_sync is None:
             return
+        # a slave started before its master learns of it at its next registration: in a second, not in 30
+        self._register_soon = not answer.get("masterAddr")
         ha = self.store.ha if self.store is not None else None
         if ha is not None and answer.get("haServerAddr"):
             ha.update_master_address(answer["haServerAddr"])
@@ -231,7 +238,7 @@ class BrokerServer:
                         s.sweep_idle()
                     if self.namesrv is not None:
                         self.namesrv.route.scan_not_active()
-                if now - last_reg >= REGISTER_INTERVAL:
+                if now - last_reg >= (REGISTER_RETRY if self._register_soon else REGISTER_INTERVAL):
                     last_reg = now
                     self._register_broker()
                 if self.slave_sync is not None and self.slave_sync.due(now):
