@@ -82,6 +82,7 @@ class HAConnection:
         self.counted = False
         self.connected_at = time.time()
         self.last_read = time.monotonic()
+        self._pending = b""             # the start of a report not whole yet
         self.on_idle = lambda: None     # called before the writer waits (HAService.notify wakes it then)
 
     @property
@@ -126,17 +127,24 @@ class HAConnection:
                 raise ConnectionError(f"nothing read for {self.housekeeping_s:.0f} s")
 
     async def _read_loop(self) -> None:
-        pending = b""
+        reader = self.reader
+        if isinstance(reader, ReportReader):        # (HAServer's): each report taken as it arrives
+            await reader.attach(self.on_data)
+            return
         while True:
-            data = await self.reader.read(READ_CHUNK)
+            data = await reader.read(READ_CHUNK)
             if not data:
                 raise ConnectionError("closed by the slave")
-            self.last_read = time.monotonic()
-            buf = pending + data
-            value, used = protocol.last_report(buf)       # ProtocolError on a negative offset: closed
-            pending = buf[used:]
-            if value is not None:
-                self._on_report(value)
+            self.on_data(data)
+
+    def on_data(self, data: bytes) -> None:
+        """Bytes from the slave: its reports (the last whole one counts); ProtocolError on a negative offset."""
+        self.last_read = time.monotonic()
+        buf = self._pending + data if self._pending else data
+        value, used = protocol.last_report(buf)
+        self._pending = buf[used:]
+        if value is not None:
+            self._on_report(value)
 
     def _on_report(self, value: int) -> None:
         cl = self.cl
@@ -251,6 +259,51 @@ class HAConnection:
             raise ConnectionError(f"the slave read nothing for {self.housekeeping_s:.0f} s") from None
 
 
+class ReportReader(asyncio.StreamReader):
+    """The HA port's reader: what a slave sends is handed to its connection (HAConnection.on_data) from the
+    transport's callback, as it arrives, not queued for a task to read on a later turn of the loop: a
+    SYNC_MASTER's answer leaves in the same turn as the slave's report (and no thread of the process gets the
+    GIL in between)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__(limit=READ_CHUNK, loop=loop)
+        self._sink: Callable[[bytes], None] | None = None
+        self._early = bytearray()       # bytes before attach()
+        self._ended = loop.create_future()
+        self._ended.add_done_callback(lambda f: f.cancelled() or f.exception())   # (retrieved: not logged
+        # as never retrieved for a connection refused before it was attached)
+
+    def feed_data(self, data: bytes) -> None:
+        if self._ended.done():
+            return
+        if self._sink is None:
+            self._early += data
+            return
+        try:
+            self._sink(data)
+        except Exception as e:      # a hostile peer's bytes (ProtocolError): the connection ends
+            self._end(e)
+
+    def feed_eof(self) -> None:
+        self._end(ConnectionError("closed by the slave"))
+
+    def set_exception(self, exc) -> None:
+        self._end(exc)
+
+    def _end(self, exc: BaseException) -> None:
+        if not self._ended.done():
+            self._ended.set_exception(exc)
+
+    async def attach(self, sink: Callable[[bytes], None]) -> None:
+        """Hand every byte to sink from now on (those that came before first); returns when the peer ends the
+        connection or sink raises, with that as the exception."""
+        self._sink = sink
+        if self._early:
+            self.feed_data(bytes(self._early))
+            self._early = bytearray()
+        await self._ended
+
+
 class HAServer:
     """AcceptSocketService: the HA port; a task per connection (at most max_connections at once)."""
 
@@ -268,7 +321,10 @@ class HAServer:
         self.problems: dict[str, str] = {}      # host -> why its slave gets nothing (HAConnection._stop)
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: asyncio.StreamReaderProtocol(ReportReader(loop), self._accept, loop=loop),
+            self.host, self.port, reuse_address=True)
         sock = self.server.sockets[0]
         self.port = sock.getsockname()[1]
 
