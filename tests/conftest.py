@@ -128,6 +128,16 @@ SPARK_SQL_DEFAULTS = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.ti
                       "spark.sql.streaming.pollingDelay": "10ms"}               # Spark's default
 
 
+# sitecustomize for Spark's Python worker daemons: they fork workers with pyspark.sql, numpy, pyarrow and the
+# data source already imported (its docstring says why that is most of a failing Spark call's time here)
+WORKER_PRELOAD = REPO / "tests" / "spark_worker_preload"
+
+
+def with_worker_preload(pythonpath: str | None) -> str:
+    """pythonpath with WORKER_PRELOAD first."""
+    return os.pathsep.join(p for p in (str(WORKER_PRELOAD), pythonpath) if p)
+
+
 def local_spark(app: str, **sql_conf: str):
     """This pytest worker's one local[2] SparkSession with the rocketmq source registered: getOrCreate, never
     stopped (a JVM costs ~10 s to start and ~10 s to warm up here; the next Spark module reuses it), with
@@ -136,12 +146,22 @@ def local_spark(app: str, **sql_conf: str):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
     from rmqstore.spark import register
-    s = (SparkSession.builder.master("local[2]").appName(app)
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         # the JVM starts with the first module: C1 only and the serial collector halve its start-up CPU on
-         # 2 cores (measured); the suite's jobs are small, the code under test is Python
-         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-         .getOrCreate())
+    # the JVM (started by the first module) and so its Python worker daemons see WORKER_PRELOAD first on their
+    # PYTHONPATH; this process and its other children keep theirs
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = with_worker_preload(path)
+    try:
+        s = (SparkSession.builder.master("local[2]").appName(app)
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             # C1 only and the serial collector halve the JVM's start-up CPU on 2 cores (measured); the
+             # suite's jobs are small, the code under test is Python
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+             .getOrCreate())
+    finally:
+        if path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = path
     s.sparkContext.setLogLevel("ERROR")
     for k, v in {**SPARK_SQL_DEFAULTS, **sql_conf}.items():
         s.conf.set(k, v)

@@ -2,6 +2,7 @@
 statistics and the demo pipeline (one local SparkSession for the module)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import threading
@@ -50,8 +51,8 @@ def _msg(i: int) -> Message:
 # --- streaming ----------------------------------------------------------------------------------------
 def test_stream_exactly_once_across_restart(spark, tmp_path):
     store, ckpt, out = tmp_path / "store", str(tmp_path / "ckpt"), str(tmp_path / "out")
-    first, second = 1200, 500
-    st = MessageStore.open(store, SMALL)          # the writer: this process holds the store's lock
+    first, second = 600, 400          # ~167 a queue: 2 consume queue files each (100 units); second > 300
+    st = MessageStore.open(store, dataclasses.replace(SMALL, mapped_file_size_consume_queue=20 * 100))
     st.put_messages([_msg(i) for i in range(100)])
     assert st.wait_dispatched()
 
@@ -63,7 +64,7 @@ def test_stream_exactly_once_across_restart(spark, tmp_path):
 
     def start(trigger: dict):
         df = (spark.readStream.format("rocketmq").option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", "300").load(str(store)))      # 1700 messages: several triggers
+              .option("maxOffsetsPerTrigger", "300").load(str(store)))      # 1000 messages: 4 triggers or more
         return (df.select("topic", "queueId", "queueOffset", "msgId", "body", "properties").writeStream
                 .format("parquet").option("path", out).option("checkpointLocation", ckpt).trigger(**trigger).start())
     q = start({"processingTime": "200 milliseconds"})

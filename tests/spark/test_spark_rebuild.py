@@ -24,8 +24,9 @@ from rmqstore.store.repair.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
 from store_checks import index_parts, tree_files
 
-CONF = ("mapedFileSizeCommitLog=4194304\nmapedFileSizeConsumeQueue=120000\nmaxHashSlotNum=5000\n"
-        "maxIndexNum=40000\n")
+# 50,000 messages (make_store) in 7 commitlog files of 1 MiB, 7 consume queue files a queue, 6 index files
+CONF = ("mapedFileSizeCommitLog=1048576\nmapedFileSizeConsumeQueue=20000\nmaxHashSlotNum=5000\n"
+        "maxIndexNum=10000\n")
 
 
 def make_store(path: Path, cfg: StoreConfig, n: int) -> None:
@@ -67,7 +68,7 @@ def test_killed_rebuild_leaves_store_then_rebuild_with_small_driver(tmp_path):
     conf.write_text(CONF)
     cfg = StoreConfig.load(conf)
     store, local = tmp_path / "store", tmp_path / "local"
-    make_store(store, cfg, 100_000)
+    make_store(store, cfg, 25_000)
     shutil.copytree(store, local)
     before = {sub: tree_files(store, sub) for sub in ("consumequeue", "index")}
     assert len(before["index"]) >= 4 and len(before["consumequeue"]) >= 16
@@ -92,7 +93,7 @@ def test_killed_rebuild_leaves_store_then_rebuild_with_small_driver(tmp_path):
     p = rebuild_cli(store, conf, "--conf", "spark.driver.memory=512m", "--conf", "spark.ui.enabled=false")
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, err.decode()[-3000:]
-    assert b'"messages":200000' in out
+    assert b'"messages":50000' in out
     assert not list(store.glob(".rebuild-*"))
     rebuild_store(local, cfg)
     assert tree_files(store, "consumequeue") == tree_files(local, "consumequeue")

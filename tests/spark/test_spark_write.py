@@ -241,7 +241,7 @@ def test_stream_sink_exactly_once_across_replayed_batch(spark, tmp_path):
             time.sleep(0.2)
         q.stop()
         assert q.exception() is None
-    run_batches(start(), 3)
+    run_batches(start(), 2)
     first = committed_seqs(store)
     assert first and first == list(range(len(first)))
     # Spark crashed after the sink committed its last batch but before it recorded that in the checkpoint:
@@ -260,7 +260,7 @@ def test_stream_sink_exactly_once_across_replayed_batch(spark, tmp_path):
         commits[sink_batch].unlink()
         (ckpt / "commits" / f".{sink_batch}.crc").unlink(missing_ok=True)
     q = start()
-    run_batches(q, 3)
+    run_batches(q, 2)                               # the replayed batch and a new one
     assert min(p["batchId"] for p in q.recentProgress) == sink_batch     # replayed
     seqs = committed_seqs(store)
     assert len(seqs) > len(first)
@@ -593,7 +593,7 @@ def _write_fails(spark, df, store: Path) -> str:
     return str(e.value)
 
 
-BAD_ROW = 35_000    # spark.range(40_000, numPartitions=2): partition 1 holds ids 20,000.., so this is its row 15,000
+BAD_ROW = 3_500     # spark.range(4_000, numPartitions=2): partition 1 holds ids 2,000.., so this is its row 1,500
 BAD_ROWS = {        # a column whose value at BAD_ROW breaks a rule, and the message's text after the place
     "key with a space":
         ("keys", "case when id = {b} then array('k', 'a b') else array(concat('k', cast(id as string))) end",
@@ -608,21 +608,22 @@ BAD_ROWS = {        # a column whose value at BAD_ROW breaks a rule, and the mes
 
 @pytest.mark.parametrize("case", sorted(BAD_ROWS))
 def test_a_refused_row_is_named_by_its_partition_and_its_index_in_it(spark, tmp_path, case):
-    """A partition of more rows than an Arrow batch (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000): the
-    refused row is named by its Spark partition and its index in that partition, rows of the partition's
-    earlier batches counted (found by an outside test: its index in its Arrow batch was given, "row 5000")."""
+    """A partition of more rows than an Arrow batch (spark.sql.execution.arrow.maxRecordsPerBatch, 1,000 here,
+    10,000 by default): the refused row is named by its Spark partition and its index in that partition, rows
+    of the partition's earlier batches counted (found by an outside test: its index in its Arrow batch was
+    given, "row 5000" of 10,000-row batches)."""
     column, expr, what = BAD_ROWS[case]
-    df = spark.range(40_000, numPartitions=2).selectExpr(
+    df = spark.range(4_000, numPartitions=2).selectExpr(
         "'T' as topic", "cast(cast(id as string) as binary) as body", f"{expr.format(b=BAD_ROW)} as {column}")
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
     before = spark.conf.get(key, None)
-    spark.conf.set(key, "10000")            # so the bad row is in the partition's second batch
+    spark.conf.set(key, "1000")             # so the bad row is in the partition's second batch
     try:
         msg = _write_fails(spark, df, tmp_path / "s")
     finally:
         spark.conf.set(key, before) if before is not None else spark.conf.unset(key)
-    assert f"partition 1, row 15000: {what}" in msg, msg[-2000:]
-    assert "row 5000" not in msg
+    assert f"partition 1, row 1500: {what}" in msg, msg[-2000:]
+    assert "row 500:" not in msg
     assert not (tmp_path / "s").exists()        # the aborted write removed the store it made
 
 
