@@ -44,8 +44,8 @@ install: $(VENV)/.stamp-spark,test,bench,grpc,docs
 # Two workers (pytest-xdist), a test module per worker at a time: the suite's Spark sessions, child
 # processes and tmpfs mounts stay within their module; the longest modules start first (tests/conftest.py
 # MODULE_SECONDS; --no-loadscope-reorder keeps that order). PYTEST_ARGS='-n 0' runs it in one process.
-# 11 to 13 minutes on a quiet 2-core machine, 12 to 14 from a fresh clone (install included: 12m08s and 13m41s
-# measured, pytest 10m53s and 12m40s; the second run's cores a third slower by the bench's CPU calibration). It needs the golden stores RocketMQ 4.4.0 wrote: $RMQSTORE_GOLDEN, by default ../shared/golden
+# 11 to 13 minutes on a quiet 2-core machine, 12 to 14 from a fresh clone (install included: 12m08s, 13m41s and
+# 12m52s measured, pytest 10m53s, 12m40s and 11m46s, as the cores' speed went). It needs the golden stores RocketMQ 4.4.0 wrote: $RMQSTORE_GOLDEN, by default ../shared/golden
 # beside the repository.
 RMQSTORE_GOLDEN ?= $(abspath ../shared/golden)
 export RMQSTORE_GOLDEN
