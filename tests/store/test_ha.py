@@ -679,6 +679,13 @@ def test_a_master_started_on_a_running_loop_replicates_there(tmp_path):
         m.ha.when_replicated(m.put_messages([Message("T", b"y")], wait_slave=False), got.append)
         wait_for(lambda: got, what="the callback")
         assert [r.status for r in got[0]] == [S.PUT_OK]
+        # a put that waits for the slave, made on the loop itself: it cannot wait there (the loop reads the
+        # slave's reports): answered at once, never PUT_OK before the slave acknowledged
+        async def put_on_loop():
+            t = time.monotonic()
+            return m.put_message(Message("T", b"on the loop")).status, time.monotonic() - t
+        status, took = asyncio.run_coroutine_threadsafe(put_on_loop(), loop).result(30)
+        assert status in (S.PUT_OK, S.FLUSH_SLAVE_TIMEOUT) and took < 2.0, (status, took)
         wait_for(lambda: caught_up(m, s), what="the slave")
         m.close()
         assert not m.ha_status() and loop.is_running()

@@ -353,7 +353,8 @@ class SendMessageProcessor:
                 ctx.stats.on_send_back(group, msg.topic)
                 return req.make_response(ResponseCode.SUCCESS)
             return req.make_response(ResponseCode.SYSTEM_ERROR, r.status.value)
-        if ctx.sync_flush:
+        ha = ctx.store.ha
+        if ctx.sync_flush or (ha is not None and ha.sync_master):     # the put waits (a flush, a slave): off the loop
             return ctx.in_executor(run, answer)
         return answer(run())
 

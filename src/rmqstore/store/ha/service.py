@@ -239,6 +239,13 @@ class HAService:
         if not end:
             return results
         self.notify()
+        if threading.get_ident() == self._loop_thread:
+            # on the loop that reads the slave's reports (a broker's): waiting here would stall it and every
+            # connection on it; the answer is what holds now, FLUSH_SLAVE_TIMEOUT (stored on this master, not
+            # acknowledged yet) unless already decided. The broker puts that wait do so off the loop.
+            got: list = []
+            self.transfer.when_acked(end, got.append)
+            return with_status(results, got[0] if got else PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
         return with_status(results, self.transfer.wait(end))
 
     def when_replicated(self, results, done: Callable[[object], None], wants=None) -> None:
