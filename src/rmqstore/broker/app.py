@@ -205,11 +205,10 @@ class BrokerServer:
     def _on_registered(self, answer: dict) -> None:
         """A slave's master, as the (first) name server answered: the HA link's address (unless haMasterAddress
         is configured) and SlaveSynchronize's master (None while no master is registered)."""
-        self._register_soon = False
+        # a slave started before its master learns of it at its next registration: in a second, not in 30
+        self._register_soon = self.slave_sync is not None and not answer.get("masterAddr")
         if self.slave_sync is None:
             return
-        # a slave started before its master learns of it at its next registration: in a second, not in 30
-        self._register_soon = not answer.get("masterAddr")
         ha = self.store.ha if self.store is not None else None
         if ha is not None and answer.get("haServerAddr"):
             ha.update_master_address(answer["haServerAddr"])

@@ -655,7 +655,7 @@ def _in_sequence_few(cq, units: list, bad_claim: BadClaim | None) -> np.ndarray 
         return None
     end = cq.get_max_offset_in_queue()
     claim = units[built][3]
-    if claim == end and claim == (end if mpo >= 0 else 0) and \
+    if claim == end and (mpo >= 0 or end == 0) and \
             all(units[i][3] == claim + i - built for i in range(built + 1, len(units))):
         return None         # in sequence (claims_out_of_sequence), and the last unit continued (_judge_last_unit)
     return _in_sequence(cq, *(np.array([u[k] for u in units], dtype=np.int64) for k in (0, 1, 3)), bad_claim)

@@ -8,7 +8,8 @@ thread hand-off on a SYNC_MASTER send's round trip). The put path calls `notify(
 one flag test unless a connection is idle) and `await_slave` / `when_replicated` for what a SYNC_MASTER
 answers.
 
-A SYNC_MASTER's append wakes the connections' writers at once (a put waits for it). An ASYNC_MASTER's
+A SYNC_MASTER's append is written to its slaves at once, from the put itself where a connection's writer is
+parked (HAConnection.push), else by waking the writer (a put waits for it). An ASYNC_MASTER's
 wakes them ASYNC_STREAM_DELAY later, and the appends meanwhile only find the wake-up already planned:
 under a steady stream of small puts the slave gets a frame of many records every few milliseconds instead
 of a frame, a write and a report per record, which costs both processes CPU that the puts need (RocketMQ's
