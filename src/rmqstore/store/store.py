@@ -371,6 +371,9 @@ class MessageStore(StorePutAPI, StoreReadAPI):
         from .check.check import check_store
         from .check.check_files import repair_config
         self._check_open()
+        bg = self.service(background_check.NAME)
+        if bg is not None:      # its pass cuts and rebuilds queues it finds damaged: read them after, not during
+            bg.wait()
         self.wait_dispatched()
         report = check_store(self.path, self.config, live=True)
         if not repair or report.ok:

@@ -6,6 +6,7 @@ Shared by the parts of the check (check_commitlog, check_derived, check_files) a
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -91,8 +92,13 @@ def digit_files(d: Path, digits: int | None = 20) -> list[tuple[int, Path, int]]
     out = []
     for n in names:
         p = d / n
-        if n.isdigit() and (digits is None or len(n) == digits) and p.is_file():
-            out.append((int(n), p, p.stat().st_size))
+        if n.isdigit() and (digits is None or len(n) == digits):
+            try:
+                st = p.stat()
+            except FileNotFoundError:       # an open store's clean service removed it meanwhile
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append((int(n), p, st.st_size))
     return out
 
 
