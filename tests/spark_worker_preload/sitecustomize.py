@@ -6,14 +6,35 @@ that raised (every refused option, data-loss error or refused row a test checks)
 anew and imports pyspark.sql, numpy, pyarrow and rmqstore's data source again, about 1 s of CPU here each
 time. In such a daemon this module imports them before any fork, so a forked worker inherits them, as
 tests/cli_forkserver.py does for the CLI; what runs in the worker is unchanged. OpenBLAS is held to one
-thread so that numpy starts none in the daemon (pyarrow's jemalloc thread handles fork itself). In any other
+thread so that numpy starts none in the daemon (pyarrow's jemalloc thread handles fork itself).
+
+In every Python process Spark starts (daemons, and the streaming source runners it starts without one),
+this module also takes Spark's pyspark.zip and py4j zip off the front of sys.path when they are the ones
+inside the installed pyspark package (PyPI's PySpark: SPARK_HOME is the package itself): Python compiles
+every module it imports from a zip anew at each start (a zip holds no bytecode cache), about 1 s of CPU per
+worker process here; the same files then come from the package, with their cached bytecode. In any other
 Python process this module does nothing."""
+import os
 import sys
+
+
+def _package_zips_off_the_path() -> None:
+    for entry in [e for e in sys.path if e.endswith(".zip")]:
+        name = os.path.basename(entry)
+        lib = os.path.dirname(entry)                                # <site>/pyspark/python/lib
+        pkg = os.path.dirname(os.path.dirname(lib))                 # <site>/pyspark
+        site = os.path.dirname(pkg)
+        twin = os.path.join(site, "pyspark" if name == "pyspark.zip" else "py4j", "__init__.py")
+        if (name == "pyspark.zip" or name.startswith("py4j-")) and os.path.basename(pkg) == "pyspark" \
+                and os.path.isfile(twin) and site in sys.path:
+            sys.path.remove(entry)
+
+
+_package_zips_off_the_path()
 
 if "pyspark.daemon" in sys.orig_argv:
     def _preload() -> None:
         import importlib
-        import os
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         argv = sys.orig_argv
         worker = argv[argv.index("pyspark.daemon") + 1:][:1]        # the daemon's worker module
