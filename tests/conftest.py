@@ -128,6 +128,13 @@ SPARK_SQL_DEFAULTS = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.ti
                       "spark.sql.streaming.pollingDelay": "10ms"}               # Spark's default
 
 
+# Options of every Spark driver JVM the suite starts (local_spark, the drivers tests start as child processes,
+# the documentation's Spark blocks): C1 only and the serial collector halve a JVM's start-up CPU on 2 cores,
+# and Spark's jars (from PyPI) are not verified again class by class: 10.7 -> 9.1 s of CPU for a session's
+# start, 7.4 -> 6.7 s for its first job (measured). The suite's jobs are small; the code under test is Python.
+SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+
+
 # sitecustomize for Spark's Python worker daemons: they fork workers with pyspark.sql, numpy, pyarrow and the
 # data source already imported (its docstring says why that is most of a failing Spark call's time here)
 WORKER_PRELOAD = REPO / "tests" / "spark_worker_preload"
@@ -153,9 +160,7 @@ def local_spark(app: str, **sql_conf: str):
     try:
         s = (SparkSession.builder.master("local[2]").appName(app)
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             # C1 only and the serial collector halve the JVM's start-up CPU on 2 cores (measured); the
-             # suite's jobs are small, the code under test is Python
-             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+             .config("spark.driver.extraJavaOptions", SPARK_JVM_OPTIONS)
              .getOrCreate())
     finally:
         if path is None:
@@ -237,3 +242,13 @@ def pytest_collection_modifyitems(config, items):
     def module_seconds(item) -> int:
         return MODULE_SECONDS.get(Path(item.nodeid.split("::")[0]).stem, 1)
     items.sort(key=lambda item: -module_seconds(item))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with the Spark modules on at most two workers (spark_schedule.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from spark_schedule import SparkSessionScheduling
+    return SparkSessionScheduling(config, log)
+

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, doc_pages, doc_section
+from conftest import REPO, SPARK_JVM_OPTIONS, doc_pages, doc_section
 
 # (page, kind, code) of every fenced block, README first
 BLOCKS = [(str(page.relative_to(REPO)), lang, code) for page in doc_pages()
@@ -46,10 +46,9 @@ def _env(path_python: bool = True) -> dict:
         env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
                                       if not (Path(d) / "rmqstore").exists())
     env.setdefault("PYSPARK_PYTHON", sys.executable)
-    # The JVM of a block that starts Spark lives one small job: C1 only and the serial collector cut its
-    # start-up CPU (about 34 -> 27 s for the Spark block alone here, more beside the other test worker).
-    # An environment setting, not a change to the code as written: the JVM reads it and says so on stderr.
-    env.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    # The JVM of a block that starts Spark lives one small job (conftest.SPARK_JVM_OPTIONS): an environment
+    # setting, not a change to the code as written; the JVM reads it and says so on stderr.
+    env.setdefault("JAVA_TOOL_OPTIONS", SPARK_JVM_OPTIONS)
     return env
 
 

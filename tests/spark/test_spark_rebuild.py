@@ -22,6 +22,7 @@ from rmqstore.store.conf.config import StoreConfig
 from rmqstore.store.format.message_batch import MessageBatch
 from rmqstore.store.repair.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
+from conftest import SPARK_JVM_OPTIONS
 from store_checks import index_parts, tree_files
 
 # 50,000 messages (make_store) in 7 commitlog files of 1 MiB, 7 consume queue files a queue, 6 index files
@@ -39,9 +40,8 @@ def make_store(path: Path, cfg: StoreConfig, n: int) -> None:
         assert st.wait_dispatched(120)
 
 
-# each CLI starts its own JVM for one short job: C1 only and one GC thread halve that JVM's CPU time
-# (measured: about 30 s -> 15 s for a session start plus a small job); the rebuild's work is in Python
-JVM_OPTIONS = ("--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# each CLI starts its own JVM for one short job (conftest.SPARK_JVM_OPTIONS); the rebuild's work is in Python
+JVM_OPTIONS = ("--conf", f"spark.driver.extraJavaOptions={SPARK_JVM_OPTIONS}")
 
 
 def rebuild_cli(store: Path, conf: Path, *extra: str) -> subprocess.Popen:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import local_spark
+from conftest import SPARK_JVM_OPTIONS, local_spark
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
@@ -30,9 +30,7 @@ pytestmark = pytest.mark.spark
 
 CONF = "mapedFileSizeCommitLog=33554432\nmapedFileSizeConsumeQueue=600000\ndefaultTopicQueueNums=4\n"
 
-# for a JVM that lives one small job: C1 only and one GC thread halve its CPU time (measured: about 30 s
-# -> 15 s of JVM CPU for session start plus this write); the code under test is Python
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+JVM_OPTIONS = SPARK_JVM_OPTIONS          # the killed writer's JVM lives one small job
 
 # A plain session, as a user's script makes it, run by this interpreter with no PYSPARK_PYTHON and a `python3`
 # first on its PATH that cannot be a Python worker (start_killed_writer): register() must give the source's
