@@ -117,6 +117,7 @@ def has_records(store: Path) -> bool:
 
 
 GATE_DIR = Path(__file__).resolve().parents[1] / "spark_kill_gate"
+KILLED_CHUNK = 512          # the killed writer's chunks (transaction.CHUNK is 4096): the same cuts, fewer rows
 
 
 def start_killed_writer(stores: dict, n: int, write_id: str) -> tuple:
@@ -132,7 +133,8 @@ def start_killed_writer(stores: dict, n: int, write_id: str) -> tuple:
     (fake / "python3").chmod(0o755)
     spec = ";".join(f"{phase}:{gates[phase]}:{store}" for phase, (store, _) in stores.items())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(GATE_DIR)]),
-               RMQSTORE_TEST_GATE=spec, PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
+               RMQSTORE_TEST_GATE=spec, RMQSTORE_TEST_CHUNK=str(KILLED_CHUNK),
+               PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYSPARK_PYTHON", None)
     pairs = [str(x) for store, conf in stores.values() for x in (store, conf)]
     p = subprocess.Popen([sys.executable, "-c", DRIVER, str(n), write_id, JVM_OPTIONS, *pairs], env=env,
@@ -144,7 +146,7 @@ def kill_writer(p, gates: dict, stores: dict) -> dict:
     """SIGKILL a start_killed_writer child once every write is in the middle of its phase; returns {phase: how
     many records of that phase its write had written}. The child's Python processes load
     spark_kill_gate/sitecustomize.py, which stops each append in its phase after one and a half chunks
-    (transaction.CHUNK rows each) until the kill: so the kill lands mid-phase on any machine, however fast
+    (KILLED_CHUNK rows each) until the kill: so the kill lands mid-phase on any machine, however fast
     (no race with a poll loop), and n needs only be more than two chunks."""
     try:
         deadline = time.time() + 300
@@ -178,10 +180,9 @@ def test_killed_writes_are_all_or_none_and_reruns_are_exactly_once(spark, tmp_pa
     (with its own JVM, whose start is most of the test's time) runs both side by side, each stopped in the
     middle of its phase, then is killed once."""
     from rmqstore.spark import recover_writes
-    from rmqstore.spark.transaction import CHUNK
     # more than two chunks: the kill lands after one and a half chunks of the phase (kill_writer), so
     # each phase is cut inside a chunk with whole chunks before and after, and the rollback spans 2 chunks
-    n = 2 * CHUNK + 1808
+    n = 2 * KILLED_CHUNK + 226
     stores = {}
     for phase in ("PREPARING", "COMMITTING"):
         d = tmp_path / phase

@@ -4,8 +4,15 @@ RMQSTORE_TEST_GATE="PHASE:FILE:STORE[;PHASE:FILE:STORE...]" the Spark writer's t
 (rmqstore.spark.transaction) to STORE stops in the middle of PHASE: it writes the phase's first chunk and
 half of its second one, as usual, then writes FILE (the number of that phase's records written) and sleeps
 until the test kills the driver (Spark's shutdown then ends this worker). So the kill lands mid-phase however
-fast the machine is, and the records written before it are known exactly. Without that variable: nothing."""
+fast the machine is, and the records written before it are known exactly. RMQSTORE_TEST_CHUNK=N makes the
+writer's chunks N messages (transaction.CHUNK): the phases and their cuts are the same with fewer rows.
+Without those variables: nothing. It also does what spark_worker_preload/sitecustomize.py does (Python
+finds one sitecustomize: this one)."""
 import os
+import runpy
+
+runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_worker_preload",
+                            "sitecustomize.py"))
 
 _SPEC = os.environ.get("RMQSTORE_TEST_GATE")
 
@@ -13,6 +20,7 @@ _SPEC = os.environ.get("RMQSTORE_TEST_GATE")
 def _install(spec: str) -> None:
     import time
     from rmqstore.spark import transaction as T
+    T.CHUNK = int(os.environ.get("RMQSTORE_TEST_CHUNK", T.CHUNK))
     what = {"PREPARING": "appending half messages", "COMMITTING": "appending commit records"}
     gates = {}                            # store path -> (what to stop in, gate file, state)
     for item in spec.split(";"):
