@@ -209,11 +209,12 @@ def admin(server):
         a.shutdown()
 
 
-# --- the order modules are handed to the two workers -----------------------------------------------------
+# --- the order modules are handed to the workers ---------------------------------------------------------
 # Seconds each module took in one `make test` run (two workers, a quiet 2-core machine, 2026-11-24);
 # modules not listed count as 1 s. The Makefile passes --no-loadscope-reorder, so xdist hands modules out in
-# collection order: longest first (LPT scheduling), the short ones last, and both workers finish together
-# instead of one running a long module alone at the end. Only the order changes, never what runs.
+# collection order (spark_schedule.py: the Spark modules to two of the workers): longest first (LPT
+# scheduling), the short ones last, and the workers finish together instead of one running a long module
+# alone at the end. Only the order changes, never what runs.
 MODULE_SECONDS = {
     "test_spark_write": 95, "test_spark_jobs": 72, "test_fuzz_corruption": 56, "test_readme": 55,
     "test_kill_loop": 52, "test_spark_rebuild": 41, "test_spark_read": 37, "test_grpc_proxy": 35,
@@ -251,4 +252,3 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from spark_schedule import SparkSessionScheduling
     return SparkSessionScheduling(config, log)
-
