@@ -28,6 +28,11 @@ class SparkSessionScheduling(LoadFileScheduling):
         self.spark_scopes = session_modules()
         self.spark_nodes: set = set()
 
+    def remove_node(self, node):
+        """A worker that died: another may start Spark in its place."""
+        self.spark_nodes.discard(node)
+        return super().remove_node(node)
+
     def _assign_work_unit(self, node) -> None:
         may_spark = node in self.spark_nodes or len(self.spark_nodes) < SPARK_WORKERS
         scope = next((s for s in self.workqueue if may_spark or s not in self.spark_scopes), None)
