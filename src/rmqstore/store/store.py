@@ -359,7 +359,8 @@ class MessageStore(StorePutAPI, StoreReadAPI):
     def check(self, repair: bool = False):
         """A full consistency check of this open store (rmqstore.store.check.check.check_store: every record with its
         CRC, every consume queue unit against its record, index entries, checkpoint, config files), after
-        the dispatcher caught up. Returns a check.CheckReport (`ok`, `problems`, `summary()`).
+        the background check's pass (which repairs the queues it finds damaged) and after the dispatcher
+        caught up. Returns a check.CheckReport (`ok`, `problems`, `summary()`).
 
         repair=True, on the open store: consume queues with a damaged unit are cut there and rebuilt from
         the commitlog by the dispatcher, malformed config files are quarantined (FILE.corrupt-<time>, the
