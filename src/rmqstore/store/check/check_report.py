@@ -6,10 +6,11 @@ Shared by the parts of the check (check_commitlog, check_derived, check_files) a
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from ..files import store_dir
 
 Progress = Callable[[int, int], None]       # (bytes done, bytes in all)
 
@@ -84,22 +85,11 @@ class CheckReport:
 
 
 def digit_files(d: Path, digits: int | None = 20) -> list[tuple[int, Path, int]]:
-    """(number in the name, path, size) of the files of d named by digits, in name order."""
+    """store_dir.digit_files with Path paths; [] also when d is not a directory."""
     try:
-        names = sorted(os.listdir(d))
-    except (FileNotFoundError, NotADirectoryError):
+        return [(n, Path(p), size) for n, p, size in store_dir.digit_files(str(d), digits)]
+    except NotADirectoryError:
         return []
-    out = []
-    for n in names:
-        p = d / n
-        if n.isdigit() and (digits is None or len(n) == digits):
-            try:
-                st = p.stat()
-            except FileNotFoundError:       # an open store's clean service removed it meanwhile
-                continue
-            if stat.S_ISREG(st.st_mode):
-                out.append((int(n), p, st.st_size))
-    return out
 
 
 def store_root(path: str | os.PathLike) -> Path:

@@ -1,13 +1,36 @@
 """What a store directory is, for the tools that take one: the names that mark it, and the one-line reason
 a path is not one (with the store it holds in a `store/` folder, the layout of RocketMQ's storePathRootDir
-copies and of the golden sets). Looks only: creates and changes nothing."""
+copies and of the golden sets), and the files of a store folder named by digits (digit_files). Looks only:
+creates and changes nothing."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 MARKERS = ("commitlog", "consumequeue", "checkpoint")             # a store that holds data has one of these
 ENTRIES = frozenset({*MARKERS, "index", "abort", "lock", "config"})   # any of these: a store being made
+
+
+def digit_files(d: str, digits: int | None = 20) -> list[tuple[int, str, int]]:
+    """(the number in the name, path, size) of the regular files of directory d named by `digits` digits (any
+    number of them: None), in name order; [] when d does not exist. A file removed between the listing and its
+    stat (an open store's clean service, a repair) is left out."""
+    try:
+        names = sorted(os.listdir(d))
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if n.isdigit() and (digits is None or len(n) == digits):
+            p = os.path.join(d, n)
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append((int(n), p, st.st_size))
+    return out
 
 
 def is_store(path: str | os.PathLike) -> bool:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import store_fs
+from ..files import store_dir, store_fs
 from ..format import codec, scanner
 from ..conf.config import StoreConfig
 from ..consumequeue.consume_queue import search_by_time
@@ -55,25 +55,6 @@ MAX_TIME = 2 ** 63 - 1
 
 
 # --- files ------------------------------------------------------------------------------------------
-def _digit_files(d: str, digits: int | None = 20) -> list[tuple[int, str, int]]:
-    """(offset from the name, path, size) of the files of d named by digits, in name order."""
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return []
-    out = []
-    for n in sorted(names):
-        if n.isdigit() and (digits is None or len(n) == digits):
-            p = os.path.join(d, n)
-            try:
-                st = os.stat(p)
-            except FileNotFoundError:
-                continue
-            if os.path.isfile(p):
-                out.append((int(n), p, st.st_size))
-    return out
-
-
 # read-only mappings live with the other mappings (rmqstore.store.files.mapped_file); the names stay importable here
 _FLOCK = struct.Struct("hhqqi4x")
 
@@ -322,7 +303,7 @@ class StoreView:
 
 
 def _cl_files(cdir: str) -> list[CLFile]:
-    return [CLFile(b, p, s) for b, p, s in _digit_files(cdir)]
+    return [CLFile(b, p, s) for b, p, s in store_dir.digit_files(cdir)]
 
 
 
@@ -441,7 +422,7 @@ def _geometry_from_files(root: str, config: StoreConfig, cl_sizes: list[int],
     cq_root = os.path.join(root, "consumequeue")
     for t, qids in (list_topics(root).items() if cq_sizes is None else ()):
         for q in qids:
-            for _, _, size in _digit_files(os.path.join(cq_root, t, str(q))):
+            for _, _, size in store_dir.digit_files(os.path.join(cq_root, t, str(q))):
                 cq_max = max(cq_max, size)
     if cq_max and cq_max % UNIT == 0:
         changes["mapped_file_size_consume_queue"] = cq_max
@@ -507,7 +488,7 @@ def _fill_view(view: StoreView, rec: RecoveredStore, topics: set[str] | None) ->
         qp = planned.get(key)
         d = os.path.join(view.root, "consumequeue", cq.topic, str(cq.queue_id))
         lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
-        disk = _digit_files(d)[:qp.files_kept] if qp is not None else []
+        disk = store_dir.digit_files(d)[:qp.files_kept] if qp is not None else []
         disk_end = min(qp.end // UNIT, hi) if qp is not None and disk else lo
         t = cq.units(disk_end, hi)
         tail = np.stack([t["offset"].astype(np.int64), t["size"].astype(np.int64)], axis=1) if len(t) \
@@ -530,7 +511,7 @@ def _dropped_units(d: str, end: int) -> np.ndarray:
     up to the first unwritten one (a file is written from its start: preallocated zeros after), read in
     blocks growing from one unit (most queues have none: one 20-byte read)."""
     out = [np.empty((0, 2), dtype=np.int64)]
-    for base, path, size in _digit_files(d):
+    for base, path, size in store_dir.digit_files(d):
         pos, stop, block = max(end, base), base + size - size % UNIT, 1
         while pos < stop:
             arr = np.fromfile(path, dtype=CQ_NP, count=min(block, (stop - pos) // UNIT), offset=pos - base)
@@ -600,7 +581,7 @@ def _still_written(path: str, size: int, known: QueueView | None, fs: RemoteStor
 
 def _live_queue(topic: str, qid: int, d: str, cq_size: int, cl_min: int, fs: RemoteStore | None = None,
                 files: list | None = None, known: QueueView | None = None) -> QueueView | None:
-    files = _digit_files(d) if files is None else files
+    files = store_dir.digit_files(d) if files is None else files
     if not files:
         return None
     per = max(cq_size // UNIT, 1)
