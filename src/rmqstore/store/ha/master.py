@@ -127,15 +127,7 @@ class HAConnection:
                 raise ConnectionError(f"nothing read for {self.housekeeping_s:.0f} s")
 
     async def _read_loop(self) -> None:
-        reader = self.reader
-        if isinstance(reader, ReportReader):        # (HAServer's): each report taken as it arrives
-            await reader.attach(self.on_data)
-            return
-        while True:
-            data = await reader.read(READ_CHUNK)
-            if not data:
-                raise ConnectionError("closed by the slave")
-            self.on_data(data)
+        await self.reader.attach(self.on_data)      # (HAServer's ReportReader): each report taken as it arrives
 
     def on_data(self, data: bytes) -> None:
         """Bytes from the slave: its reports (the last whole one counts); ProtocolError on a negative offset."""
