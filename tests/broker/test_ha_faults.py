@@ -53,6 +53,13 @@ def runtime(admin: Admin, addr: str) -> dict:
         return {}
 
 
+def ha_view(ns, m) -> dict:
+    """The master's HA figures (its slaves, what each acknowledged): what a failure message shows."""
+    with Admin(ns.addr) as admin:
+        return {k: v for k, v in runtime(admin, m.broker_addr).items() if k.startswith("haSlave")
+                or k == "commitLogMaxOffset"}
+
+
 def commitlog_equal(a: Path, b: Path) -> None:
     names = sorted(os.listdir(a / "commitlog"))
     assert names
@@ -190,7 +197,8 @@ def test_frozen_slave_gives_flush_slave_timeout_and_others_are_not_serialised(cl
         os.kill(s.proc.pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
-            assert p.send(Message("HaT", b"frozen")).send_status is SendStatus.FLUSH_SLAVE_TIMEOUT
+            r = p.send(Message("HaT", b"frozen"))
+            assert r.send_status is SendStatus.FLUSH_SLAVE_TIMEOUT, (r, ha_view(ns, m))
             assert 1.8 < time.monotonic() - t0 < 10
             got: list = []
             threads = [threading.Thread(target=lambda: got.append(p.send(Message("HaT", b"c")).send_status))
