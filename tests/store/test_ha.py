@@ -119,7 +119,7 @@ def test_sync_master_answers_after_the_slave_on_every_put_path(pair, tmp_path):
         t.join()
     assert {st for st, _, _ in out} == {S.PUT_OK}
     wait_for(lambda: caught_up(m, s))
-    assert s.wait_dispatched(10)
+    assert s.wait_dispatched(10) and m.wait_dispatched(10)       # both read through their own consume queues
     for qid in range(4):
         assert [x.body for x in read_all(s, "T", qid)] == [x.body for x in read_all(m, "T", qid)]
     assert len(read_all(s, "T", 0)) > 50
