@@ -30,8 +30,6 @@ pytestmark = pytest.mark.spark
 
 CONF = "mapedFileSizeCommitLog=33554432\nmapedFileSizeConsumeQueue=600000\ndefaultTopicQueueNums=4\n"
 
-JVM_OPTIONS = SPARK_JVM_OPTIONS          # the killed writer's JVM lives one small job
-
 # A plain session, as a user's script makes it, run by this interpreter with no PYSPARK_PYTHON and a `python3`
 # first on its PATH that cannot be a Python worker (start_killed_writer): register() must give the source's
 # workers the driver's interpreter, as `.venv/bin/python script.py` needs. It runs one write per (store, conf)
@@ -137,7 +135,7 @@ def start_killed_writer(stores: dict, n: int, write_id: str) -> tuple:
                PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYSPARK_PYTHON", None)
     pairs = [str(x) for store, conf in stores.values() for x in (store, conf)]
-    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(n), write_id, JVM_OPTIONS, *pairs], env=env,
+    p = subprocess.Popen([sys.executable, "-c", DRIVER, str(n), write_id, SPARK_JVM_OPTIONS, *pairs], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     return p, gates
 
