@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.broker.process import NamesrvProcess, ServerProcess
+from rmqstore.broker.process import NamesrvProcess, ServerProcess, sigstop
 from rmqstore.client import Admin, Message, Producer, PushConsumer
 from rmqstore.client.message import ConsumeFromWhere, ConsumeStatus, SendStatus
 
@@ -194,7 +194,7 @@ def test_frozen_slave_gives_flush_slave_timeout_and_others_are_not_serialised(cl
         assert "SYNC_MASTER" in out and "haSlaveAckOffset" in out and "haSlaveBehindBytes" in out
         out = run_cli("admin", "brokerStatus", "-n", ns.addr, "-b", s.broker_addr).stdout.decode()
         assert "haConnected" in out and "true" in out
-        os.kill(s.proc.pid, signal.SIGSTOP)
+        sigstop(s.proc.pid)         # every thread stopped (the HA client's thread is not the one SIGSTOP wakes)
         try:
             t0 = time.monotonic()
             r = p.send(Message("HaT", b"frozen"))
@@ -310,3 +310,42 @@ def test_the_documented_pair_runs(tmp_path):
     finally:
         os.killpg(sh.pid, signal.SIGTERM)
         sh.wait(30)
+
+
+_ECHO_CHILD = r"""
+import socket, sys, threading, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+def echo():
+    while d := s.recv(16):
+        s.sendall(d)
+threading.Thread(target=echo, daemon=True).start()    # not the thread SIGSTOP wakes (the main one)
+time.sleep(600)
+"""
+
+
+def test_sigstop_returns_once_no_thread_runs():
+    """What the frozen-slave test relies on: after sigstop() no thread of the process answers. kill(SIGSTOP)
+    alone let a second thread (as a slave's HA client) echo in about one try of six here."""
+    import socket
+    import subprocess
+    import sys
+    with socket.create_server(("127.0.0.1", 0)) as lsn:
+        p = subprocess.Popen([sys.executable, "-c", _ECHO_CHILD, str(lsn.getsockname()[1])])
+        try:
+            c, _ = lsn.accept()
+            with c:
+                for i in range(30):
+                    c.settimeout(10)
+                    c.sendall(b"a")
+                    assert c.recv(16) == b"a"
+                    sigstop(p.pid)
+                    c.sendall(b"b")
+                    c.settimeout(0.1)
+                    with pytest.raises(socket.timeout):
+                        c.recv(16)
+                    os.kill(p.pid, signal.SIGCONT)
+                    c.settimeout(10)
+                    assert c.recv(16) == b"b"
+        finally:
+            p.kill()
+            p.wait()

@@ -47,6 +47,54 @@ def free_port(host: str = "127.0.0.1") -> int:
     return _pick_port(host, (0,))
 
 
+def sigstop(pid: int, *, group: bool = False, timeout: float = 10.0) -> None:
+    """SIGSTOP a process (or its process group) and return once every thread of it is stopped. kill()
+    returns when the signal is queued: one thread takes it and stops the others only when it next runs,
+    and on a busy machine another thread (a slave's HA client) can go on reading and answering meanwhile.
+    TimeoutError naming the pid when that takes longer than timeout; without /proc, returns at once."""
+    import os
+    import signal
+    import time
+    (os.killpg if group else os.kill)(pid, signal.SIGSTOP)
+    if not os.path.isdir("/proc/self/task"):
+        return
+    deadline = time.monotonic() + timeout
+    while not all(_threads_stopped(p) for p in (_group_members(pid) if group else (pid,))):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {'group ' if group else ''}{pid} not stopped {timeout:.0f} s after SIGSTOP")
+        time.sleep(0.002)
+
+
+def _proc_state(stat_path: str) -> tuple[str, int] | None:
+    """(state, process group) from a /proc/.../stat file; None when it is gone."""
+    try:
+        with open(stat_path, "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[0], int(fields[2])
+
+
+def _threads_stopped(pid: int) -> bool:
+    import os
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True                     # gone
+    for tid in tids:
+        st = _proc_state(f"/proc/{pid}/task/{tid}/stat")
+        if st is not None and st[0] not in "TtZX":
+            return False
+    return True
+
+
+def _group_members(pgid: int) -> list[int]:
+    import os
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()
+            and (_proc_state(f"/proc/{p}/stat") or ("", -1))[1] == pgid]
+
+
 class NamesrvProcess:
     """`rmqstore namesrv` in a child process on a free loopback port (what a master/slave pair registers
     with, so that routes outlive either broker). start() waits for its ready line."""

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from ...broker.process import sigstop
+
 HA_TIMEOUT = 900
 
 
@@ -59,10 +61,14 @@ class Proc:
                            f"{self.log.read_text(errors='replace')[-1500:]}")
 
     def signal(self, sig: int) -> None:
+        """sig to the process group; SIGSTOP returns once every thread of it is stopped."""
         if self.p.poll() is None:
             try:
-                os.killpg(self.p.pid, sig)
-            except OSError:
+                if sig == signal.SIGSTOP:
+                    sigstop(self.p.pid, group=True)
+                else:
+                    os.killpg(self.p.pid, sig)
+            except ProcessLookupError:
                 pass
 
     def stop(self, kill: bool = False) -> None:
