@@ -10,12 +10,6 @@ users nor the messaging layer until they are asked for.
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version as _version
-
-try:
-    __version__ = _version("rmqstore")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -68,7 +62,20 @@ def _register_default_extensions() -> None:
 _register_default_extensions()
 
 
+def _installed_version() -> str:
+    """The installed distribution's version: read on first use of __version__, not at import (importlib.metadata
+    and the lookup cost every process that imports rmqstore about 25 ms)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("rmqstore")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str):
+    if name == "__version__":
+        value = globals()[name] = _installed_version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rmqstore' has no attribute {name!r}")
