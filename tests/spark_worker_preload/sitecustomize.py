@@ -3,7 +3,7 @@ Spark: test_readme). Spark runs Python code in workers forked from a daemon, `py
 (one daemon per worker module: the executors' pyspark.worker and each planner of the Python data source API,
 lookup/create/plan/write/commit...). The daemon imports the worker module only after each fork, and a worker
 that raised (every refused option, data-loss error or refused row a test checks) exits: the next call forks
-anew and imports pyspark.sql, numpy, pyarrow and rmqstore's data source again, about 1 s of CPU here each
+anew and imports pyspark.sql, numpy, pyarrow, pandas and rmqstore's data source again, about 1 s of CPU here each
 time. In such a daemon this module imports them before any fork, so a forked worker inherits them, as
 tests/cli_forkserver.py does for the CLI, and freezes them (gc.freeze): a forked worker runs gc.collect()
 after each task, which otherwise walks every inherited object and so copies nearly every page of the
@@ -42,7 +42,10 @@ if "pyspark.daemon" in sys.orig_argv:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         argv = sys.orig_argv
         worker = argv[argv.index("pyspark.daemon") + 1:][:1]        # the daemon's worker module
-        for name in ("pyspark.sql", *worker, "rmqstore.spark.datasource"):
+        # and pandas for the executors' workers: pyarrow imports it there on first use (Array.take, to_numpy),
+        # 0.4 s of CPU per worker process
+        pandas = ["pandas"] if worker == ["pyspark.worker"] else []
+        for name in ("pyspark.sql", *pandas, *worker, "rmqstore.spark.datasource"):
             try:
                 importlib.import_module(name)
             except Exception:           # the worker imports it again after the fork and reports what fails
