@@ -519,3 +519,25 @@ def test_a_picked_grpc_port_taken_before_the_bind_is_picked_again(tmp_path, monk
     finally:
         holder.close()
         assert srv.stop() == 0, srv.log_tail()
+
+
+_IMPORTS = r"""
+import sys
+from rmqstore.proxy import protocol, server
+assert "rocketmq.v5" not in sys.modules, "the endpoint imported the 5.x client"
+import rocketmq
+import rocketmq.grpc_protocol
+from rocketmq import ClientConfiguration, Producer            # the package's own __init__ runs now
+assert "rocketmq.v5" in sys.modules and Producer.__module__.startswith("rocketmq.v5")
+assert rocketmq.grpc_protocol.Code is protocol.Code and "Producer" in rocketmq.__all__
+print("ok")
+"""
+
+
+def test_the_endpoint_loads_only_the_generated_protocol_and_the_client_still_imports():
+    """A broker's gRPC endpoint imports rocketmq.grpc_protocol without the package's __init__ (the whole 5.x
+    client); the same process can still use the client, with the same protocol modules."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
