@@ -25,7 +25,12 @@ class _DeferredPackage(types.ModuleType):
         if name.startswith("__") and name != "__all__":
             raise AttributeError(name)
         self.__class__ = types.ModuleType
-        self.__spec__.loader.exec_module(self)
+        try:
+            self.__spec__.loader.exec_module(self)
+        except BaseException:
+            if sys.modules.get(self.__name__) is self:       # as a failed import: not left half made
+                del sys.modules[self.__name__]
+            raise
         return getattr(self, name)
 
 
