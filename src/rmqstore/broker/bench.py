@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from .process import proc_stat_fields
+
 SCALES = {"small": 10_000, "full": 100_000}
 
 
@@ -30,9 +32,8 @@ def cpu_seconds(pid: int | None = None) -> float | None:
             import resource
             r = resource.getrusage(resource.RUSAGE_SELF)
             return r.ru_utime + r.ru_stime
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = proc_stat_fields(f"/proc/{pid}/stat")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else None
     except (OSError, ValueError, IndexError, ImportError):
         return None
 

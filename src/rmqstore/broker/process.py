@@ -65,15 +65,16 @@ def sigstop(pid: int, *, group: bool = False, timeout: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def _proc_state(stat_path: str) -> tuple[str, int] | None:
-    """(state, process group) from a /proc/.../stat file; None when it is gone."""
+def proc_stat_fields(path: str) -> list[str] | None:
+    """The fields of a /proc/PID/stat (or /proc/PID/task/TID/stat) file after the command name: the state
+    first, the process group third, utime and stime at 11 and 12; None when it cannot be read (the process
+    is gone, or there is no /proc)."""
     try:
-        with open(stat_path, "rb") as f:
+        with open(path, "rb") as f:
             stat = f.read().decode("ascii", "replace")
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return fields[0], int(fields[2])
+    return stat.rpartition(")")[2].split()
 
 
 def _threads_stopped(pid: int) -> bool:
@@ -83,8 +84,8 @@ def _threads_stopped(pid: int) -> bool:
     except OSError:
         return True                     # gone
     for tid in tids:
-        st = _proc_state(f"/proc/{pid}/task/{tid}/stat")
-        if st is not None and st[0] not in "TtZX":
+        st = proc_stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if st and st[0] not in "TtZX":
             return False
     return True
 
@@ -92,7 +93,7 @@ def _threads_stopped(pid: int) -> bool:
 def _group_members(pgid: int) -> list[int]:
     import os
     return [int(p) for p in os.listdir("/proc") if p.isdigit()
-            and (_proc_state(f"/proc/{p}/stat") or ("", -1))[1] == pgid]
+            and (proc_stat_fields(f"/proc/{p}/stat") or ["", "", ""])[2] == str(pgid)]
 
 
 class NamesrvProcess:

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from ...broker.bench import cpu_seconds
 from .common import REFERENCE_BUILD, ROCKETMQ, Table, _fmt_rate, find_reference
 
 SCALE_SIZES = (2_000_000, 20_000_000, 100_000_000)
@@ -153,27 +154,18 @@ def _rmqstore_figures(d: Path, n: int, log) -> dict:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return -1.0
-
-
 def _run_jvm(args: list[str], idle_s: float = 120) -> tuple[str, int, float]:
     """Run refbench with ARGS: (its stdout, exit code, peak RSS in MB from wait4). A JVM whose main thread
     died (its store's threads keep it alive; the reason goes to the stderr refbench discards) shows as a
     process that uses no CPU for idle_s: it is killed and RuntimeError raised."""
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    last, since = -1.0, time.monotonic()
+    last, since = None, time.monotonic()
     while True:
         pid, status, usage = os.wait4(p.pid, os.WNOHANG)
         if pid:
             break
         time.sleep(1)
-        cpu = _cpu_seconds(p.pid)
+        cpu = cpu_seconds(p.pid)
         if cpu != last:
             last, since = cpu, time.monotonic()
         elif time.monotonic() - since > idle_s:
