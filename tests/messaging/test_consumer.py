@@ -174,6 +174,40 @@ def test_offsets_resume_after_restart(tmp_path):
     assert (path / "config" / "consumerOffset.json.bak").exists()
 
 
+def test_an_older_commit_finishing_late_does_not_move_the_offset_back(tmp_path):
+    """Two consume threads of one queue finish out of order: the one that consumed offset 8 decides to commit 9,
+    the one that consumed 9 then commits 10. The offset written last must be 10 (CI once read 9 from
+    consumerOffset.json after a clean shutdown: decided under the queue's lock, written outside it)."""
+    with MessageStore.open(tmp_path / "s", cfg()) as store:
+        topic(store, "R", 1)
+        offsets = LocalBroker.of(store).offsets
+        real = offsets.commit_offset
+        older_writing, newer_writing = threading.Event(), threading.Event()
+
+        def commit_offset(group, t, queue_id, offset):
+            if t == "R" and offset == 9:        # the older commit is slow to write: the newer one gets in first,
+                older_writing.set()             # if it can
+                newer_writing.wait(1.0)
+            elif t == "R" and offset == 10:
+                newer_writing.set()
+            real(group, t, queue_id, offset)
+
+        offsets.commit_offset = commit_offset
+        c = PushConsumer(store, "late", lambda msgs: CONSUME_SUCCESS, consume_from_where=FIRST)
+        c.subscribe("R", "*")
+        with c:
+            assert wait_until(lambda: MessageQueue("R", c.broker.broker_name, 0) in c._pqs, 5)
+            pq = c._pqs[MessageQueue("R", c.broker.broker_name, 0)]
+            older = threading.Thread(target=c._commit, args=(pq, 9))
+            older.start()
+            assert older_writing.wait(5)
+            newer = threading.Thread(target=c._commit, args=(pq, 10))
+            newer.start()
+            older.join(5)
+            newer.join(5)
+            assert offsets.query_offset("late", "R", 0) == 10
+
+
 def test_rocketmq_written_offset_file_is_read(tmp_path):
     """fastjson writes Integer keys unquoted; consumption resumes from such a file."""
     path = tmp_path / "s"

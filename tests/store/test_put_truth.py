@@ -364,14 +364,20 @@ def test_a_put_appending_while_the_store_closes_is_named_and_dispatched_at_the_n
     import logging
     store = MessageStore.open(tmp_path / "s", _config())
     assert store.put_message(Message("T", b"before", queue_id=0)).ok
-    drain = store.dispatcher.wait_dispatched
+    dispatcher = store.dispatcher
+    drain = dispatcher.wait_dispatched
 
     def drained_then_a_put_lands(*a, **kw):
         ok = drain(*a, **kw)
+        # the put lands after the dispatcher's thread took its last look (else, on a busy machine, the thread
+        # may still dispatch it before it stops: a clean close, and nothing for this test to see)
+        dispatcher._stop.set()
+        dispatcher._wake.set()
+        dispatcher._thread.join(5)
         store.commit_log.put_message(Message("T", b"racing", queue_id=0), wait=False)
         return ok
 
-    store.dispatcher.wait_dispatched = drained_then_a_put_lands
+    dispatcher.wait_dispatched = drained_then_a_put_lands
     with caplog.at_level(logging.ERROR):
         store.close()
     assert any("a put appended them while the store was closing" in r.getMessage() for r in caplog.records), \

@@ -386,11 +386,11 @@ class _ConsumerBase:
         """Commit an offset for the queue (only forward, and not for a queue this instance let go)."""
         if offset < 0 or (pq.dropped and not force):
             return
-        with pq.lock:
-            if offset <= pq.committed and not force:
+        with pq.lock:   # decided and written under one lock: two consume threads finishing out of order
+            if offset <= pq.committed and not force:    # would otherwise write 10, then an older 9 over it
                 return
             pq.committed = offset
-        self.broker.offsets.commit_offset(self.group, pq.mq.topic, pq.mq.queue_id, offset)
+            self.broker.offsets.commit_offset(self.group, pq.mq.topic, pq.mq.queue_id, offset)
 
     def fetch_consume_offset(self, mq: MessageQueue) -> int:
         return self.broker.offsets.query_offset(self.group, mq.topic, mq.queue_id)
