@@ -17,8 +17,11 @@ from rmqstore.store.store import MessageStore
 from store_checks import fill_up, small_config
 
 
+T0 = time.monotonic()
+
+
 def say(**kw) -> None:
-    print(json.dumps(kw), flush=True)
+    print(json.dumps({**kw, "t": round(time.monotonic() - T0, 3)}), flush=True)
 
 
 def acked(r, m) -> dict:
@@ -45,11 +48,13 @@ def cq_mode(path, ballast) -> None:
     say(step="flushed", logics=store.checkpoint.logics_msg_timestamp, file=checkpoint_file(path), failed=svc.failed)
     fill_up(ballast)
     time.sleep(0.01)
-    msgs = [Message("TopicA", b"second %d" % i, properties={"KEYS": f"s{i}"}) for i in range(400)]
+    # 1500 units, 30 KB: new blocks over eight pages. The file system has 1 KiB blocks on 4 KiB pages of the
+    # full tmpfs: a block beside one written before lands on a tmpfs page that exists and its writeback
+    # succeeds (CI once saw no EIO at all after 400 units, two pages)
+    msgs = [Message("TopicA", b"second %d" % i, properties={"KEYS": f"s{i}"}) for i in range(1500)]
     for m, r in zip(msgs, store.put_messages(msgs)):
         say(step="put", **acked(r, m))
-    store.wait_dispatched()
-    say(step="dispatched", last_ts=store.dispatcher.last_dispatched_timestamp)
+    say(step="dispatched", ok=store.wait_dispatched(timeout=60), last_ts=store.dispatcher.last_dispatched_timestamp)
     svc.run_once(force=True)                 # the consume queue msync fails (EIO)
     say(step="failed", logics=store.checkpoint.logics_msg_timestamp, file=checkpoint_file(path), failed=svc.failed,
         write_error=store.running_flags.write_error)
