@@ -25,7 +25,7 @@ import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 import numpy as np
 
@@ -48,11 +48,13 @@ class CommitLogStart:
 
 
 class OpenTrust:
-    """The files that match the record now (verified_state.matching)."""
+    """The files that match the record now (verified_state.matching); recorded: every path the record lists."""
 
-    def __init__(self, root: Path, verified: Mapping[str, Vouched]):
+    def __init__(self, root: Path, verified: Mapping[str, Vouched], recorded: AbstractSet[str] = frozenset()):
         self.root = Path(root)
         self.verified = verified
+        self.recorded = recorded
+        self._last_recorded: dict[str, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.verified)
@@ -130,6 +132,29 @@ class OpenTrust:
             if not self.whole(mf):
                 return mf.file_from_offset
         return None
+
+    # --- after a clean shutdown: where the dispatcher need not start ------------------------------
+    def queue_ends_here(self, cq: ConsumeQueue) -> bool:
+        """The record vouches for cq's last file as it is and lists no later file of the queue: the queue
+        ended there when the store closed (a last file full or empty is no sign of a lost file after it)."""
+        files = cq.queue.files
+        if not files or not self.exact(files[-1]):
+            return False
+        if self._last_recorded is None:
+            last: dict[str, str] = {}
+            for p in self.recorded:
+                d, _, name = p.rpartition("/")
+                if name > last.get(d, ""):
+                    last[d] = name
+            self._last_recorded = last
+        d, _, name = rel_path(self.root, files[-1].path).rpartition("/")
+        return self._last_recorded.get(d, "") <= name
+
+    def indexed_nothing(self, commitlog_files: Sequence) -> bool:
+        """The record lists no index file and vouches for the commitlog's last file as it is: when the store
+        closed, no message had been indexed (none carried a key), so nothing is to be indexed again."""
+        return bool(self.recorded) and bool(commitlog_files) and self.exact(commitlog_files[-1]) and \
+            not any(p.startswith("index/") for p in self.recorded)
 
     # --- consume queues -------------------------------------------------------------------------
     def first_untrusted(self, cq: ConsumeQueue) -> tuple[int, int]:

@@ -185,6 +185,7 @@ class RecoveryInputs:
     accepted_damage: tuple[tuple[int, int], ...] = ()   # commitlog ranges `check --repair` quarantined
     deleted_queues: tuple[tuple[str, int, int], ...] = ()   # (topic, queue id, below): deleted_queues.py
     verified: Mapping[str, "Vouched"] = field(default_factory=dict)   # files matching verified_state's record
+    recorded: frozenset[str] = frozenset()        # every path that record lists (present or not)
 
     @property
     def process_crash(self) -> bool:
@@ -211,10 +212,11 @@ def read_inputs(root: str | Path) -> RecoveryInputs:
     from ..commitlog.damage import accepted_ranges
     from ..consumequeue.deleted_queues import load as load_deleted
     from . import verified_state
-    verified = verified_state.matching(root, verified_state.load(root)) if clean or note is not None else {}
+    state = verified_state.load(root) if clean or note is not None else verified_state.EMPTY
     return RecoveryInputs(root, clean, None if note is None else note.dispatched,
                           read_checkpoint(root / "checkpoint"), tuple(accepted_ranges(root)),
-                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root, backup_ok=False).items())), verified)
+                          tuple((t, q, b) for (t, q), b in sorted(load_deleted(root, backup_ok=False).items())),
+                          verified_state.matching(root, state), frozenset(state.files))
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,7 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     idx.load(inputs.clean or inputs.process_crash, inputs._ts(2))
     newer = tuple(p.name for p in idx.destroyed_files)
     collected = _Collect()
-    trust = OpenTrust(inputs.root, inputs.verified)
+    trust = OpenTrust(inputs.root, inputs.verified, inputs.recorded)
     end = recover_commit_log(cl, inputs, inputs.clean, report, collected,
                              hints=lambda start: unit_offsets_from(cqs, start), trust=trust, cqs=cqs)
     deep_from = report.commitlog_checked_from
@@ -393,7 +395,13 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions,
                               check_from=trust.index_check_from if trust else None) \
         if cfg.message_index_enable else None
-    start = reput_start(cl, cqs, index_end, inputs.clean, report, inputs.crash_dispatched)
+    # after a clean shutdown the record tells a queue that ended with a full file, and an index never
+    # written, from lost files: neither makes the dispatcher start over (RocketMQ's rule would re-read
+    # the commitlog from a full queue's end, or all of it for a store without keys, at every start)
+    closed = inputs.clean and trust
+    start = reput_start(cl, cqs, None if closed and index_end == 0 and trust.indexed_nothing(cl.queue.files)
+                        else index_end, inputs.clean, report, inputs.crash_dispatched,
+                        complete=trust.queue_ends_here if closed else None)
     queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
                              cq.max_physic_offset, cq.min_logic_offset,
                              f"{cq.topic}/{cq.queue_id}" in report.vouched_queues) for cq in cqs.sorted_queues())
@@ -1199,10 +1207,11 @@ def _index_cut(f: "IndexFile", end: int, commit_log: CommitLog) -> IndexCut:
 
 # --- where to re-dispatch from --------------------------------------------------------------------------
 def reput_start(commit_log: CommitLog, cqs: ConsumeQueueTable, index_end: int | None, clean: bool,
-                report: RecoveryReport, noted_dispatched: int | None = None) -> int:
+                report: RecoveryReport, noted_dispatched: int | None = None, complete=None) -> int:
     """Where the dispatcher must start so that no consume queue unit or index entry is missing.
     noted_dispatched: after a process crash, the dispatcher's last note (everything below it was written
-    and the page cache kept it); otherwise a crash re-dispatches from the checkpoint's file."""
+    and the page cache kept it); otherwise a crash re-dispatches from the checkpoint's file. complete(cq):
+    the queue is known to end with its last file (OpenTrust.queue_ends_here)."""
     min_off = max(commit_log.get_min_offset(), 0)
     candidates = []
     cq_max = cqs.max_physic_offset()
@@ -1211,7 +1220,7 @@ def reput_start(commit_log: CommitLog, cqs: ConsumeQueueTable, index_end: int | 
         last = cq.queue.last
         # A queue whose last file is full or empty may have lost the file after it (a deleted or
         # never-flushed tail): rebuild from its own end.
-        if last is None or last.wrote_position in (0, last.file_size):
+        if (last is None or last.wrote_position in (0, last.file_size)) and not (complete and complete(cq)):
             candidates.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else min_off)
     for cq in report.rebuild_queues:   # queues that lost units: rebuild them
         candidates.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else min_off)
