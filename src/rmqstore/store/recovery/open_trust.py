@@ -150,11 +150,15 @@ class OpenTrust:
         d, _, name = rel_path(self.root, files[-1].path).rpartition("/")
         return self._last_recorded.get(d, "") <= name
 
-    def indexed_nothing(self, commitlog_files: Sequence) -> bool:
-        """The record lists no index file and vouches for the commitlog's last file as it is: when the store
-        closed, no message had been indexed (none carried a key), so nothing is to be indexed again."""
-        return bool(self.recorded) and bool(commitlog_files) and self.exact(commitlog_files[-1]) and \
-            not any(p.startswith("index/") for p in self.recorded)
+    def index_complete(self, commitlog_files: Sequence, index_files: Sequence) -> bool:
+        """The record vouches for the commitlog's last file and for every index file as they are, and lists
+        no other index file: the index held every key up to the commitlog's end when the store closed (the
+        messages after its last entry carry none; with none at all there is no index file)."""
+        if not self.recorded or not commitlog_files or not self.exact(commitlog_files[-1]):
+            return False
+        present = {rel_path(self.root, f.path) for f in index_files}
+        return all(self.exact(f) for f in index_files) and \
+            {p for p in self.recorded if p.startswith("index/")} == present
 
     # --- consume queues -------------------------------------------------------------------------
     def first_untrusted(self, cq: ConsumeQueue) -> tuple[int, int]:

@@ -395,12 +395,13 @@ def simulate(files: StoreFiles, inputs: RecoveryInputs) -> RecoveryPlan:
     index_end = recover_index(idx, cl, end, report, repair_slots=inputs.process_crash, actions=actions,
                               check_from=trust.index_check_from if trust else None) \
         if cfg.message_index_enable else None
-    # after a clean shutdown the record tells a queue that ended with a full file, and an index never
-    # written, from lost files: neither makes the dispatcher start over (RocketMQ's rule would re-read
-    # the commitlog from a full queue's end, or all of it for a store without keys, at every start)
+    # after a clean shutdown the record tells a queue that ended with a full file, and an index that ends
+    # before the commitlog (the last messages carry no key, or none does: no index file), from lost files:
+    # neither makes the dispatcher start over (the rule alone re-reads the commitlog from a full queue's
+    # end, from the last keyed message, or from 0, at every start)
     closed = inputs.clean and trust
-    start = reput_start(cl, cqs, None if closed and index_end == 0 and trust.indexed_nothing(cl.queue.files)
-                        else index_end, inputs.clean, report, inputs.crash_dispatched,
+    start = reput_start(cl, cqs, None if closed and trust.index_complete(cl.queue.files, idx.files) else index_end,
+                        inputs.clean, report, inputs.crash_dispatched,
                         complete=trust.queue_ends_here if closed else None)
     queues = tuple(QueuePlan(cq.topic, cq.queue_id, len(cq.queue.files), cq.queue.get_max_wrote_position(),
                              cq.max_physic_offset, cq.min_logic_offset,
