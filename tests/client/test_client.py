@@ -116,6 +116,33 @@ def test_ten_thousand_messages_sync_and_async_two_consumers(server, admin, produ
     assert total == 10000
 
 
+def test_a_listener_finishing_during_shutdown_counts_as_consumed(server):
+    """shutdown() marked the queues dropped before it waited for the listeners running: a listener that
+    returned CONSUME_SUCCESS meanwhile had its messages consumed and never committed (delivered again to the
+    next instance). The listeners finish first now, then the offsets are sent, then the queues go."""
+    topic, group = "ShutT", "shut_cg"
+    with Producer("shut_pg", server.namesrv_addr) as p:
+        assert p.send(Message(topic, b"one")).send_status is SendStatus.SEND_OK
+    c = PushConsumer(group, server.namesrv_addr, consume_from_where=FIRST)
+    entered, returned = threading.Event(), threading.Event()
+
+    def listener(msgs):
+        entered.set()
+        assert wait_until(lambda: not c.running, 10)        # shutdown has begun ...
+        time.sleep(0.3)                                     # ... and gone on while this listener works
+        returned.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c.subscribe(topic, "*")
+    c.register_message_listener(listener)
+    c.start()
+    assert entered.wait(20)
+    queues = {mq for mq in c.process_queues if mq.topic == topic}
+    c.shutdown()
+    assert returned.is_set()
+    assert max(c.offset_store.read_memory(mq) for mq in queues) == 1
+
+
 def test_offsets_resume_after_server_restart(tmp_path):
     store = tmp_path / "store"
     topic, group = "ResumeT", "resume_cg"

@@ -314,10 +314,10 @@ class _ConsumerBase(RebalanceImpl):
         if mq is None:
             return
         self.running = False
-        with self._rebalance_lock:
+        self._on_shutdown()     # listeners running finish and their offsets count (then the queues go, as
+        with self._rebalance_lock:      # RocketMQ's consume service shutdown, persist, rebalance destroy)
             for pq in self.process_queues.values():
                 pq.dropped = True
-        self._on_shutdown()
         try:
             self.offset_store.persist(set(self.process_queues), oneway=False)
         except Exception:
