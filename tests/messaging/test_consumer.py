@@ -465,3 +465,34 @@ def test_consumer_picks_up_a_topic_created_after_it_started(store):
         assert [mq.queue_id for mq in c.assigned_queues if mq.topic == "Later"] == [0, 1, 2, 3]
         LocalBroker.of(store).topics.create_topic("Later", 6)         # more queues: rebalanced too
         assert wait_until(lambda: len([mq for mq in c.assigned_queues if mq.topic == "Later"]) == 6, 5)
+
+
+def test_two_offset_writers_side_by_side_leave_the_newest_table(tmp_path, monkeypatch):
+    """The periodic persister and a consumer leaving both write consumerOffset.json: the one holding the
+    older table was slow to write, the newer one wrote first, the older one last; dirty() then said all was
+    written and nothing wrote it again. One writer at a time now: the file ends with the newest table."""
+    from rmqstore.messaging import offset_store
+    m = offset_store.ConsumerOffsetManager(tmp_path)
+    real = offset_store.string_to_file
+    older_writing, newer_tried = threading.Event(), threading.Event()
+
+    def string_to_file(text, path, decode):
+        if json.loads(text)["offsetTable"]["T@g"]["0"] == 1:    # the older table: slow, the newer tries meanwhile
+            older_writing.set()
+            newer_tried.wait(1.0)
+        real(text, path, decode)
+
+    monkeypatch.setattr(offset_store, "string_to_file", string_to_file)
+    m.commit_offset("g", "T", 0, 1)
+    older = threading.Thread(target=m.persist)
+    older.start()
+    assert older_writing.wait(5)
+    m.commit_offset("g", "T", 0, 2)
+    newer = threading.Thread(target=m.persist)
+    newer.start()
+    time.sleep(0.2)
+    newer_tried.set()
+    older.join(5)
+    newer.join(5)
+    assert not m.dirty()
+    assert read_offsets(tmp_path)["offsetTable"]["T@g"] == {"0": 2}

@@ -30,6 +30,7 @@ class ConsumerOffsetManager:
         self.flush_interval_ms = flush_interval_ms
         self.offset_table: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
+        self._persist_lock = threading.Lock()
         self._version = 0
         self._persisted_version = 0
         self._persister: PeriodicPersister | None = None
@@ -46,14 +47,20 @@ class ConsumerOffsetManager:
 
     def encode(self) -> dict:
         with self._lock:
-            return {"offsetTable": {k: {str(q): o for q, o in sorted(m.items())} for k, m in self.offset_table.items()}}
+            return self._encode()
+
+    def _encode(self) -> dict:
+        return {"offsetTable": {k: {str(q): o for q, o in sorted(m.items())} for k, m in self.offset_table.items()}}
 
     def persist(self) -> None:
-        with self._lock:
-            version = self._version
-        string_to_file(dumps_pretty(self.encode()), self.path, decode_offsets)
-        with self._lock:
-            self._persisted_version = max(self._persisted_version, version)
+        """Write consumerOffset.json. One writer at a time (the periodic persister, a consumer leaving, close):
+        two side by side could leave the older table in the file while dirty() said all was written."""
+        with self._persist_lock:
+            with self._lock:
+                version, doc = self._version, self._encode()
+            string_to_file(dumps_pretty(doc), self.path, decode_offsets)
+            with self._lock:
+                self._persisted_version = max(self._persisted_version, version)
 
     def dirty(self) -> bool:
         return self._version != self._persisted_version

@@ -105,10 +105,11 @@ class TopicConfigManager:
                     "topicConfigTable": {n: tc.to_json() for n, tc in self.table.items()}}
 
     def persist(self) -> None:
-        with self._lock:
+        """Write topics.json, one writer at a time (two side by side could leave the older table last)."""
+        with self._lock:    # re-entrant: a change persists under it (_changed)
             text = dumps_pretty(self.encode())
             self._dirty = False
-        string_to_file(text, self.path, decode_topics)
+            string_to_file(text, self.path, decode_topics)
 
     def replace_all(self, wrapper: dict) -> None:
         """A slave takes its master's table and dataVersion (SlaveSynchronize.syncTopicConfig), persisted;
