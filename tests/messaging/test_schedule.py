@@ -107,11 +107,11 @@ def test_delayed_message_in_store_and_delivery_time(tmp_path):
         assert tags_code == sched.store_timestamp + 1000
         assert sched.properties["REAL_TOPIC"] == "DelayTopic" and sched.properties["REAL_QID"] == "0"
         assert store.get_max_offset_in_queue("DelayTopic", 0) == 0
-        got = wait_until(lambda: store.get_max_offset_in_queue("DelayTopic", 0) == 1, 3.0)
-        assert got, "delayed message not delivered within 3 s"
+        got = wait_until(lambda: store.get_max_offset_in_queue("DelayTopic", 0) == 1, 10.0)
+        assert got, "delayed message not delivered within 10 s"
         real = store.get_message("g", "DelayTopic", 0, 0, 1).messages[0]
         late = real.store_timestamp - sched.store_timestamp
-        assert 1000 <= late < 2000, late
+        assert 1000 <= late < 5000, late        # never early; late only by a loaded machine's pauses
         assert real.body == b"later" and real.born_timestamp == sched.born_timestamp
         assert real.store_timestamp >= sched.store_timestamp + 1000
         # RocketMQ 4.4.0's messageTimeup serialises the properties before clearing DELAY: the record keeps them
@@ -124,7 +124,8 @@ def test_delayed_message_in_store_and_delivery_time(tmp_path):
 
 def test_delay_offsets_persist_and_survive_restart(tmp_path):
     path = tmp_path / "s"
-    config = cfg(flush_delay_offset_interval=100)
+    # level 3 is 6 s: the store closes well before it is due, also on a loaded machine
+    config = cfg(flush_delay_offset_interval=100, message_delay_level="1s 2s 6s")
     with MessageStore.open(path, config) as store:
         p = Producer(store, "p")
         p.send("D", b"one", delay_level=1, queue=0)
@@ -138,7 +139,7 @@ def test_delay_offsets_persist_and_survive_restart(tmp_path):
     doc = json.loads((path / "config" / "delayOffset.json").read_text())
     assert doc["offsetTable"]["1"] == 1 and doc["offsetTable"].get("3", 0) == 0
     with MessageStore.open(path, config) as store:
-        assert wait_until(lambda: store.get_max_offset_in_queue("D", 0) >= 2, 4.0)
+        assert wait_until(lambda: store.get_max_offset_in_queue("D", 0) >= 2, 15.0)
         time.sleep(0.3)
         bodies = [m.body for m in store.get_message("g", "D", 0, 0, 10).messages]
         assert bodies == [b"one", b"three"]            # each once: level 1 was not delivered again
