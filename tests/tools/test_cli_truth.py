@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_jsonl, rmqstore_cmd, run_cli
+from store_checks import wait_until
 from rmqstore.store.reads.reader import CommitLogReader
 
 
@@ -185,6 +186,15 @@ def test_load_refuses_deeply_nested_json_in_one_line(tmp_path):
     assert len(r.stdout.splitlines()) == 3
 
 
+def _syscall(pid: int) -> list[str]:
+    """/proc/PID/syscall of the main thread: the system call it is blocked in and its arguments."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
 def test_sigint_while_stdin_is_idle_stops_the_load(tmp_path):
     """Ctrl-C (or systemctl stop) while load waits for more input: it used to wait for the next line
     (forever on an idle stdin). It stops at once, puts and reports what it read, exit 130."""
@@ -196,7 +206,9 @@ def test_sigint_while_stdin_is_idle_stops_the_load(tmp_path):
         deadline = time.monotonic() + 60
         while not (tmp_path / "s" / "abort").exists() and time.monotonic() < deadline:     # opened
             time.sleep(0.05)
-        time.sleep(1.0)             # the three lines read, the load waiting for the fourth
+        # the three lines read, the load waiting for the fourth: its main thread blocked in read(0, ...)
+        # (x86_64 read is syscall 0, arm64's 63); a signal before that would stop it with fewer lines
+        assert wait_until(lambda: _syscall(p.pid)[:2] in (["0", "0x0"], ["63", "0x0"]), 30), _syscall(p.pid)
         p.send_signal(signal.SIGINT)
         p.wait(timeout=30)          # stdin stays open: no end of input to stop it
         out, err = p.stdout.read(), p.stderr.read()

@@ -206,6 +206,9 @@ def _until_stopped(items, stop: "_StopSignals"):
     it = iter(items)
     while True:
         stop.reading = True
+        if stop.signum is not None:     # arrived before `reading` was set: it raised nothing, the wait
+            stop.reading = False        # for a line would hold it
+            return
         try:
             item = next(it)
         except (StopIteration, _StopReading):
