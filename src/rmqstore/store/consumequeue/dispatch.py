@@ -406,7 +406,9 @@ class Dispatcher(DamageSkips):
                     # from the last one's state (a full disk may have been freed since)
                     retried, seen = True, self._retries
                     self._wake.set()
-                    self._idle.wait_for(lambda: self._retries != seen, min(left, 1.0))
+                    # the attempt itself, however long a loaded machine keeps the thread from it
+                    if not self._idle.wait_for(lambda: self._retries != seen, left):
+                        return False
                     continue
                 self._wake.set()
                 self._idle.wait(min(left, 0.01))
