@@ -115,19 +115,23 @@ def _assert_right_or_absent(s: MessageStore, topic: str, q: int, off: int) -> No
     _read(s, topic, q, off)
 
 
+def _read_queue(s: MessageStore, t: str, q: int, n: int) -> list:
+    """The messages of queue offsets 0..n, batch by batch, each batch FOUND."""
+    got, off = [], 0
+    while off < n:
+        r = s.get_message("g", t, q, off, 32)
+        assert r.status == GetMessageStatus.FOUND, (t, q, off, r.status)
+        got += r.messages
+        off = r.next_begin_offset
+    return got
+
+
 def _assert_all_readable(s: MessageStore) -> None:
     for t in TOPICS:
         for q in range(QUEUES):
             n = s.get_max_offset_in_queue(t, q)
             assert n == N // 2 // QUEUES
-            got = []
-            off = 0
-            while off < n:
-                r = s.get_message("g", t, q, off, 32)
-                assert r.status == GetMessageStatus.FOUND, (t, q, off, r.status)
-                got += r.messages
-                off = r.next_begin_offset
-            assert [m.body for m in got] == [_expected(t, q, i) for i in range(n)]
+            assert [m.body for m in _read_queue(s, t, q, n)] == [_expected(t, q, i) for i in range(n)]
 
 
 def _gate_background_check(monkeypatch) -> threading.Event:
@@ -641,10 +645,7 @@ def test_files_lost_after_a_clean_close_are_built_again(tmp_path: Path, lost):
         assert s.recovery_report.redispatched_messages > 0, s.recovery_report.summary()
         for q in range(QUEUES):
             assert s.get_max_offset_in_queue("TopicA", q) == PER_CQ_FILE * 2
-            got, off = [], 0
-            while off < PER_CQ_FILE * 2:
-                r = s.get_message("g", "TopicA", q, off, 32)
-                got, off = got + r.messages, r.next_begin_offset
+            got = _read_queue(s, "TopicA", q, PER_CQ_FILE * 2)
             assert [m.body for m in got] == [_body("TopicA", i) for i in range(PER_CQ_FILE * 2)]
         for q, i in ((0, 5), (1, PER_CQ_FILE + 7)):
             assert [m.body for m in s.query_message("TopicA", f"k{q}-{i}", 8).messages] == [_body("TopicA", i)]
