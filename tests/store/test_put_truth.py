@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import threading
 import time
@@ -332,19 +334,27 @@ def test_links_planted_at_store_file_names_are_never_written_through(tmp_path):
     assert copy.read_bytes() == before
 
 
+@contextlib.contextmanager
+def _queue_with_a_blocked_second_file(tmp_path):
+    """An open store whose queue T/0 has its first file full (30 units of 20 B) and a directory where its
+    second file is made: (store, that directory); the dispatcher fails on the next unit until it goes."""
+    path = tmp_path / "store"
+    cfg = small_config("ASYNC_FLUSH", mappedFileSizeConsumeQueue=600, messageIndexEnable="false")
+    with MessageStore.open(path, cfg) as s:
+        for i in range(30):
+            assert s.put_message(Message("T", b"m%d" % i, queue_id=0)).ok
+        assert s.wait_dispatched(10)
+        blocker = path / "consumequeue" / "T" / "0" / f".{600:020d}.new"
+        blocker.mkdir()
+        yield s, blocker
+
+
 def test_wait_dispatched_answers_after_a_retry_once_a_failed_queue_write_can_succeed(tmp_path):
     """A consume queue file cannot be created (a directory where it is made): dispatching stops on it,
     wait_dispatched says False and why. Once the way is clear, wait_dispatched answers after the dispatcher's
     next attempt, True, instead of False from the failed attempt's stale state (an outside test saw False
     right after space returned, though dispatch caught up 0.1 s later)."""
-    path = tmp_path / "store"
-    cfg = small_config("ASYNC_FLUSH", mappedFileSizeConsumeQueue=600, messageIndexEnable="false")
-    with MessageStore.open(path, cfg) as s:
-        for i in range(30):             # 30 units of 20 B: the queue's first file is full
-            assert s.put_message(Message("T", b"m%d" % i, queue_id=0)).ok
-        assert s.wait_dispatched(10)
-        blocker = path / "consumequeue" / "T" / "0" / f".{600:020d}.new"
-        blocker.mkdir()
+    with _queue_with_a_blocked_second_file(tmp_path) as (s, blocker):
         for i in range(30, 35):
             assert s.put_message(Message("T", b"m%d" % i, queue_id=0)).ok
         assert not s.wait_dispatched(5)
@@ -361,14 +371,7 @@ def test_wait_dispatched_waits_for_a_retry_the_thread_is_slow_to_make(tmp_path):
     """The dispatcher's next attempt after a failed write comes late (its thread kept from running 1.5 s,
     as on a loaded machine): wait_dispatched answers after that attempt, True, not False after 1 s with
     most of its timeout left."""
-    path = tmp_path / "store"
-    cfg = small_config("ASYNC_FLUSH", mappedFileSizeConsumeQueue=600, messageIndexEnable="false")
-    with MessageStore.open(path, cfg) as s:
-        for i in range(30):
-            assert s.put_message(Message("T", b"m%d" % i, queue_id=0)).ok
-        assert s.wait_dispatched(10)
-        blocker = path / "consumequeue" / "T" / "0" / f".{600:020d}.new"
-        blocker.mkdir()
+    with _queue_with_a_blocked_second_file(tmp_path) as (s, blocker):
         assert s.put_message(Message("T", b"m30", queue_id=0)).ok
         assert not s.wait_dispatched(5) and s.dispatcher.stuck_reason()
         d = s.dispatcher
