@@ -11,6 +11,8 @@ answer to a side file only after the store gave it):
   commitlog, every record dispatched, keys indexed;
 - queue offsets continue: each queue's max offset is above every acknowledged offset, and one more put
   per queue gets exactly that max offset.
+Over the loop the commitlog rolls over (at least 3 files) and the checkpoint moves: some recoveries walk it
+from a later file, not from 0 (RecoveryReport.commitlog_checked_from).
 A SIGKILL keeps the page cache, so all of this holds for ASYNC_FLUSH as for SYNC_FLUSH.
 
 RMQSTORE_KILL_SEED=N replays a seed (kill moments still vary with timing); the seed is printed and named
@@ -73,7 +75,7 @@ def kill_loop(tmp_path: Path, flush: str, seed: int, kills: int = KILLS) -> dict
     rng = random.Random(seed)
     store_dir = tmp_path / "store"
     acked: list[Acked] = []
-    stats = {"puts": 0}
+    stats = {"puts": 0, "checked_from": []}
     walk = WalkCache()          # commitlog files walked before, byte for byte the same, are not decoded again
     t0 = time.monotonic()
     with Zygote(tmp_path / "zygote.err") as z:
@@ -102,6 +104,7 @@ def kill_loop(tmp_path: Path, flush: str, seed: int, kills: int = KILLS) -> dict
                 shutil.copytree(store_dir, target)
             with MessageStore.open(target, small_config(flush)) as store:
                 assert not store.recovery_report.clean_shutdown, f"{where}: a killed store must recover"
+                stats["checked_from"].append(store.recovery_report.commitlog_checked_from)
                 # check_index=False: verify_store's key check would look up (a sample of) `new` with
                 # find_messages_by_key; check_acked below looks up every one of them, on the same open store
                 # with nothing put in between, and asserts more (exactly that one offset)
@@ -135,3 +138,5 @@ def test_sigkill_loop_loses_no_acknowledged_put(tmp_path, flush):
     print(f"{flush}: {stats}")
     assert stats["puts"] > 500, f"seed {SEED}: only {stats} acknowledged puts: the loop exercised little"
     assert stats["files"] >= 3, f"seed {SEED}: the commitlog never rolled over: {stats}"
+    # the checkpoint moved between kills: some recoveries checked the commitlog from a later file
+    assert any(s > 0 for s in stats["checked_from"]), f"seed {SEED}: every recovery walked from 0: {stats}"
