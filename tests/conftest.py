@@ -210,31 +210,29 @@ def admin(server):
 
 
 # --- the order modules are handed to the workers ---------------------------------------------------------
-# Seconds each module took in one `make test` run (two workers, a quiet 2-core machine, 2026-11-24);
-# modules not listed count as 1 s. The Makefile passes --no-loadscope-reorder, so xdist hands modules out in
-# collection order (spark_schedule.py: the Spark modules to two of the workers): longest first (LPT
+# Seconds each module took in one `make test` run (three workers, a quiet 2-core machine); modules not listed
+# count as 1 s. The Makefile passes --no-loadscope-reorder, so xdist hands modules out in collection order
+# (spark_schedule.py: the Spark modules to one of the workers): longest first (LPT
 # scheduling), the short ones last, and the workers finish together instead of one running a long module
 # alone at the end. Only the order changes, never what runs.
 MODULE_SECONDS = {
-    "test_spark_write": 95, "test_spark_jobs": 72, "test_fuzz_corruption": 56, "test_readme": 55,
-    "test_kill_loop": 52, "test_spark_rebuild": 41, "test_spark_read": 37, "test_grpc_proxy": 35,
-    "test_crash": 35, "test_spark_remote": 34, "test_put_path": 18, "test_client": 27, "test_power_loss": 26,
-    "test_spark_kafka_options": 25, "test_record_scanner": 12, "test_spark_view": 21, "test_benchsuite": 20,
-    "test_admin_ops": 19, "test_check": 19, "test_grpc_bench": 18, "test_cli_store": 18,
-    "test_durability": 17, "test_spark_columns": 17, "test_codec": 16, "test_index_file": 15,
-    "test_server": 13, "test_fast_open": 12, "test_admin": 12, "test_timer": 11, "test_read_only_commands": 9,
-    "test_timer_recovery": 9, "test_cli_truth": 8, "test_consumer": 8, "test_cli": 8, "test_damage_range": 7,
-    "test_schedule": 6, "test_lock": 6, "test_spark_source": 5, "test_pop": 5, "test_recovery_plan": 5,
-    "test_rocketmq_issues": 5, "test_spark_records": 5, "test_cli_newcomer": 4, "test_demo": 4,
-    "test_grpc_node": 4, "test_network_imports": 3, "test_commit_log": 3,
-    "test_acl_server": 17, "test_acl_replay": 6, "test_acl": 5,
-    "test_sql92_consumers": 30, "test_sql92_grpc": 25, "test_sql92_broker": 15, "test_sql92": 10,
-    "test_consume_queue_ext": 5,
-    "test_spark_kafka_habits": 40, "test_package": 25, "test_cli_mistakes": 12,
-    "test_ha_faults": 50, "test_ha": 40, "test_group_commit": 10, "test_ha_interop": 8, "test_rebuild": 8,
-    "test_transaction": 8, "test_producer": 6, "test_remoting": 5,
-    "test_spark_deleted": 15, "test_frame_limits": 10, "test_spark_pushdown": 8, "test_delete_topic": 8,
-    "test_damaged_topic": 8, "test_config_keys": 3, "test_docs": 20,
+    "test_readme": 112, "test_fuzz_corruption": 107, "test_spark_write": 101, "test_spark_rebuild": 48,
+    "test_ha_faults": 47, "test_spark_view": 45, "test_spark_jobs": 43, "test_grpc_proxy": 43,
+    "test_kill_loop": 43, "test_benchsuite": 42, "test_spark_remote": 42, "test_client": 36, "test_check": 35,
+    "test_spark_kafka_options": 31, "test_durability": 31, "test_grpc_bench": 28, "test_ha": 27,
+    "test_put_path": 26, "test_spark_read": 24, "test_codec": 24, "test_cli_store": 24, "test_power_loss": 21,
+    "test_package": 18, "test_sql92_grpc": 17, "test_server": 15, "test_admin_ops": 14, "test_crash": 14,
+    "test_index_file": 14, "test_record_scanner": 14, "test_timer": 14, "test_docs": 13, "test_frame_limits": 12,
+    "test_damage_range": 12, "test_spark_columns": 12, "test_fast_open": 12, "test_admin": 11,
+    "test_timer_recovery": 11, "test_cli": 11, "test_cli_truth": 11, "test_spark_kafka_habits": 11,
+    "test_consumer": 11, "test_read_only_commands": 10, "test_sql92_broker": 10, "test_schedule": 9,
+    "test_architecture": 8, "test_rocketmq_issues": 8, "test_network_imports": 8, "test_acl_server": 8,
+    "test_demo": 8, "test_delete_topic": 7, "test_damaged_topic": 7, "test_cli_newcomer": 7,
+    "test_recovery_plan": 6, "test_store": 6, "test_pop": 6, "test_cli_mistakes": 6, "test_lock": 6,
+    "test_commit_log": 5, "test_sql92": 5, "test_consume_queue_ext": 4, "test_spark_source": 4,
+    "test_config_keys": 4, "test_cleanup": 4, "test_spark_pushdown": 4, "test_directory_in_place": 3,
+    "test_stats_plot": 3, "test_spark_deleted": 3, "test_spark_records": 3, "test_put_truth": 3,
+    "test_config_files": 3, "test_rebuild": 3, "test_derived_repair": 3, "test_validation": 3,
 }
 
 

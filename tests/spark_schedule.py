@@ -1,18 +1,20 @@
 """How `make test` hands test modules to its pytest-xdist workers (conftest.pytest_xdist_make_scheduler).
 
 As `--dist loadfile` (a module per worker at a time, in collection order: conftest sorts the longest first),
-with one difference: the modules that start this worker's Spark session (conftest.local_spark) go to at most
-SPARK_WORKERS workers. A worker's first such module starts a JVM and warms it (its start, the first read,
-write and stream: about 40 s of CPU here), so three workers on two cores each starting one would pay that a
-third time; the other workers take the other modules meanwhile, and the Spark workers take those too once
-the Spark modules are handed out."""
+with one difference: the modules that start this worker's Spark session (conftest.local_spark) all go to one
+worker (SPARK_WORKERS). A worker's first such module starts a JVM and warms it (its start, the first read,
+write and stream: about 40 s of CPU here), and every other worker that did so would pay that again on the
+same two cores; the Spark modules take about 280 s on their worker, about half the run, while the other
+workers take the other modules, and the Spark worker takes those too once the Spark modules are handed out.
+Measured in runs of the same hour: two Spark workers 548 s and 1016 s of CPU, one 492 s and 929 s (with a
+duplicated crash test gone: about 17 s of CPU of the difference)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from xdist.scheduler import LoadFileScheduling
 
-SPARK_WORKERS = 2
+SPARK_WORKERS = 1
 TESTS = Path(__file__).resolve().parent
 
 
