@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SPARK_JVM_OPTIONS, doc_pages, doc_section
+from conftest import REPO, SPARK_JVM_OPTIONS, doc_pages, doc_section, with_worker_preload
 
 # (page, kind, code) of every fenced block, README first
 BLOCKS = [(str(page.relative_to(REPO)), lang, code) for page in doc_pages()
@@ -70,11 +70,15 @@ def _python_id(n: int) -> str:
 @pytest.mark.parametrize("n", range(len(PYTHON)), ids=_python_id)
 def test_python_block_runs_as_written(n, tmp_path):
     page, code = PYTHON[n]
+    env = _env()
     if "pyspark" in code or "rmqstore.spark" in code:
         pytest.importorskip("pyspark")
+        # the Python processes its JVM starts load conftest.WORKER_PRELOAD (as the suite's own Spark
+        # session's do): an environment setting, as JAVA_TOOL_OPTIONS; 36 -> 27 s of CPU for docs/spark.md's
+        env["PYTHONPATH"] = with_worker_preload(env.get("PYTHONPATH"))
     if "from rocketmq import" in code:
         pytest.importorskip("rocketmq.grpc_protocol")          # the `grpc` extra (RocketMQ 5 section)
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, f"{_python_id(n)} failed:\n{code}\n--- stderr ---\n{r.stderr[-3000:]}"
     assert r.stdout.strip(), f"{_python_id(n)} printed nothing"

@@ -22,7 +22,7 @@ from rmqstore.store.conf.config import StoreConfig
 from rmqstore.store.format.message_batch import MessageBatch
 from rmqstore.store.repair.rebuild import rebuild_store
 from rmqstore.store.store import MessageStore
-from conftest import SPARK_JVM_OPTIONS
+from conftest import SPARK_JVM_OPTIONS, with_worker_preload
 from store_checks import index_parts, tree_files
 
 # 50,000 messages (make_store) in 7 commitlog files of 1 MiB, 7 consume queue files a queue, 6 index files
@@ -45,7 +45,8 @@ JVM_OPTIONS = ("--conf", f"spark.driver.extraJavaOptions={SPARK_JVM_OPTIONS}")
 
 
 def rebuild_cli(store: Path, conf: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    # its Spark's Python processes load conftest.WORKER_PRELOAD, as the suite's own session's do
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=with_worker_preload(os.environ.get("PYTHONPATH")))
     return subprocess.Popen([str(Path(sys.executable).parent / "rmqstore"), "rebuild", "--engine", "spark",
                              "--master", "local[2]", *JVM_OPTIONS, *extra, "-c", str(conf), str(store)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

@@ -1,15 +1,15 @@
-"""Put on the PYTHONPATH of the suite's Spark JVMs (conftest.local_spark, and the README blocks that start
-Spark: test_readme). Spark runs Python code in workers forked from a daemon, `python -m pyspark.daemon MODULE`
-(one daemon per worker module: the executors' pyspark.worker and each planner of the Python data source API,
-lookup/create/plan/write/commit...). The daemon imports the worker module only after each fork, and a worker
-that raised (every refused option, data-loss error or refused row a test checks) exits: the next call forks
-anew and imports pyspark.sql, numpy, pyarrow, pandas and rmqstore's data source again, about 1 s of CPU here each
-time. In such a daemon this module imports them before any fork, so a forked worker inherits them, as
-tests/cli_forkserver.py does for the CLI, and freezes them (gc.freeze): a forked worker runs gc.collect()
-after each task, which otherwise walks every inherited object and so copies nearly every page of the
-daemon's heap into the worker (Spark's Python workers: 61 -> 39 s of CPU over four Spark test modules).
-What runs in the worker is unchanged. OpenBLAS is held to one thread so that numpy starts none in the
-daemon (pyarrow's jemalloc thread handles fork itself).
+"""Put on the PYTHONPATH of the suite's Spark JVMs (conftest.local_spark, the documentation's blocks that start
+Spark: test_readme, the `rebuild --engine spark` processes of test_spark_rebuild). Spark runs Python code in
+workers forked from a daemon, `python -m pyspark.daemon MODULE` (one daemon per worker module: the executors'
+pyspark.worker and each planner of the Python data source API, lookup/create/plan/write/commit...). The daemon
+imports the worker module only after each fork, and a worker that raised (every refused option, data-loss
+error or refused row a test checks) exits: the next call forks anew and imports pyspark.sql, numpy, pyarrow,
+pandas and rmqstore's data source again, about 1 s of CPU here each time. In such a daemon this module imports
+them before any fork, so a forked worker inherits them, as tests/cli_forkserver.py does for the CLI, and
+freezes them (gc.freeze): a forked worker runs gc.collect() after each task, which otherwise walks every
+inherited object and so copies nearly every page of the daemon's heap into the worker (Spark's Python workers:
+61 -> 39 s of CPU over four Spark test modules). What runs in the worker is unchanged. OpenBLAS is held to one
+thread so that numpy starts none in the daemon (pyarrow's jemalloc thread handles fork itself).
 
 In every Python process Spark starts (daemons, and the streaming source runners it starts without one),
 this module also takes Spark's pyspark.zip and py4j zip off the front of sys.path when they are the ones
