@@ -51,7 +51,7 @@ install: $(VENV)/.stamp-spark,test,bench,grpc,docs
 RMQSTORE_GOLDEN ?= $(abspath ../shared/golden)
 export RMQSTORE_GOLDEN
 test: $(VENV)/.stamp-spark,test,bench,grpc,docs node-client
-	@echo "make test: about 8 minutes on 2 cores; golden data from RMQSTORE_GOLDEN=$(RMQSTORE_GOLDEN)"
+	@echo "make test: 8 to 10 minutes on 2 cores; golden data from RMQSTORE_GOLDEN=$(RMQSTORE_GOLDEN)"
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The official Node 5.x client for tests/proxy/test_grpc_node.py, when npm is there (else that test skips).
