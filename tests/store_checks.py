@@ -6,9 +6,11 @@
 - verify_store(): the consistency checks every durability test runs (see its docstring).
 - wait_count(): the messages of a topic's queue 0 once there are n (timer and delivery tests).
 - wait_until(), raw_request(): polling a condition; one remoting request through an Admin (admin tests).
+- next_puts_continue(): after a recovery, one more put per queue gets exactly the queue's max offset (crash tests).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -25,7 +27,7 @@ import numpy as np
 from rmqstore.store.format import codec
 from rmqstore.store.format import scanner
 from rmqstore.store.conf.config import StoreConfig
-from rmqstore.store.format.message import Message
+from rmqstore.store.format.message import Message, PutMessageStatus
 
 CHILD = Path(__file__).with_name("crash_child.py")
 TOPICS = ("TopicA", "TopicB", "TopicC")
@@ -81,6 +83,26 @@ class Acked:
     def dispatchable(self) -> bool:
         t = self.sys_flag & codec.TRANSACTION_TYPE_MASK
         return t not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
+
+
+def next_puts_continue(store, acked_top: dict[tuple[str, int], int], tag: str, where: str = "",
+                       body_len: int = 50) -> list[Acked]:
+    """Queue offsets continue after a recovery: each queue of acked_top ({(topic, queue id): its highest
+    acknowledged queue offset, -1 for none}) has a max offset past it, and one more put to it gets exactly
+    that max offset (no gap, no reuse). The puts, as acknowledged."""
+    added = []
+    for (topic, qid), hi in sorted(acked_top.items()):
+        expect = store.get_max_offset_in_queue(topic, qid)
+        assert expect > hi, f"{where}: {topic}/{qid} max offset {expect}, but {hi} was acknowledged"
+        key = f"{tag}-{topic}-{qid}"
+        r = store.put_message(Message(topic, body_for(key, body_len), queue_id=qid, properties={"KEYS": key}))
+        assert r.status is PutMessageStatus.PUT_OK, f"{where}: put after reopen: {r.status.name}"
+        a = r.append_result
+        assert a.logics_offset == expect, \
+            f"{where}: {topic}/{qid}: next put got queue offset {a.logics_offset}, expected {expect}"
+        added.append(Acked(a.wrote_offset, a.logics_offset, a.msg_id, topic, qid, key, body_len, 0))
+    store.wait_dispatched()
+    return added
 
 
 @dataclass
@@ -397,9 +419,6 @@ class Child:
 
 
 # --- a small real filesystem for disk-full tests -------------------------------------------------------------
-import contextlib  # noqa: E402
-
-
 @contextlib.contextmanager
 def small_filesystem(path: Path, size_mb: int = 8):
     """Mount a size-limited tmpfs at path (else an ext4 image on a loop device); skip if neither works."""
@@ -497,17 +516,6 @@ def fill_up(ballast: Path) -> None:
                 pass
     finally:
         os.close(fd)
-
-
-def wait_until(pred, timeout: float = 5.0, step: float = 0.005):
-    """pred() once it is truthy, polling until timeout (then its last value)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def tree_files(root: Path, sub: str) -> dict[str, bytes]:

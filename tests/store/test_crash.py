@@ -18,29 +18,11 @@ import time
 from pathlib import Path
 
 from kill_child import Zygote, read_side, wait_ready
-from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
-from store_checks import Acked, WalkCache, body_for, small_config, verify_store
+from store_checks import Acked, WalkCache, next_puts_continue, small_config, verify_store
 
 
 SEED = int(os.environ.get("RMQSTORE_CRASH_SEED", "0"))   # another value explores other kill moments
-
-
-def _next_offsets_continue(store: MessageStore, tag: str) -> list[Acked]:
-    """Put one message to every queue: each must get the queue's max offset (no gap, no reuse)."""
-    added = []
-    for cq in list(store.consume_queues):
-        expect = store.get_max_offset_in_queue(cq.topic, cq.queue_id)
-        key = f"{tag}-{cq.topic}-{cq.queue_id}"
-        body = body_for(key, 50)
-        r = store.put_message(Message(cq.topic, body, queue_id=cq.queue_id, properties={"KEYS": key}))
-        assert r.status is PutMessageStatus.PUT_OK
-        assert r.append_result.logics_offset == expect, \
-            f"{cq.topic}/{cq.queue_id}: next put got queue offset {r.append_result.logics_offset}, expected {expect}"
-        a = r.append_result
-        added.append(Acked(a.wrote_offset, a.logics_offset, a.msg_id, cq.topic, cq.queue_id, key, 50, 0))
-    store.wait_dispatched()
-    return added
 
 
 def _crash_loop(tmp_path: Path, flush: str, kills: int, seed: int, max_run: float = 0.4) -> tuple[list[Acked], int]:
@@ -92,7 +74,8 @@ def _check_after_kill(tmp_path: Path, store_dir: Path, flush: str, k: int, acked
         rep = store.recovery_report
         assert not rep.clean_shutdown, "a killed store must recover as after a crash"
         verify_store(store, acked, index_sample=300, rng=rng, walk_cache=walk)
-        added = _next_offsets_continue(store, f"p{k}")
+        # every queue (not only those with acknowledged puts) continues
+        added = next_puts_continue(store, {(cq.topic, cq.queue_id): -1 for cq in store.consume_queues}, f"p{k}")
         verify_store(store, added, walk_cache=walk)
     if in_place:
         acked += added

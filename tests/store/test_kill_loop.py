@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 
 from kill_child import Zygote, check_acked, read_side, wait_ready
-from rmqstore.store.format.message import Message, PutMessageStatus
 from rmqstore.store.store import MessageStore
-from store_checks import Acked, WalkCache, body_for, small_config, verify_store
+from store_checks import Acked, WalkCache, next_puts_continue, small_config, verify_store
 
 pytestmark = pytest.mark.slow
 
@@ -44,24 +43,12 @@ KILLS = 20
 OLD_SAMPLE = 150
 
 
-def offsets_continue(store: MessageStore, acked: list[Acked], tag: str, where: str) -> list[Acked]:
-    """Every queue's max offset is past its acknowledged offsets; the next put to it gets that offset."""
+def _acked_top(acked: list[Acked]) -> dict[tuple[str, int], int]:
+    """Each queue with acknowledged puts: its highest acknowledged queue offset."""
     top: dict[tuple[str, int], int] = {}
     for a in acked:
         top[(a.topic, a.queue_id)] = max(top.get((a.topic, a.queue_id), -1), a.queue_offset)
-    added = []
-    for (topic, qid), hi in sorted(top.items()):
-        expect = store.get_max_offset_in_queue(topic, qid)
-        assert expect > hi, f"{where}: {topic}/{qid} max offset {expect}, but {hi} was acknowledged"
-        key = f"{tag}-{topic}-{qid}"
-        r = store.put_message(Message(topic, body_for(key, 60), queue_id=qid, properties={"KEYS": key}))
-        assert r.status is PutMessageStatus.PUT_OK, f"{where}: put after reopen: {r.status.name}"
-        a = r.append_result
-        assert a.logics_offset == expect, \
-            f"{where}: {topic}/{qid}: next put got queue offset {a.logics_offset}, expected {expect}"
-        added.append(Acked(a.wrote_offset, a.logics_offset, a.msg_id, topic, qid, key, 60, 0))
-    store.wait_dispatched()
-    return added
+    return top
 
 
 def _draw_like_index_sample(rng: random.Random, acked: list[Acked], n: int) -> None:
@@ -113,7 +100,7 @@ def kill_loop(tmp_path: Path, flush: str, seed: int, kills: int = KILLS) -> dict
                 old = acked[:len(acked) - len(new)]
                 sample = new + (rng.sample(old, min(OLD_SAMPLE, len(old))) if old else [])
                 check_acked(store, sample, where)
-                added = offsets_continue(store, acked, f"p{k}", where)
+                added = next_puts_continue(store, _acked_top(acked), f"p{k}", where, body_len=60)
                 check_acked(store, added, where + " (after reopen)")
             if in_place:
                 acked += added
