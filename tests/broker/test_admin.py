@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
-from rmqstore.client import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
+from rmqstore.client import Message, MessageQueue, Producer, PullConsumer, PullStatus
 from rmqstore.client.message import MQBrokerError, MQClientError
 from rmqstore.remoting import fastjson
 from rmqstore.remoting.codes import RequestCode, ResponseCode
@@ -310,8 +309,7 @@ def test_reset_offset_by_time_without_a_consumer(server, admin):
             p.send(Message(topic, b"o%d" % i))
     mqs = sorted(admin.fetch_subscribe_message_queues(topic))
     for mq in mqs:
-        admin._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq, {"consumerGroup": group,
-                                                                  "commitOffset": admin.max_offset(mq)})
+        admin.update_consumer_offset(group, mq, admin.max_offset(mq))
     r = raw_request(admin, server.broker_addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
              {"topic": topic, "group": group, "timestamp": 0, "isForce": True})
     assert r.code == ResponseCode.CONSUMER_NOT_ONLINE and r.remark.startswith("Consumer not online")
@@ -341,7 +339,7 @@ def test_cli_update_broker_config_and_reset_offset(server, admin):
     with Producer("cli_reset_pg", server.namesrv_addr) as p:
         for i in range(3):
             p.send(Message("CliResetT", b"x"), queue=mq)
-    admin._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq, {"consumerGroup": "cli_reset_cg", "commitOffset": 3})
+    admin.update_consumer_offset("cli_reset_cg", mq, 3)
     rc, text = _cli(server, "resetOffsetByTime", "-g", "cli_reset_cg", "-t", "CliResetT", "-s", "0")
     assert rc == 0 and text.splitlines()[1].split() == ["ops-b", "0", "0"]
     assert admin.query_consumer_offset("cli_reset_cg", mq) == 0

@@ -37,7 +37,8 @@ from ..remoting.codes import (MASTER_ID, PROPERTY_CONSUME_START_TIMESTAMP, PROPE
                               RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode)
 from ..remoting import fastjson
 from ..remoting.command import RemotingCommand
-from .instance import MQClientInstance, subscribe_info
+from . import admin_impl
+from .instance import MQClientInstance
 from .message import (ConsumeFromWhere, ConsumeStatus, MessageExt, MessageModel, MessageQueue, MQBrokerError,
                       MQClientError, PullResult, PullStatus, decode_messages)
 from .rebalance import RebalanceImpl
@@ -364,32 +365,18 @@ class _ConsumerBase(RebalanceImpl):
         for req in new:
             self._pull(req)
 
-    # --- admin calls --------------------------------------------------------------------------------
-    def _queue_call(self, code: int, mq: MessageQueue, extra: dict | None = None) -> RemotingCommand:
-        mqc = self._mq()
-        addr = mqc.broker_addr_of(mq)
-        fields = {"topic": mq.topic, "queueId": mq.queue_id}
-        fields.update(extra or {})
-        r = mqc.invoke(mqc.broker_channel(addr), mqc.request(code, fields))
-        if r.code != ResponseCode.SUCCESS:
-            raise MQBrokerError(r.code, r.remark, addr)
-        return r
-
+    # --- admin calls (MQAdminImpl) -------------------------------------------------------------------
     def max_offset(self, mq: MessageQueue) -> int:
-        return int(self._queue_call(RequestCode.GET_MAX_OFFSET, mq).field("offset"))
+        return admin_impl.max_offset(self._mq(), mq)
 
     def min_offset(self, mq: MessageQueue) -> int:
-        return int(self._queue_call(RequestCode.GET_MIN_OFFSET, mq).field("offset"))
+        return admin_impl.min_offset(self._mq(), mq)
 
     def search_offset(self, mq: MessageQueue, timestamp: int) -> int:
-        return int(self._queue_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, {"timestamp": timestamp}).field("offset"))
+        return admin_impl.search_offset(self._mq(), mq, timestamp)
 
     def fetch_subscribe_message_queues(self, topic: str) -> set[MessageQueue]:
-        mqc = self._mq()
-        route = mqc.update_route(topic)
-        if route is None:
-            raise MQClientError(f"Can not find Message Queue for this topic, {topic}")
-        return subscribe_info(topic, route)
+        return admin_impl.fetch_subscribe_message_queues(self._mq(), topic)
 
     # --- pulling ------------------------------------------------------------------------------------
     def _pull_command(self, mq: MessageQueue, offset: int, max_nums: int, sd: SubscriptionData | None,

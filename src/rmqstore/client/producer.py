@@ -28,6 +28,7 @@ from ..remoting.body import encode_batch_entry
 from ..remoting.codes import (DEFAULT_TOPIC, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, RETRY_GROUP_TOPIC_PREFIX,
                               RequestCode, ResponseCode)
 from ..remoting.command import RemotingCommand, next_opaque
+from . import admin_impl
 from .instance import MQClientInstance, TopicPublishInfo, TopicRoute, publish_info
 from .message import Message, MessageQueue, MQBrokerError, MQClientError, SendResult
 from .remoting import RemotingSendError, RemotingTimeoutError
@@ -339,12 +340,12 @@ class Producer(SendRequests, TransactionalProducer):
 
     # --- lookups (DefaultMQProducer.queryMessage / viewMessage) ----------------------------------------
     def query_message(self, topic: str, key: str, max_num: int = 32, begin: int = 0, end: int = 2 ** 63 - 1):
-        from .admin import query_message
-        return query_message(self._check(), topic, key, max_num, begin, end)
+        return admin_impl.query_message(self._check(), topic, key, max_num, begin, end)
 
     def view_message(self, msg_id: str, topic: str | None = None):
-        from .admin import view_message, view_message_any
-        return view_message(self._check(), msg_id) if topic is None else view_message_any(self._check(), topic, msg_id)
+        if topic is None:
+            return admin_impl.view_message(self._check(), msg_id)
+        return admin_impl.view_message_any(self._check(), topic, msg_id)
 
 
 _LAZY = threading.Lock()

@@ -8,7 +8,7 @@ import time
 
 from ..remoting import fastjson
 from ..remoting.codes import RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode
-from .instance import MQClientInstance, TopicRoute, subscribe_info
+from .instance import TopicRoute, subscribe_info
 from .message import ConsumeFromWhere, MessageQueue, MQClientError
 
 log = logging.getLogger("rmqstore.client.consumer")     # logged under the name of the module it came from
