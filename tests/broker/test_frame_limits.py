@@ -9,7 +9,6 @@ import socket
 import struct
 import time
 
-import pytest
 
 from rmqstore.broker.server import ServerProcess
 from rmqstore.remoting.codes import RequestCode

@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import struct
-import threading
 import time
 from pathlib import Path
 

@@ -9,7 +9,6 @@ import pytest
 
 from rmqstore import Message, MessageStore, Producer, StoreConfig
 from rmqstore.store.timer.timer import TIMER_TOPIC
-from store_checks import wait_count
 
 
 def test_deliver_at_datetime_and_epoch_ms_arrive_no_earlier(tmp_path):

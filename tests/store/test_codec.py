@@ -5,7 +5,7 @@ import ipaddress
 import struct
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rmqstore.store.format import codec, scanner
@@ -342,7 +342,6 @@ def test_walk_records_agrees_with_check_record(recs, data, check_crc):
 
 def test_walk_records_golden_commitlog():
     """Every golden commitlog file walks to the same end as check_record's walk, CRCs checked."""
-    import pathlib
     import mmap
     from conftest import golden_dir
     root = golden_dir()

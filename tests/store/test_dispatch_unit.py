@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import struct
 
-import numpy as np
 import pytest
 
 from rmqstore import Message, MessageStore

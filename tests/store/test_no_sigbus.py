@@ -9,7 +9,6 @@ or fails with one line naming the file.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -34,7 +34,6 @@ RowError).
 """
 from __future__ import annotations
 
-import io
 import logging
 import os
 import re

@@ -31,12 +31,11 @@ from .index.index_file import IndexService
 from .state.lock import AbortFile, StoreLock
 from .durability.parts import StoreParts
 from .state.running_flags import RunningFlags
-from .format.message import Message
 from .durability.cleanup import CleanupService
 from .durability.flush import flush_failed, install_flush_services
 from .reads.read_api import StoreReadAPI
 # the read API's names, where they were before it moved out (broker, store_reader, tests)
-from .reads.read_api import TOTAL_PHYSICAL_MEMORY_SIZE, MessageFilter, QueryMessageResult, unit_record_mismatch  # noqa: F401
+from .reads.read_api import TOTAL_PHYSICAL_MEMORY_SIZE  # noqa: F401  (the broker's figure, from the facade)
 from .recovery.recovery import RecoveryReport, recover_store
 from .ha import HAService, HAStatus, listen_port
 from .ha import role as ha_role

@@ -16,7 +16,8 @@ from .check_commitlog import Records, live_by_queue
 from .check_report import CheckReport, digit_files, queue_dirs
 from ..conf.config import StoreConfig
 from ..files.mapped_file import FileCache
-from ..recovery.recovery import UNIT_MISSING, UNIT_REASONS, index_file_problems, structure_problem, unit_problems
+from ..recovery.queue_check import UNIT_MISSING, UNIT_REASONS, structure_problem, unit_problems
+from ..recovery.recovery import index_file_problems
 
 UNIT = codec.CQ_STORE_UNIT_SIZE
 _CQ_NP = np.dtype(codec.CQ_DTYPE)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Sequence
 
-from .commit_log import AppendFailed, CommitLog, log_refused
+from .commit_log import AppendFailed, log_refused
 from .hooks import merge_refused
 from ..format.message import Message, PutMessageResult, PutMessageStatus
 from ..format.message_batch import MessageBatch

@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..format import codec, resync, scanner
+from ..format import codec, scanner
 from ..format.scanner import Outcome
 from ..commitlog.commit_log import CommitLog
 from ..conf.config import StoreConfig

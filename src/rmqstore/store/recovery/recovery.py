@@ -72,8 +72,6 @@ from ..state.lock import AbortFile
 from .open_trust import OpenTrust, first_real_unit_below, first_real_unit_position, first_unit_pointing_at
 from .queue_check import (CQ_CHECK_SAMPLE, UNIT_OTHER_QUEUE, UNIT_REASONS, _commitlog_sources, check_queue,
                           moved_record, unit_offsets_from)
-from .queue_check import (  # noqa: F401 - older importers (check, Spark) take these from here
-    UNIT_MISSING, _checked_positions, structure_problem, unit_problems)
 from ..files.mapped_file import MappedFile, MappedFileQueue, offset_to_file_name
 
 if TYPE_CHECKING:  # pragma: no cover
