@@ -6,52 +6,12 @@ import enum
 import zlib
 from dataclasses import dataclass, field
 
+from ..common.enums import (ConsumeConcurrentlyStatus, ConsumeFromWhere, LocalTransactionState,  # noqa: F401 (the API's)
+                            PullStatus, SendStatus)
 from ..store.format import codec
 from ..store.format import scanner
 from ..remoting.codes import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
                               PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, ResponseCode)
-
-
-class ConsumeFromWhere(enum.Enum):
-    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
-    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
-
-    @classmethod
-    def of(cls, v) -> "ConsumeFromWhere":
-        """This enum's member for a member of any enum with RocketMQ's names (the in-process API's), or a
-        name."""
-        return cls(getattr(v, "value", v))
-
-
-class ConsumeConcurrentlyStatus(enum.Enum):
-    CONSUME_SUCCESS = "CONSUME_SUCCESS"
-    RECONSUME_LATER = "RECONSUME_LATER"
-
-
-class PullStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
-
-
-class SendStatus(enum.Enum):
-    SEND_OK = "SEND_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
-
-
-class LocalTransactionState(enum.Enum):
-    COMMIT_MESSAGE = "COMMIT_MESSAGE"
-    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
-    UNKNOW = "UNKNOW"          # sic, RocketMQ's spelling
-
-    @classmethod
-    def of(cls, v) -> "LocalTransactionState":
-        """This enum's member for a member of any enum with RocketMQ's names, or a name; None stays None."""
-        return None if v is None else cls(getattr(v, "value", v))
 
 
 class MQClientError(Exception):

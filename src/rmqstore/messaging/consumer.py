@@ -39,7 +39,6 @@ max_reconsume_times, default unlimited, they go to the dead-letter topic).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import heapq
 import inspect
 import itertools
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..common.enums import ConsumeConcurrentlyStatus, ConsumeFromWhere, ConsumeOrderlyStatus, PullStatus
 from ..store.format import codec
 from ..errors import StoreClosedError
 from ..filter import MessageSelector, SqlExpression, compile_sql92
@@ -70,20 +70,6 @@ __all__ = ["PushConsumer", "PullConsumer", "ConsumeFromWhere", "ConsumeConcurren
 
 
 # --- enums and results ---------------------------------------------------------------------------
-class ConsumeFromWhere(enum.Enum):
-    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
-    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
-
-
-class ConsumeConcurrentlyStatus(enum.Enum):
-    CONSUME_SUCCESS = "CONSUME_SUCCESS"
-    RECONSUME_LATER = "RECONSUME_LATER"
-
-
-class ConsumeOrderlyStatus(enum.Enum):
-    SUCCESS = "SUCCESS"
-    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
 
 
 CONSUME_SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
@@ -91,13 +77,6 @@ RECONSUME_LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
 SUSPEND_CURRENT_QUEUE_A_MOMENT = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 _OK_STATUSES = (CONSUME_SUCCESS, SUCCESS, "CONSUME_SUCCESS", "SUCCESS")
-
-
-class PullStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
 
 
 @dataclass

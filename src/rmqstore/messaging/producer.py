@@ -27,7 +27,6 @@ the store's PutMessageStatus (as the Java client throws MQBrokerException).
 """
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import os
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
+from ..common.enums import SendStatus
 from ..store.format import codec, validation
 from ..errors import RmqStoreError
 from ..store.format.java_map import JavaHashMap
@@ -72,13 +72,6 @@ def deliver_at_ms(deliver_at: datetime | int | float) -> int:
     if not deliver_at >= 0 or deliver_at == float("inf"):
         raise ValueError(f"deliver_at={deliver_at!r}: epoch milliseconds must be a finite number >= 0")
     return int(deliver_at)
-
-
-class SendStatus(enum.Enum):
-    SEND_OK = "SEND_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 _SEND_STATUS = {

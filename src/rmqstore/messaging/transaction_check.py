@@ -7,13 +7,13 @@ the store only; the producers depend on it, not the other way round.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..common.enums import LocalTransactionState
 from ..store.format import codec
 from ..store.conf.config_file import as_int, as_object, config_dir, dumps_pretty, load_config_file, string_to_file
 from ..store.format.java_map import as_broker_map
@@ -30,12 +30,6 @@ _PREPARED = codec.TRANSACTION_PREPARED_TYPE
 _COMMIT = codec.TRANSACTION_COMMIT_TYPE
 _ROLLBACK = codec.TRANSACTION_ROLLBACK_TYPE
 _MASK = codec.TRANSACTION_TYPE_MASK
-
-
-class LocalTransactionState(enum.Enum):
-    COMMIT_MESSAGE = "COMMIT_MESSAGE"
-    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
-    UNKNOW = "UNKNOW"          # sic, RocketMQ's spelling
 
 
 COMMIT_MESSAGE = LocalTransactionState.COMMIT_MESSAGE
