@@ -112,11 +112,12 @@ def _record_offset(s: MessageStore, topic: str, i: int) -> int:
 
 
 def _point_unit_at(path: Path, topic: str, i: int, offset: int, size: int) -> None:
-    f = _cq_file(path, topic, i // PER_FILE)
-    a = bytearray(f.read_bytes())
-    at = (i % PER_FILE) * 20
-    a[at:at + 12] = codec.CQ_UNIT.pack(offset, size, 0)[:12]
-    f.write_bytes(bytes(a))
+    """Unit i's offset and size rewritten in place (never truncating a file an open store may have mapped)."""
+    fd = os.open(_cq_file(path, topic, i // PER_FILE), os.O_WRONLY)
+    try:
+        os.pwrite(fd, codec.CQ_UNIT.pack(offset, size, 0)[:12], (i % PER_FILE) * 20)
+    finally:
+        os.close(fd)
 
 
 def test_unit_pointing_at_another_topics_record_is_rebuilt(store_dir: Path, tmp_path: Path):

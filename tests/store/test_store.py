@@ -11,6 +11,7 @@ import pytest
 
 from conftest import golden_dir
 
+from rmqstore.store.check import background_check
 from rmqstore.store.format import codec
 from rmqstore.store.conf.config import StoreConfig
 from rmqstore.tools.dump import dump_lines, read_keys
@@ -156,6 +157,8 @@ def test_corrupt_consume_queue_units_read_without_crash(tmp_path, caplog):
     with MessageStore.open(tmp_path / "s", cfg) as store:
         rs = store.put_messages([Message("T", b"m%d" % i) for i in range(20)])
         store.wait_dispatched()
+        # the damage comes after the background check's pass, which would otherwise find and repair it first
+        assert store.service(background_check.NAME).wait(60)
         cq_file = tmp_path / "s" / "consumequeue" / "T" / "0" / ("0" * 20)
         with open(cq_file, "r+b") as f:
             f.seek(3 * 20)
