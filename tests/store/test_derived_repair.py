@@ -187,6 +187,33 @@ def test_a_repair_decided_on_units_read_before_another_repair_leaves_the_queue_a
         _assert_all_readable(s)
 
 
+def test_readers_never_see_a_queue_shorter_while_a_repair_on_the_open_store_rebuilds_it(store_dir: Path):
+    """A repair on the open store (the background check's, check(repair=True)) cuts a queue at its damaged unit
+    and the dispatcher rebuilds the rest from the commitlog. Until it has, the queue's max offset stays what it
+    was and a read past the cut answers "not yet" at the same offset (OFFSET_OVERFLOW_ONE): never
+    OFFSET_OVERFLOW_BADLY, whose next offset (the cut) a consumer would move back to (the broker answers it
+    with PULL_OFFSET_MOVED), nor a next offset past the read one. Without the dispatcher thread (services not
+    started) the window stays open until the test runs the dispatcher itself."""
+    from rmqstore.store.recovery.queue_check import UNIT_OTHER_QUEUE
+    from rmqstore.store.recovery.recovery import repair_queues_live
+    with MessageStore.open(store_dir, _config(), start_services=False) as s:
+        u_off = _record_offset(s, "U", 7)
+        _point_unit_at(store_dir, "T", 7, u_off, s.look_message_by_offset(u_off).store_size)
+        cq = s.consume_queues.find("T", 0)
+        assert repair_queues_live(s.commit_log, s.dispatcher, [(cq, 7, UNIT_OTHER_QUEUE)]) != []
+        assert cq.get_max_offset_in_queue() == 7                       # cut, not rebuilt yet
+        assert s.get_max_offset_in_queue("T", 0) == N
+        for offset in (7, 300, N - 1):                                 # acknowledged messages, coming back
+            r = s.get_message("g", "T", 0, offset, 4)
+            assert (r.status, r.next_begin_offset, r.max_offset) == (GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, N)
+        r = s.get_message("g", "T", 0, N + 5, 4)                       # past it: as ever
+        assert r.status == GetMessageStatus.OFFSET_OVERFLOW_BADLY and r.max_offset == N
+        assert [m.queue_offset for m in s.get_message("g", "T", 0, 0, 32).messages] == list(range(7))
+        s.dispatcher.do_reput()                                        # the rebuild
+        assert cq.rebuilding_to == -1 and not s.dispatcher.rebuilding
+        _assert_all_readable(s)
+
+
 # --- defect 14 ---------------------------------------------------------------------------------------
 def _cut_copy(golden: Path, dst: Path) -> Path:
     shutil.copytree(golden_store(golden, "rmq440-clean"), dst)

@@ -99,6 +99,10 @@ class ConsumeQueue:
         self.max_physic_offset = -1      # end (offset + size) of the last unit's message
         self.min_logic_offset = 0        # byte offset of the first valid unit
         self.lock = threading.Lock()
+        # while a repair on the open store rebuilds this queue from the commitlog (recovery.repair_queues_live,
+        # cleared by the dispatcher once it has passed what the commitlog held): the queue's max offset
+        # before the cut, whose units are coming back (readers: max_offset_for_readers); else -1
+        self.rebuilding_to = -1
 
     # --- loading and recovery -------------------------------------------------------------------
     def load(self, extend_short_first: bool = False) -> None:
@@ -295,6 +299,15 @@ class ConsumeQueue:
 
     def get_message_total_in_queue(self) -> int:
         return self.get_max_offset_in_queue() - self.get_min_offset_in_queue()
+
+    def max_offset_for_readers(self) -> tuple[int, int]:
+        """(units written, max offset readers see): the two differ while a repair on the open store rebuilds
+        the queue (rebuilding_to): the offsets between are messages coming back, not gone. rebuilding_to is
+        read before and after the units: it is set before a cut and cleared after the rebuild, so one of
+        the two reads sees it whenever the units read are cut."""
+        before = self.rebuilding_to
+        n = self.get_max_offset_in_queue()
+        return n, max(n, before, self.rebuilding_to)
 
     def get_index_buffer(self, start_index: int) -> tuple[bytes, int] | None:
         """Units from start_index to the end of the file holding it: (raw bytes, byte offset)."""

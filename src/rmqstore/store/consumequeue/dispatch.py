@@ -67,6 +67,9 @@ class Dispatcher(DamageSkips):
         self.skipped: list[Failure] = []       # every range this dispatcher skipped (gaps, damage)
         # deleted queues (deleted_queues.py): (topic, queue id) -> their records below it are never dispatched
         self.deleted: dict[tuple[str, int], int] = {}
+        # queues a repair on the open store cut (recovery.repair_queues_live): the commitlog end to pass
+        # before their rebuild is over (ConsumeQueue.rebuilding_to is cleared then)
+        self.rebuilding: dict = {}
         # held while a batch's units are written, and by deleteTopic (queue_clean) while it removes queues:
         # no unit of a queue is written after the queue is deleted (taken after the put lock, never before)
         self.units_lock = threading.Lock()
@@ -190,6 +193,8 @@ class Dispatcher(DamageSkips):
         while True:
             end = cl.get_max_offset() if until is None else min(until, cl.get_max_offset())
             reput = self.reput_from_offset
+            if self.rebuilding:
+                self._end_rebuilds(reput, False)
             if reput >= end:
                 return total
             hints = cl.dispatch_hints
@@ -242,10 +247,17 @@ class Dispatcher(DamageSkips):
                     log.error("dispatch stopped: %s", err)
                 self.error = err
                 cl.dispatch_hints = None        # nothing past the error is dispatched: writers must not wait
+                self._end_rebuilds(next_offset, True)   # no more is coming: readers see the queues as they are
                 return total
             if next_offset == self.reput_from_offset:
                 return total
             self._advance(next_offset, end)
+
+    def _end_rebuilds(self, reput: int, stopped: bool) -> None:
+        for cq, until in list(self.rebuilding.items()):
+            if stopped or reput >= until:
+                cq.rebuilding_to = -1
+                del self.rebuilding[cq]
 
     def _take_hint(self, hints: dict, reput: int, end: int) -> int:
         """Dispatch the writer's own columns for the records at reput if they are all readable: returns how

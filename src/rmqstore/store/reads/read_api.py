@@ -53,7 +53,10 @@ class StoreReadAPI:
         cq = self.consume_queues.find(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        min_off, max_off = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+        min_off = cq.get_min_offset_in_queue()
+        written, max_off = cq.max_offset_for_readers()
+        if written <= offset < max_off:     # a unit a repair on the open store is rebuilding: not yet readable
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
         if max_off == 0:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_off, max_off)
         if offset < min_off:
@@ -65,6 +68,8 @@ class StoreReadAPI:
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
         got = cq.get_index_buffer(offset)
         if got is None:
+            if offset < cq.rebuilding_to:       # cut since the max offset was read: rebuilding
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
             return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_off, max_off)
         return self._read_units(cq, got[0], offset, max_msg_nums, message_filter, min_off, max_off)
 
@@ -168,7 +173,7 @@ class StoreReadAPI:
     # --- offsets and lookups --------------------------------------------------------------------
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.consume_queues.find(topic, queue_id)
-        return cq.get_max_offset_in_queue() if cq else 0
+        return cq.max_offset_for_readers()[1] if cq else 0
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.consume_queues.find(topic, queue_id)

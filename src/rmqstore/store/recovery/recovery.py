@@ -923,12 +923,18 @@ def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[Co
                 continue                # repaired meanwhile
             bad, code = now
             known = len(rep.skipped_ranges)
-            done = _repair_queue(cq, commit_log, commit_log.get_max_offset(), bad, code, rep,
-                                 dispatcher.consume_queues, dispatcher.failures)
+            end = commit_log.get_max_offset()
+            rebuilding = cq.rebuilding_to
+            # set before the cut: readers keep seeing the units up to it as there (not yet readable)
+            cq.rebuilding_to = max(rebuilding, cq.get_max_offset_in_queue())
+            done = _repair_queue(cq, commit_log, end, bad, code, rep, dispatcher.consume_queues,
+                                 dispatcher.failures)
             for a, b in rep.skipped_ranges[known:]:     # a moved record: never dispatched again
                 dispatcher.add_skip_range(a, b)
             if not done:
+                cq.rebuilding_to = rebuilding
                 continue
+            dispatcher.rebuilding[cq] = max(end, dispatcher.rebuilding.get(cq, end))
             last = _last_unit(cq)
             cq.max_physic_offset = last[0] + last[1] if last is not None else -1
             starts.append(cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min)
