@@ -326,6 +326,8 @@ def check_queue(cq: ConsumeQueue, sources, cl_min: int, deep_from: int = 0,
     if qu.missing is not None:
         found.append((qu.missing, UNIT_MISSING))
     s = structure_problem(qu.off, qu.size)
+    if s is not None and s[1] == UNIT_ORDER:
+        s = _order_culprit(qu, s[0], cq, sources, cl_min)
     if s is not None:
         found.append((qu.first + s[0], s[1]))
         upto = s[0]
@@ -337,6 +339,21 @@ def check_queue(cq: ConsumeQueue, sources, cl_min: int, deep_from: int = 0,
         if len(bad):
             found.append((qu.first + int(idx[bad[0]]), int(codes[bad[0]])))
     return min(found) if found else None
+
+
+def _order_culprit(qu, j: int, cq: ConsumeQueue, sources, cl_min: int) -> tuple[int, int]:
+    """Unit j's offset is not past the previous real unit's: either may be the damaged one (one pointing too
+    far ahead makes the next look out of order). Their records tell: the previous one when it does not
+    match its record (a repair cut after it would rebuild from the end of the record it wrongly names and
+    leave out the messages between), else j (with its own problem when its record shows one)."""
+    real = ~((qu.size[:j] == codec.CQ_BLANK_SIZE) & (qu.off[:j] == 0))
+    p = int(np.flatnonzero(real)[-1])
+    pair = np.array([p, j])
+    codes = unit_problems(qu.off[pair], qu.size[pair], qu.first + pair, cq.queue_id, cq.topic.encode("utf-8"),
+                          sources, cl_min)
+    if codes[0]:
+        return p, int(codes[0])
+    return j, int(codes[1]) or UNIT_ORDER
 
 
 def moved_record(cq: ConsumeQueue, bad: int, commit_log: "CommitLog", find) -> tuple[int, int, str] | None:
