@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import golden_store, read_jsonl, run_cli
+from store_checks import wait_until
 from rmqstore.store.check import background_check
 from rmqstore.store.format import codec
 from rmqstore.store.conf.config import StoreConfig
@@ -148,8 +149,11 @@ def test_unit_pointing_at_another_topics_record_is_rebuilt(store_dir: Path, tmp_
 
 def test_read_never_answers_found_with_another_queues_record(store_dir: Path, caplog):
     """Defect 7, read path: a unit damaged while the store is open (after open's checks) pointing at another
-    topic's record, or at a record of the same queue with another queue offset, is skipped with a warning
-    naming the unit; no wrong FOUND."""
+    topic's record, or at a record of the same queue with another queue offset, is never answered: the read
+    stops before it with a warning naming the unit (a consumer waits there, it does not skip the message)
+    and the store repairs the queue (check.unit_repair: cut there, rebuilt from the commitlog; a
+    CORRUPT_UNIT on the failure channel): the messages come back at their offsets."""
+    from rmqstore.store.state.failure import FailureKind
     with MessageStore.open(store_dir, _config()) as s:
         # the damage comes after the background check's pass, which would otherwise find and repair it first
         assert s.service(background_check.NAME).wait(60)
@@ -160,18 +164,32 @@ def test_read_never_answers_found_with_another_queues_record(store_dir: Path, ca
         _point_unit_at(store_dir, "T", 7, u_off, u_size)       # the file shares its pages with the mapping
         _point_unit_at(store_dir, "T", 8, t_off, t_size)
         with caplog.at_level(logging.WARNING):
-            r = s.get_message("g", "T", 0, 7, 2)
-        assert all(m.topic == "T" for m in r.messages)
-        assert all(m.queue_offset not in (8, 9) or m.body == _body("T", m.queue_offset) for m in r.messages)
-        assert [m.body for m in r.messages if m.queue_offset in (7, 8)] == []
+            r = s.get_message("g", "T", 0, 5, 8)
+        assert [m.queue_offset for m in r.messages] == [5, 6] and r.next_begin_offset == 7
+        assert all(m.topic == "T" and m.body == _body("T", m.queue_offset) for m in r.messages)
         assert "unit 7 of T/0" in caplog.text and "U/0" in caplog.text
-        assert "unit 8 of T/0" in caplog.text
+        assert wait_until(lambda: s.unit_repair.repaired == 1, 30) and s.wait_dispatched(30)
         r = s.get_message("g", "T", 0, 7, 32)
-        assert [m.queue_offset for m in r.messages] == list(range(9, 9 + len(r.messages)))
-        # check(repair=True) on the open store rebuilds the queue in place
+        assert [(m.queue_offset, m.body) for m in r.messages] == [(i, _body("T", i)) for i in range(7, 39)]
+        got = s.failures.failures(FailureKind.CORRUPT_UNIT)
+        assert [(f.path.endswith(f"T/0/{0:020d}"), f.offset) for f in got] == [(True, 7 * 20)], got
         rep = s.check(repair=True)
         assert rep.ok, [str(p) for p in rep.problems]
         _assert_all_readable(s)
+
+
+def test_without_its_services_a_store_skips_a_damaged_unit(store_dir: Path, caplog):
+    """A store opened without its services has no repair: a read skips the damaged units (warning naming
+    each), never answering another queue's or offset's record."""
+    with MessageStore.open(store_dir, _config(), start_services=False) as s:
+        u_off = _record_offset(s, "U", 7)
+        t_off = _record_offset(s, "T", 9)
+        _point_unit_at(store_dir, "T", 7, u_off, s.look_message_by_offset(u_off).store_size)
+        _point_unit_at(store_dir, "T", 8, t_off, s.look_message_by_offset(t_off).store_size)
+        with caplog.at_level(logging.WARNING):
+            r = s.get_message("g", "T", 0, 7, 4)
+        assert [m.queue_offset for m in r.messages] == [9, 10, 11, 12] and all(m.topic == "T" for m in r.messages)
+        assert "unit 7 of T/0" in caplog.text and "unit 8 of T/0" in caplog.text
 
 
 def test_a_repair_decided_on_units_read_before_another_repair_leaves_the_queue_alone(store_dir: Path):
@@ -212,6 +230,88 @@ def test_readers_never_see_a_queue_shorter_while_a_repair_on_the_open_store_rebu
         s.dispatcher.do_reput()                                        # the rebuild
         assert cq.rebuilding_to == -1 and not s.dispatcher.rebuilding
         _assert_all_readable(s)
+
+
+def test_a_consumer_reading_through_repairs_on_the_open_store_misses_nothing(tmp_path: Path):
+    """The same with the dispatcher's own thread, racing: a reader walks T/0 as a consumer does (from the next
+    offset each answer gives) while the queue is damaged and repaired on the open store again and again
+    (the background check's and check(repair=True)'s repair_queues_live; or first the one a read that met
+    the damage asked for). It gets every message once, in order: no answer moves it back
+    (OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL) or past a message."""
+    import threading
+    from rmqstore.store.format.message_batch import MessageBatch
+    from rmqstore.store.recovery.queue_check import UNIT_OTHER_QUEUE
+    from rmqstore.store.recovery.recovery import repair_queues_live
+    n = 20_000
+    cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 8 << 20, "mappedFileSizeConsumeQueue": n * 20})
+    path = tmp_path / "store"
+    with MessageStore.open(path, cfg) as s:
+        for k in range(0, n, 5000):
+            for topic in ("T", "U"):
+                s.put_messages(MessageBatch(topic, [_body(topic, i) for i in range(k, k + 5000)], queue_ids=[0] * 5000))
+        assert s.wait_dispatched(60)
+        assert s.service(background_check.NAME).wait(60)
+        cq = s.consume_queues.find("T", 0)
+        got: list[int] = []
+        wrong: list[str] = []
+        done = threading.Event()
+
+        def consume():
+            offset = 0
+            while offset < n and not done.is_set():
+                r = s.get_message("g", "T", 0, offset, 64)
+                if r.status == GetMessageStatus.FOUND:
+                    qo = [m.queue_offset for m in r.messages]
+                    if qo != list(range(offset, offset + len(qo))) or r.next_begin_offset != offset + len(qo):
+                        wrong.append(f"at {offset}: {qo[:3]}.. next {r.next_begin_offset}")
+                    got.extend(qo)
+                elif r.next_begin_offset != offset:
+                    wrong.append(f"at {offset}: {r.status.name} moves to {r.next_begin_offset}")
+                offset = r.next_begin_offset
+        reader = threading.Thread(target=consume)
+        reader.start()
+        repairs = 0
+        try:
+            for bad in (19_990, 15_000, 9_000, 4_000, 12_000, 19_000):
+                u_off = _record_offset(s, "U", bad)
+                fd = os.open(path / "consumequeue" / "T" / "0" / f"{0:020d}", os.O_WRONLY)
+                os.pwrite(fd, codec.CQ_UNIT.pack(u_off, s.look_message_by_offset(u_off).store_size, 0)[:12], bad * 20)
+                os.close(fd)
+                repairs += bool(repair_queues_live(s.commit_log, s.dispatcher, [(cq, bad, UNIT_OTHER_QUEUE)]))
+                assert s.wait_dispatched(60)
+        finally:
+            reader.join(60)
+            done.set()
+        # each damage repaired once: by the test's repair, or first by the one a read asked for
+        assert s.wait_dispatched(30) and not wrong, wrong[:5]
+        assert wait_until(lambda: repairs + s.unit_repair.repaired == 6, 10), (repairs, s.unit_repair.repaired)
+        assert got == list(range(n))
+        _assert_queue(s, "T", n)
+
+
+def test_a_unit_pointing_ahead_is_cut_not_the_one_after_it(store_dir: Path):
+    """A unit damaged to point far ahead (at a later record of another queue) makes the next unit look out of
+    order (commitlog offsets not increasing) to a check that does not compare it with its record (an open's
+    sample, a repair decided on a later unit): the cut is at the damaged unit, not after it, else the
+    rebuild would start from the end of the record it points at and leave the queue without the messages
+    between."""
+    from rmqstore.store.recovery.queue_check import UNIT_OTHER_QUEUE
+    from rmqstore.store.recovery.recovery import repair_queues_live
+    with MessageStore.open(store_dir, _config(), start_services=False) as s:
+        u_off = _record_offset(s, "U", 500)
+        _point_unit_at(store_dir, "T", 120, u_off, s.look_message_by_offset(u_off).store_size)
+        cq = s.consume_queues.find("T", 0)
+        done = repair_queues_live(s.commit_log, s.dispatcher, [(cq, 130, UNIT_OTHER_QUEUE)])
+        assert len(done) == 1 and "unit 120 " in done[0], done
+        s.dispatcher.do_reput()
+        _assert_all_readable(s)
+
+
+def _assert_queue(s: MessageStore, topic: str, n: int) -> None:
+    assert s.get_max_offset_in_queue(topic, 0) == n and s.consume_queues.find(topic, 0).rebuilding_to == -1
+    for i in (0, n // 2, n - 1):
+        m = s.get_message("g", topic, 0, i, 1).messages[0]
+        assert (m.queue_offset, m.body) == (i, _body(topic, i))
 
 
 # --- defect 14 ---------------------------------------------------------------------------------------

@@ -152,7 +152,10 @@ def test_find_messages_by_key_checks_topic_and_key(tmp_path):
 
 def test_corrupt_consume_queue_units_read_without_crash(tmp_path, caplog):
     """Units overwritten while the store is open: pointing past the commitlog, into the middle of a
-    record, or garbage sizes give no message and a warning; the good units around them still read."""
+    record, or garbage sizes give no message and a warning; a read stops before them (never past: a
+    consumer does not skip the messages they lost) and the store repairs the queue from the commitlog,
+    after which every message reads at its offset."""
+    import time
     cfg = StoreConfig.from_dict({"mappedFileSizeCommitLog": 65536, "mappedFileSizeConsumeQueue": 2000})
     with MessageStore.open(tmp_path / "s", cfg) as store:
         rs = store.put_messages([Message("T", b"m%d" % i) for i in range(20)])
@@ -167,11 +170,12 @@ def test_corrupt_consume_queue_units_read_without_crash(tmp_path, caplog):
             f.write(codec.CQ_UNIT.pack(rs[5].append_result.wrote_offset, 2 ** 31 - 1, 0))  # huge size
         got = []
         offset = 0
+        deadline = time.monotonic() + 30
         with caplog.at_level("WARNING"):
-            while offset < 20:
+            while offset < 20 and time.monotonic() < deadline:
                 r = store.get_message("g", "T", 0, offset, 32)
                 got += [m.queue_offset for m in r.messages]
-                assert r.next_begin_offset > offset
+                assert r.next_begin_offset >= offset
                 offset = r.next_begin_offset
-        assert got == [0, 1, 2] + list(range(6, 20))
-        assert "points past the commitlog" in caplog.text and "holds no valid message" in caplog.text
+        assert got == list(range(20))
+        assert "points past the commitlog" in caplog.text

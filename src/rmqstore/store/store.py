@@ -7,8 +7,9 @@
 
 Opening takes the store's lock (a second process fails at once), recovers (see recovery: what the
 verified-state record vouches for is not checked again), re-dispatches what the queues and index lack, and
-starts the dispatcher, the flush services and the background check (background_check: what the open did
-not check). A clean close records what is verified (verified_state).
+starts the dispatcher, the flush services, the background check (background_check: what the open did
+not check) and the repair of units reads find damaged (check.unit_repair). A clean close records what is
+verified (verified_state).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from .check import background_check
+from .check import background_check, unit_repair
+from .check.unit_repair import UnitRepairService
 from .state.checkpoint import StoreCheckpoint
 from .commitlog.commit_log import CommitLog
 from .consumequeue import queue_clean
@@ -111,6 +113,8 @@ class MessageStore(StorePutAPI, StoreReadAPI):
                     s.start()
                 self.register_service(background_check.NAME,
                                       background_check.install(parts, self.failures, self.recovery_report))
+                self.unit_repair = UnitRepairService(self.commit_log, self.dispatcher, self.failures)
+                self.register_service(unit_repair.NAME, self.unit_repair)
                 if replicate:
                     self._start_ha()
             if self.config.broker_role and not self.config.is_slave:

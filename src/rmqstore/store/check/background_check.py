@@ -286,8 +286,11 @@ class BackgroundCheckService:
         mf = cq.queue.find_mapped_file_by_offset(bad * UNIT)
         path = str(mf.path) if mf is not None else str(cq.queue.store_path)
         done = repair_queues_live(p.commit_log, p.dispatcher, [(cq, bad, code)])
+        if not done:        # whole again: another repair (a read's, check(repair=True)) did it and reported it
+            log.info("%s: background check: unit %d was repaired meanwhile", path, bad)
+            return
         self.unverified.add(verified_state.rel_path(self.root, path))
-        reason = f"unit {bad} {why}" + (f"; {done[0]}" if done else "")
+        reason = f"unit {bad} {why}; {done[0]}"
         self.failures.report(FailureKind.CORRUPT_UNIT, reason, path=path,
                              offset=bad * UNIT - (mf.file_from_offset if mf is not None else 0))
         self.result.problems.append(f"{path}: {reason}")

@@ -713,8 +713,8 @@ class MappedFileQueue:
                     keep.append(mf)
                 elif mf.file_from_offset <= offset:
                     pos = offset - mf.file_from_offset
-                    _zero_tail(mf, pos)
-                    mf.set_positions(pos)
+                    mf.set_positions(pos)   # first: a reader of the open store (read_from) stops at pos
+                    _zero_tail(mf, pos)     # before the bytes after it are zeroed
                     keep.append(mf)
                 else:
                     log.info("truncate dirty file %s", mf.path)

@@ -42,8 +42,15 @@ class QueryMessageResult:
     index_last_update_phyoffset: int = 0
 
 
+WRONG_UNIT = object()       # _message_at: the unit names another record than its queue's (a damaged unit)
+
+
 class StoreReadAPI:
     """MessageStore's read methods (module docstring)."""
+
+    # a running MessageStore's check.unit_repair.UnitRepairService: repairs a unit a read found damaged
+    # (the read stops before it meanwhile); None: such a unit is skipped
+    unit_repair = None
 
     # --- get ------------------------------------------------------------------------------------
     def get_message(self, group: str, topic: str, queue_id: int, offset: int, max_msg_nums: int,
@@ -110,10 +117,17 @@ class StoreReadAPI:
                 i += UNIT       # not read: its tags code (or its filter bit map) says it does not match
                 continue
             msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
+            wrong_unit = msg is WRONG_UNIT
             if msg is None and off_py + size_py > max_py:
                 log.warning("%s: unit %d points past the commitlog's end (%d + %d > %d)", cq.queue.store_path,
                             offset + i // UNIT, off_py, size_py, max_py)
-            if msg is None:
+                wrong_unit = True
+            if msg is None or wrong_unit:
+                msg = None
+                if cq.rebuilding_to > offset + i // UNIT:
+                    break       # read while a repair cut the queue (ConsumeQueue.rebuilding_to): not skipped
+                if wrong_unit and self.unit_repair is not None and self.unit_repair.request(cq, offset + i // UNIT):
+                    break       # the message it lost comes back with the repair: the read waits, not skips
                 if result.buffer_total_size == 0:
                     result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 if off_py < self.commit_log.get_min_offset():
@@ -148,7 +162,9 @@ class StoreReadAPI:
         return (total + size_py > cfg.max_transfer_bytes_on_message_in_memory
                 or count > cfg.max_transfer_count_on_message_in_memory - 1)
 
-    def _message_at(self, off: int, size: int, cq: ConsumeQueue | None = None, logical: int | None = None) -> MessageExt | None:
+    def _message_at(self, off: int, size: int, cq: ConsumeQueue | None = None, logical: int | None = None):
+        """The message of the record at off, or None (no valid record there), or WRONG_UNIT (with cq: the
+        record is valid but not the one unit `logical` of cq names)."""
         if self.dispatcher.skip_ranges and self.dispatcher.is_skipped(off):
             return None     # in a damaged range recovery skipped (recovery.py): not a message to answer
         raw = self.commit_log.get_message(off, size)
@@ -160,14 +176,15 @@ class StoreReadAPI:
         except codec.RecordError as e:
             log.warning("%s: commitlog offset %d%s holds no valid message: %s",
                         self.commit_log.queue.store_path, off, where, e.reason)
+            if cq is not None and not _record_starts_at(raw):
+                return WRONG_UNIT       # the unit does not point at a record (a damaged unit, not body damage)
             return None
         if cq is not None:
             # the unit must name this record: never answer FOUND with another queue's or offset's message
             wrong = unit_record_mismatch(rec, off, size, cq.topic, cq.queue_id, logical)
             if wrong is not None:
-                log.warning("%s: commitlog offset %d%s: %s; unit skipped (rmqstore check --repair rebuilds the "
-                            "queue)", self.commit_log.queue.store_path, off, where, wrong)
-                return None
+                log.warning("%s: commitlog offset %d%s: %s", self.commit_log.queue.store_path, off, where, wrong)
+                return WRONG_UNIT
         return MessageExt.from_record(rec)
 
     # --- offsets and lookups --------------------------------------------------------------------
@@ -276,6 +293,15 @@ class StoreReadAPI:
 
     def topics(self) -> dict[str, list[int]]:
         return {t: sorted(qs) for t, qs in sorted(self.consume_queues.table.items())}
+
+
+def _record_starts_at(raw: bytes) -> bool:
+    """A record whose header parses starts at raw (its body may be damaged: the CRC is not checked)."""
+    try:
+        scanner.decode_record(raw, 0, len(raw), check_crc=False)
+    except codec.RecordError:
+        return False
+    return True
 
 
 def unit_record_mismatch(rec: codec.DecodedRecord, off: int, size: int, topic: str, queue_id: int,

@@ -1,0 +1,91 @@
+"""UnitRepairService: a consume queue unit a read found damaged, repaired on the open store.
+
+A unit that names another record than its queue's (another topic, queue or queue offset, another size), no
+record at all, or points past the commitlog's end was skipped by reads: a consumer reading through it moved past an
+acknowledged message that the commitlog still holds. Now the read stops before it and asks this service,
+which repairs the queue as the background check does (recovery.repair_queues_live: cut at the unit,
+rebuilt from the commitlog by the dispatcher; readers see the queue's max offset unchanged meanwhile), in
+its own thread, not the reader's; the failure channel gets a CORRUPT_UNIT naming the file and byte offset.
+
+Each unit is repaired once: after the attempt it is settled, and a read that still finds it damaged (the
+commitlog does not parse from its record on, so nothing was rebuilt) skips it as before. Without this
+service (a store opened without its services) reads skip damaged units.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from ..consumequeue.consume_queue import UNIT
+from ..recovery.queue_check import UNIT_OTHER_QUEUE
+from ..recovery.recovery import repair_queues_live
+from ..state.failure import FailureChannel, FailureKind
+
+log = logging.getLogger(__name__)
+
+NAME = "unit_repair"                # MessageStore.service(NAME)
+
+
+class UnitRepairService:
+    def __init__(self, commit_log, dispatcher, failures: FailureChannel):
+        self.commit_log = commit_log
+        self.dispatcher = dispatcher
+        self.failures = failures
+        self._pending: set[tuple[int, int]] = set()     # (id of the queue, unit) asked for, not yet settled
+        self._settled: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.repaired = 0               # repairs that cut and rebuilt a queue
+
+    def request(self, cq, unit: int) -> bool:
+        """True: the unit is (to be) repaired, the read stops before it; False: its repair is over and left
+        it damaged, the read skips it."""
+        key = (id(cq), unit)
+        with self._lock:
+            if key in self._settled or self._thread is None:
+                return False
+            if key not in self._pending:
+                self._pending.add(key)
+                self._requests.put((cq, unit))
+            return True
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="unit-repair", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        t, self._thread = self._thread, None
+        if t is not None:
+            self._requests.put(None)
+            t.join(30)
+
+    def _run(self) -> None:
+        while True:
+            item = self._requests.get()
+            if item is None:
+                return
+            cq, unit = item
+            try:
+                self._repair(cq, unit)
+            except Exception:       # the read skips the unit as before; the next open checks the queue
+                log.exception("%s: unit %d: the repair failed", cq.queue.store_path, unit)
+            with self._lock:
+                self._pending.discard((id(cq), unit))
+                self._settled.add((id(cq), unit))
+
+    def _repair(self, cq, unit: int) -> None:
+        if self.dispatcher.consume_queues.find(cq.topic, cq.queue_id) is not cq:
+            return                  # the queue was deleted meanwhile
+        mf = cq.queue.find_mapped_file_by_offset(unit * UNIT)
+        path = str(mf.path) if mf is not None else str(cq.queue.store_path)
+        done = repair_queues_live(self.commit_log, self.dispatcher, [(cq, unit, UNIT_OTHER_QUEUE)])
+        if not done:
+            return                  # found whole again under the dispatcher's lock, or not rebuildable
+        self.repaired += 1
+        reason = f"unit {unit} found damaged by a read; {done[0]}"
+        self.failures.report(FailureKind.CORRUPT_UNIT, reason, path=path,
+                             offset=unit * UNIT - (mf.file_from_offset if mf is not None else 0))
+        log.warning("%s: %s", path, reason)
