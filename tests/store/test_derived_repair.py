@@ -178,6 +178,48 @@ def test_read_never_answers_found_with_another_queues_record(store_dir: Path, ca
         _assert_all_readable(s)
 
 
+def _consume_t(s: MessageStore, timeout: float = 20) -> list[int]:
+    """T/0 read as a consumer reads it (from the next offset each answer gives): the queue offsets received."""
+    import time
+    got, offset, deadline = [], 0, time.monotonic() + timeout
+    while offset < N and time.monotonic() < deadline:
+        r = s.get_message("g", "T", 0, offset, 32)
+        assert all(m.topic == "T" and m.body == _body("T", m.queue_offset) for m in r.messages)
+        got += [m.queue_offset for m in r.messages]
+        assert r.next_begin_offset >= offset, (offset, r)
+        offset = r.next_begin_offset
+    return got
+
+
+@pytest.mark.parametrize("kind", ["ff", "negative offset", "negative size", "zero size", "across a file's end"])
+def test_a_unit_naming_no_readable_bytes_is_repaired_not_skipped(store_dir: Path, kind):
+    """Garbage a read cannot even look up (all 0xFF, a negative offset or size, a size running past the end of
+    the commitlog file): repaired as a unit naming another record is, the consumer misses nothing."""
+    with MessageStore.open(store_dir, _config()) as s:
+        assert s.service(background_check.NAME).wait(60)
+        t_off = _record_offset(s, "T", 77)
+        size = s.look_message_by_offset(t_off).store_size
+        fs = s.commit_log.file_size
+        raw = {"ff": b"\xff" * 12, "negative offset": codec.CQ_UNIT.pack(-1000, size, 0)[:12],
+               "negative size": codec.CQ_UNIT.pack(t_off, -5, 0)[:12], "zero size": codec.CQ_UNIT.pack(t_off, 0, 0)[:12],
+               "across a file's end": codec.CQ_UNIT.pack(fs - 10, 200, 0)[:12]}[kind]
+        fd = os.open(_cq_file(store_dir, "T", 77 // PER_FILE), os.O_WRONLY)
+        os.pwrite(fd, raw, (77 % PER_FILE) * 20)
+        os.close(fd)
+        assert _consume_t(s) == list(range(N))
+        assert s.unit_repair.repaired == 1
+
+
+def test_the_same_unit_damaged_again_is_repaired_again(store_dir: Path):
+    with MessageStore.open(store_dir, _config()) as s:
+        assert s.service(background_check.NAME).wait(60)
+        u_off = _record_offset(s, "U", 77)
+        for k in (1, 2):
+            _point_unit_at(store_dir, "T", 77, u_off, s.look_message_by_offset(u_off).store_size)
+            assert _consume_t(s) == list(range(N))
+            assert s.unit_repair.repaired == k and s.wait_dispatched(30)
+
+
 def test_without_its_services_a_store_skips_a_damaged_unit(store_dir: Path, caplog):
     """A store opened without its services has no repair: a read skips the damaged units (warning naming
     each), never answering another queue's or offset's record."""

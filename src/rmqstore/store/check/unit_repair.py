@@ -7,8 +7,9 @@ which repairs the queue as the background check does (recovery.repair_queues_liv
 rebuilt from the commitlog by the dispatcher; readers see the queue's max offset unchanged meanwhile), in
 its own thread, not the reader's; the failure channel gets a CORRUPT_UNIT naming the file and byte offset.
 
-Each unit is repaired once: after the attempt it is settled, and a read that still finds it damaged (the
-commitlog does not parse from its record on, so nothing was rebuilt) skips it as before. Without this
+Each damage is repaired once: after the attempt the unit is settled with the values it had, and a read
+that still finds those values (the commitlog does not parse from its record on, so nothing was rebuilt)
+skips it as before; other values there are new damage, repaired again. Without this
 service (a store opened without its services) reads skip damaged units.
 """
 from __future__ import annotations
@@ -33,18 +34,18 @@ class UnitRepairService:
         self.dispatcher = dispatcher
         self.failures = failures
         self._pending: set[tuple[int, int]] = set()     # (id of the queue, unit) asked for, not yet settled
-        self._settled: set[tuple[int, int]] = set()
+        self._settled: dict[tuple[int, int], tuple] = {}     # ... attempted, with the unit's values then
         self._lock = threading.Lock()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.repaired = 0               # repairs that cut and rebuilt a queue
 
-    def request(self, cq, unit: int) -> bool:
-        """True: the unit is (to be) repaired, the read stops before it; False: its repair is over and left
-        it damaged, the read skips it."""
+    def request(self, cq, unit: int, values: tuple) -> bool:
+        """True: the unit (with the values a read found, (offset, size, tags code)) is (to be) repaired, the
+        read stops before it; False: a repair attempt left it with these values, the read skips it."""
         key = (id(cq), unit)
         with self._lock:
-            if key in self._settled or self._thread is None:
+            if self._settled.get(key) == values or self._thread is None:
                 return False
             if key not in self._pending:
                 self._pending.add(key)
@@ -72,9 +73,10 @@ class UnitRepairService:
                 self._repair(cq, unit)
             except Exception:       # the read skips the unit as before; the next open checks the queue
                 log.exception("%s: unit %d: the repair failed", cq.queue.store_path, unit)
+            now = cq.get_unit(unit)
             with self._lock:
                 self._pending.discard((id(cq), unit))
-                self._settled.add((id(cq), unit))
+                self._settled[(id(cq), unit)] = tuple(now) if now is not None else None
 
     def _repair(self, cq, unit: int) -> None:
         if self.dispatcher.consume_queues.find(cq.topic, cq.queue_id) is not cq:

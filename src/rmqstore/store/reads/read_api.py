@@ -118,15 +118,15 @@ class StoreReadAPI:
                 continue
             msg = self._message_at(off_py, size_py, cq, offset + i // UNIT)
             wrong_unit = msg is WRONG_UNIT
-            if msg is None and off_py + size_py > max_py:
+            if wrong_unit and off_py + size_py > max_py:
                 log.warning("%s: unit %d points past the commitlog's end (%d + %d > %d)", cq.queue.store_path,
                             offset + i // UNIT, off_py, size_py, max_py)
-                wrong_unit = True
             if msg is None or wrong_unit:
                 msg = None
                 if cq.rebuilding_to > offset + i // UNIT:
                     break       # read while a repair cut the queue (ConsumeQueue.rebuilding_to): not skipped
-                if wrong_unit and self.unit_repair is not None and self.unit_repair.request(cq, offset + i // UNIT):
+                if wrong_unit and self.unit_repair is not None \
+                        and self.unit_repair.request(cq, offset + i // UNIT, codec.CQ_UNIT.unpack_from(units, i)):
                     break       # the message it lost comes back with the repair: the read waits, not skips
                 if result.buffer_total_size == 0:
                     result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
@@ -169,7 +169,10 @@ class StoreReadAPI:
             return None     # in a damaged range recovery skipped (recovery.py): not a message to answer
         raw = self.commit_log.get_message(off, size)
         if raw is None:
-            return None
+            # with cq: a unit that names no readable bytes (a negative or garbage offset or size, past the end
+            # or across a file's end) is damaged; one below the commitlog's min names a cleaned file
+            cleaned = 0 <= off < self.commit_log.get_min_offset()
+            return WRONG_UNIT if cq is not None and not cleaned else None
         where = f" (unit {logical} of {cq.topic}/{cq.queue_id})" if cq is not None else ""
         try:
             rec = scanner.decode_record(raw, 0, len(raw), check_crc=True)   # a damaged body is not an answer
