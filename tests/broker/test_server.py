@@ -20,7 +20,7 @@ from rmqstore.remoting.body import encode_batch
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType
 from rmqstore.broker.server import ServerProcess
 
-NOTES = Path(os.environ.get("RMQSTORE_REMOTING_NOTES", Path(__file__).resolve().parents[3] / "shared" / "notes" / "remoting"))
+NOTES = Path(os.environ.get("RMQSTORE_REMOTING_NOTES", Path(__file__).resolve().parents[1] / "data" / "remoting"))
 PCAP = NOTES / "small.pcap"
 CONF = {"mappedFileSizeCommitLog": 8 * 1024 * 1024, "mappedFileSizeConsumeQueue": 20 * 30000,
         "maxHashSlotNum": 20000, "maxIndexNum": 80000, "serverChannelMaxIdleTimeSeconds": 120}

@@ -15,7 +15,7 @@ from rmqstore.remoting.body import BodyError, UniqIdGenerator, decode_batch, enc
 from rmqstore.remoting.codes import RequestCode, ResponseCode, SerializeType, code_name
 from rmqstore.remoting.command import MAX_FRAME_LENGTH, decode_frame
 
-NOTES = Path(os.environ.get("RMQSTORE_REMOTING_NOTES", Path(__file__).resolve().parents[3] / "shared" / "notes" / "remoting"))
+NOTES = Path(os.environ.get("RMQSTORE_REMOTING_NOTES", Path(__file__).resolve().parents[1] / "data" / "remoting"))
 PCAP = NOTES / "small.pcap"
 needs_pcap = pytest.mark.skipif(not PCAP.exists(), reason=f"no capture at {PCAP}")
 
