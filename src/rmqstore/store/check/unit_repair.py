@@ -1,7 +1,8 @@
 """UnitRepairService: a consume queue unit a read found damaged, repaired on the open store.
 
 A unit that names another record than its queue's (another topic, queue or queue offset, another size), no
-record at all, or points past the commitlog's end was skipped by reads: a consumer reading through it moved past an
+record at all, or points past the commitlog's end, and a filler unit (a lost record's) whose record is there
+between its neighbours' (StoreReadAPI._filler_hides_a_record), was skipped by reads: a consumer reading through it moved past an
 acknowledged message that the commitlog still holds. Now the read stops before it and asks this service,
 which repairs the queue as the background check does (recovery.repair_queues_live: cut at the unit,
 rebuilt from the commitlog by the dispatcher; readers see the queue's max offset unchanged meanwhile), in
@@ -19,7 +20,7 @@ import queue
 import threading
 
 from ..consumequeue.consume_queue import UNIT
-from ..recovery.queue_check import UNIT_OTHER_QUEUE
+from ..recovery.queue_check import UNIT_INVALID, UNIT_OTHER_QUEUE
 from ..recovery.recovery import repair_queues_live
 from ..state.failure import FailureChannel, FailureKind
 
@@ -40,16 +41,18 @@ class UnitRepairService:
         self._thread: threading.Thread | None = None
         self.repaired = 0               # repairs that cut and rebuilt a queue
 
-    def request(self, cq, unit: int, values: tuple) -> bool:
+    def request(self, cq, unit: int, values: tuple, force: bool = False) -> bool:
         """True: the unit (with the values a read found, (offset, size, tags code)) is (to be) repaired, the
-        read stops before it; False: a repair attempt left it with these values, the read skips it."""
+        read stops before it; False: a repair attempt left it with these values, the read skips it. force:
+        cut there even if the queue's check finds nothing (a filler unit over a record the commitlog holds:
+        the check takes fillers for lost records)."""
         key = (id(cq), unit)
         with self._lock:
             if self._settled.get(key) == values or self._thread is None:
                 return False
             if key not in self._pending:
                 self._pending.add(key)
-                self._requests.put((cq, unit))
+                self._requests.put((cq, unit, force))
             return True
 
     def start(self) -> None:
@@ -68,9 +71,9 @@ class UnitRepairService:
             item = self._requests.get()
             if item is None:
                 return
-            cq, unit = item
+            cq, unit, force = item
             try:
-                self._repair(cq, unit)
+                self._repair(cq, unit, force)
             except Exception:       # the read skips the unit as before; the next open checks the queue
                 log.exception("%s: unit %d: the repair failed", cq.queue.store_path, unit)
             now = cq.get_unit(unit)
@@ -78,12 +81,13 @@ class UnitRepairService:
                 self._pending.discard((id(cq), unit))
                 self._settled[(id(cq), unit)] = tuple(now) if now is not None else None
 
-    def _repair(self, cq, unit: int) -> None:
+    def _repair(self, cq, unit: int, force: bool) -> None:
         if self.dispatcher.consume_queues.find(cq.topic, cq.queue_id) is not cq:
             return                  # the queue was deleted meanwhile
         mf = cq.queue.find_mapped_file_by_offset(unit * UNIT)
         path = str(mf.path) if mf is not None else str(cq.queue.store_path)
-        done = repair_queues_live(self.commit_log, self.dispatcher, [(cq, unit, UNIT_OTHER_QUEUE)])
+        done = repair_queues_live(self.commit_log, self.dispatcher,
+                                  [(cq, unit, UNIT_INVALID if force else UNIT_OTHER_QUEUE)], force=force)
         if not done:
             return                  # found whole again under the dispatcher's lock, or not rebuildable
         self.repaired += 1
