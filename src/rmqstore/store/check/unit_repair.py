@@ -55,10 +55,6 @@ class UnitRepairService:
                 self._requests.put((cq, unit, force))
             return True
 
-    def attempted(self, cq, unit: int, values: tuple) -> bool:
-        """A repair of the unit left it with these values (request would answer False)."""
-        return self._settled.get((id(cq), unit)) == values
-
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="unit-repair", daemon=True)

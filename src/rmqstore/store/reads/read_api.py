@@ -108,9 +108,9 @@ class StoreReadAPI:
             if size_py == codec.CQ_BLANK_SIZE and off_py == 0:
                 # a filler unit: its record was lost (a skipped damaged range, a missing file): removed; unless
                 # the record is there between its neighbours' (a unit overwritten): then repaired
-                k, values = offset + i // UNIT, codec.CQ_UNIT.unpack_from(units, i)
-                if self.unit_repair is not None and not self.unit_repair.attempted(cq, k, values) \
-                        and self._filler_hides_a_record(cq, k) and self.unit_repair.request(cq, k, values, force=True):
+                if self.unit_repair is not None and self._filler_hides_a_record(cq, offset + i // UNIT) \
+                        and self.unit_repair.request(cq, offset + i // UNIT, codec.CQ_UNIT.unpack_from(units, i),
+                                                     force=True):
                     break
                 if result.buffer_total_size == 0:
                     result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
