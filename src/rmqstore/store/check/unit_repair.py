@@ -1,8 +1,7 @@
 """UnitRepairService: a consume queue unit a read found damaged, repaired on the open store.
 
 A unit that names another record than its queue's (another topic, queue or queue offset, another size), no
-record at all, or points past the commitlog's end, and a filler unit (a lost record's) whose record is there
-between its neighbours' (StoreReadAPI._filler_hides_a_record), was skipped by reads: a consumer reading through it moved past an
+record at all, or points past the commitlog's end was skipped by reads: a consumer reading through it moved past an
 acknowledged message that the commitlog still holds. Now the read stops before it and asks this service,
 which repairs the queue as the background check does (recovery.repair_queues_live: cut at the unit,
 rebuilt from the commitlog by the dispatcher; readers see the queue's max offset unchanged meanwhile), in
@@ -20,7 +19,7 @@ import queue
 import threading
 
 from ..consumequeue.consume_queue import UNIT
-from ..recovery.queue_check import UNIT_INVALID, UNIT_OTHER_QUEUE
+from ..recovery.queue_check import UNIT_OTHER_QUEUE
 from ..recovery.recovery import repair_queues_live
 from ..state.failure import FailureChannel, FailureKind
 
@@ -41,18 +40,16 @@ class UnitRepairService:
         self._thread: threading.Thread | None = None
         self.repaired = 0               # repairs that cut and rebuilt a queue
 
-    def request(self, cq, unit: int, values: tuple, force: bool = False) -> bool:
+    def request(self, cq, unit: int, values: tuple) -> bool:
         """True: the unit (with the values a read found, (offset, size, tags code)) is (to be) repaired, the
-        read stops before it; False: a repair attempt left it with these values, the read skips it. force:
-        cut there even if the queue's check finds nothing (a filler unit over a record the commitlog holds:
-        the check takes fillers for lost records)."""
+        read stops before it; False: a repair attempt left it with these values, the read skips it."""
         key = (id(cq), unit)
         with self._lock:
             if self._settled.get(key) == values or self._thread is None:
                 return False
             if key not in self._pending:
                 self._pending.add(key)
-                self._requests.put((cq, unit, force))
+                self._requests.put((cq, unit))
             return True
 
     def start(self) -> None:
@@ -71,9 +68,9 @@ class UnitRepairService:
             item = self._requests.get()
             if item is None:
                 return
-            cq, unit, force = item
+            cq, unit = item
             try:
-                self._repair(cq, unit, force)
+                self._repair(cq, unit)
             except Exception:       # the read skips the unit as before; the next open checks the queue
                 log.exception("%s: unit %d: the repair failed", cq.queue.store_path, unit)
             now = cq.get_unit(unit)
@@ -81,13 +78,12 @@ class UnitRepairService:
                 self._pending.discard((id(cq), unit))
                 self._settled[(id(cq), unit)] = tuple(now) if now is not None else None
 
-    def _repair(self, cq, unit: int, force: bool) -> None:
+    def _repair(self, cq, unit: int) -> None:
         if self.dispatcher.consume_queues.find(cq.topic, cq.queue_id) is not cq:
             return                  # the queue was deleted meanwhile
         mf = cq.queue.find_mapped_file_by_offset(unit * UNIT)
         path = str(mf.path) if mf is not None else str(cq.queue.store_path)
-        done = repair_queues_live(self.commit_log, self.dispatcher,
-                                  [(cq, unit, UNIT_INVALID if force else UNIT_OTHER_QUEUE)], force=force)
+        done = repair_queues_live(self.commit_log, self.dispatcher, [(cq, unit, UNIT_OTHER_QUEUE)])
         if not done:
             return                  # found whole again under the dispatcher's lock, or not rebuildable
         self.repaired += 1

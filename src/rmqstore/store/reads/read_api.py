@@ -42,7 +42,6 @@ class QueryMessageResult:
     index_last_update_phyoffset: int = 0
 
 
-FILLER_SCAN = 1 << 20      # the most commitlog bytes a read walks to tell a lost record's filler from a damaged unit
 WRONG_UNIT = object()       # _message_at: the unit names another record than its queue's (a damaged unit)
 
 
@@ -106,12 +105,7 @@ class StoreReadAPI:
                 i += UNIT
                 continue
             if size_py == codec.CQ_BLANK_SIZE and off_py == 0:
-                # a filler unit: its record was lost (a skipped damaged range, a missing file): removed; unless
-                # the record is there between its neighbours' (a unit overwritten): then repaired
-                if self.unit_repair is not None and self._filler_hides_a_record(cq, offset + i // UNIT) \
-                        and self.unit_repair.request(cq, offset + i // UNIT, codec.CQ_UNIT.unpack_from(units, i),
-                                                     force=True):
-                    break
+                # a filler unit: its record was lost (a skipped damaged range, a missing file): removed
                 if result.buffer_total_size == 0:
                     result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 i += UNIT
@@ -154,36 +148,6 @@ class StoreReadAPI:
         result.next_begin_offset = offset + i // UNIT
         result.suggest_pulling_from_slave = max_py - max_phy_pulling > memory
         return result
-
-    def _filler_hides_a_record(self, cq: ConsumeQueue, k: int) -> bool:
-        """Filler unit k stands for a record lost (in a skipped damaged range, a missing commitlog file). True
-        when the record is not lost: between the records its neighbour units name (real units, in one
-        commitlog file, at most FILLER_SCAN bytes apart, no skipped range there) every record is whole (CRC
-        checked) and one of them is this queue's, with queue offset k: the unit was overwritten."""
-        prev = cq.get_unit(k - 1) if k > cq.get_min_offset_in_queue() else None
-        nxt = cq.get_unit(k + 1)
-        if prev is None or nxt is None or any(u[1] <= 0 or u[1] == codec.CQ_BLANK_SIZE for u in (prev, nxt)):
-            return False
-        a, b = prev[0] + prev[1], nxt[0]
-        if not (self.commit_log.get_min_offset() <= a < b <= a + FILLER_SCAN):
-            return False
-        if self.dispatcher.skip_ranges:
-            inside, next_start = self.dispatcher._skip_range_at(a)
-            if inside is not None or (next_start is not None and next_start < b):
-                return False
-        got = self.commit_log.get_data(a, b - a)
-        if got is None or len(got[0]) != b - a:
-            return False                # across a file's end, or not all written
-        data, pos = got[0], 0
-        while pos < len(data):
-            try:
-                rec = scanner.decode_record(data, pos, len(data), read_body=False, check_crc=True)
-            except codec.RecordError:
-                return False
-            if (rec.topic, rec.queue_id, rec.queue_offset) == (cq.topic, cq.queue_id, k):
-                return True
-            pos += rec.store_size
-        return False
 
     def _batch_full(self, size_py: int, max_msg_nums: int, r: GetMessageResult, in_disk: bool) -> bool:
         total, count = r.buffer_total_size, len(r.messages)

@@ -904,15 +904,13 @@ def _skip_moved_record(commit_log: CommitLog, off: int, size: int, why: str, rep
         failures.report(FailureKind.CORRUPT_RECORD, why, path=path, offset=off, end=off + size)
 
 
-def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[ConsumeQueue, int, int]],
-                       force: bool = False) -> list[str]:
+def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[ConsumeQueue, int, int]]) -> list[str]:
     """On an open store: cut each (queue, damaged unit, UNIT_* code) there and have the dispatcher rebuild it
     from the commitlog (_repair_queue; the dispatcher thread waits meanwhile: no unit is appended). Returns
     what was done, one line each. MessageStore.check(repair=True) and the background check repair so, each
     from units it read earlier: under the lock each queue is checked again from its damaged unit on, and
     one that another repair rebuilt meanwhile is left alone (cut again, it would be rebuilt while readers
-    expect it whole). force: each queue is cut at its unit (or an earlier damaged one) whatever the check
-    says (check.unit_repair: a filler unit a read found over a record the commitlog holds)."""
+    expect it whole)."""
     rep = RecoveryReport(clean_shutdown=True)
     rep.skipped_ranges = list(dispatcher.skip_ranges)     # passed over by the rebuild, as by the dispatcher
     starts = []
@@ -921,8 +919,6 @@ def repair_queues_live(commit_log: CommitLog, dispatcher, damaged: list[tuple[Co
         sources = _commitlog_sources(commit_log)
         for cq, bad, code in damaged:
             now = check_queue(cq, sources, cl_min, deep_from=bad, sample=0)
-            if force:                   # (a filler unit over a record: the check cannot tell it from a lost one)
-                now = min(now, (bad, code)) if now is not None else (bad, code)
             if now is None:
                 continue                # repaired meanwhile
             bad, code = now
