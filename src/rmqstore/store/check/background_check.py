@@ -43,7 +43,8 @@ from ..consumequeue.consume_queue import UNIT, ConsumeQueue
 from ..state.failure import FailureChannel, FailureKind
 from ..files.mapped_file import map_read_only
 from ..recovery.queue_check import UNIT_MISSING, UNIT_OUTSIDE, UNIT_REASONS, structure_problem, unit_problems
-from ..recovery.recovery import index_file_problems, let_go_pages, repair_queues_live
+from ..recovery.recovery import index_file_problems, let_go_pages
+from .unit_repair import repair_unit
 
 log = logging.getLogger(__name__)
 
@@ -278,21 +279,14 @@ class BackgroundCheckService:
     def _unit_damage(self, c: "_Cursor", bad: int, code: int) -> None:
         """A damaged unit: reported, the queue cut there and rebuilt (unless it went away meanwhile)."""
         c.done = True
-        cq = c.cq
         p = self.parts
-        if p.consume_queues.find(cq.topic, cq.queue_id) is not cq:
+        done = repair_unit(p.commit_log, p.dispatcher, self.failures, c.cq, bad, code,
+                           UNIT_REASONS.get(code, "damaged"))
+        if done is None:    # deleted, or whole again: another repair (a read's, check(repair=True)) reported it
+            log.info("%s: background check: unit %d: nothing to repair any more", c.cq.queue.store_path, bad)
             return
-        why = UNIT_REASONS.get(code, "damaged")
-        mf = cq.queue.find_mapped_file_by_offset(bad * UNIT)
-        path = str(mf.path) if mf is not None else str(cq.queue.store_path)
-        done = repair_queues_live(p.commit_log, p.dispatcher, [(cq, bad, code)])
-        if not done:        # whole again: another repair (a read's, check(repair=True)) did it and reported it
-            log.info("%s: background check: unit %d was repaired meanwhile", path, bad)
-            return
+        path, reason = done
         self.unverified.add(verified_state.rel_path(self.root, path))
-        reason = f"unit {bad} {why}; {done[0]}"
-        self.failures.report(FailureKind.CORRUPT_UNIT, reason, path=path,
-                             offset=bad * UNIT - (mf.file_from_offset if mf is not None else 0))
         self.result.problems.append(f"{path}: {reason}")
         log.warning("%s: background check: %s", path, reason)
 

@@ -79,15 +79,28 @@ class UnitRepairService:
                 self._settled[(id(cq), unit)] = tuple(now) if now is not None else None
 
     def _repair(self, cq, unit: int) -> None:
-        if self.dispatcher.consume_queues.find(cq.topic, cq.queue_id) is not cq:
-            return                  # the queue was deleted meanwhile
-        mf = cq.queue.find_mapped_file_by_offset(unit * UNIT)
-        path = str(mf.path) if mf is not None else str(cq.queue.store_path)
-        done = repair_queues_live(self.commit_log, self.dispatcher, [(cq, unit, UNIT_OTHER_QUEUE)])
-        if not done:
-            return                  # found whole again under the dispatcher's lock, or not rebuildable
-        self.repaired += 1
-        reason = f"unit {unit} found damaged by a read; {done[0]}"
-        self.failures.report(FailureKind.CORRUPT_UNIT, reason, path=path,
-                             offset=unit * UNIT - (mf.file_from_offset if mf is not None else 0))
-        log.warning("%s: %s", path, reason)
+        done = repair_unit(self.commit_log, self.dispatcher, self.failures, cq, unit, UNIT_OTHER_QUEUE,
+                           "found damaged by a read")
+        if done is not None:
+            self.repaired += 1
+            log.warning("%s: %s", *done)
+
+
+def repair_unit(commit_log, dispatcher, failures: FailureChannel, cq, bad: int, code: int,
+                found: str) -> tuple[str, str] | None:
+    """Unit `bad` of cq found damaged (`found`: how, for the reason) on the open store: the queue cut there
+    and rebuilt from the commitlog (recovery.repair_queues_live), a CORRUPT_UNIT naming the file and byte
+    offset on the failure channel. Returns (path, reason), or None when there was nothing to do: the queue
+    was deleted, or is whole again (another repair did it, and reported it). The background check's repair
+    and this service's."""
+    if dispatcher.consume_queues.find(cq.topic, cq.queue_id) is not cq:
+        return None
+    mf = cq.queue.find_mapped_file_by_offset(bad * UNIT)
+    path = str(mf.path) if mf is not None else str(cq.queue.store_path)
+    done = repair_queues_live(commit_log, dispatcher, [(cq, bad, code)])
+    if not done:
+        return None
+    reason = f"unit {bad} {found}; {done[0]}"
+    failures.report(FailureKind.CORRUPT_UNIT, reason, path=path,
+                    offset=bad * UNIT - (mf.file_from_offset if mf is not None else 0))
+    return path, reason
